@@ -1,0 +1,42 @@
+"""atlas_fast: fast, safe reading and writing of Atlas datasets.
+
+A drop-in replacement for ``torch_atlas_ds``::
+
+    import atlas_fast as torch_atlas_ds
+
+``BACKEND`` names the reader in use: ``"cython"`` (the compiled core) or ``"python"``
+(forced with ``ATLAS_FAST_NO_EXTENSIONS=1``).
+"""
+
+from ._backend import BACKEND
+from ._backend import core as _core
+from ._errors import AtlasFormatError, UnsafePickleError
+from ._version import __version__
+from .atlas import (
+    AtlasDataset,
+    AtlasDatasetMetadata,
+    AtlasDatasetShard,
+    AtlasDatasetShardMetadata,
+    CompressionStrategy,
+)
+from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
+
+__all__ = [
+    "AtlasDataset",
+    "AtlasDatasetShard",
+    "CompressionStrategy",
+    "AtlasDatasetMetadata",
+    "AtlasDatasetShardMetadata",
+    "AtlasDatasetWriter",
+    "AtlasDatasetShardWriter",
+    "AtlasFormatError",
+    "UnsafePickleError",
+    "BACKEND",
+    "zstd_library",
+    "__version__",
+]
+
+
+def zstd_library() -> dict:
+    """Which libzstd the backend in use decompresses with: its path, version and binding."""
+    return _core.zstd_library()

@@ -1,0 +1,48 @@
+"""Picks the backend once, at import: the compiled ``_reader`` unless told otherwise.
+
+``ATLAS_FAST_NO_EXTENSIONS=1`` forces the pure-Python backend. Without it, a missing or
+unloadable extension is reported with one loud warning (a silent fallback hides a slow
+install), and the pure-Python backend serves.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+__all__ = ["core", "BACKEND", "extension_error"]
+
+extension_error: str | None = None
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _select():
+    global extension_error
+    if _env_flag("ATLAS_FAST_NO_EXTENSIONS"):
+        from . import _pyreader
+
+        return _pyreader
+    try:
+        from . import _reader
+    except ImportError as exc:
+        extension_error = f"{type(exc).__name__}: {exc}"
+    else:
+        if _reader.zstd_available():
+            return _reader
+        extension_error = _reader.zstd_load_error()
+    warnings.warn(
+        "atlas_fast: the compiled reader is unavailable, using the much slower pure-Python "
+        f"backend ({extension_error}). Set ATLAS_FAST_NO_EXTENSIONS=1 to choose it quietly.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    from . import _pyreader
+
+    return _pyreader
+
+
+core = _select()
+BACKEND: str = core.BACKEND

@@ -1,0 +1,326 @@
+"""What the Atlas format is on disk: metadata, shard discovery and index validation.
+
+This module is the one place that parses and validates files other than data.bin. Both
+backends call it, so they accept the same datasets and raise the same errors for the same
+files. Every problem is an ``AtlasFormatError`` naming the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import IntEnum
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ._errors import AtlasFormatError
+
+__all__ = [
+    "VERSION",
+    "META_FILE",
+    "DATA_FILE",
+    "INDEX_FILE",
+    "DICT_FILE",
+    "CompressionStrategy",
+    "AtlasDatasetShardMetadata",
+    "AtlasDatasetMetadata",
+    "read_shard_metadata",
+    "read_dataset_metadata",
+    "find_shard_dirs",
+    "check_shard_sizes",
+    "load_offsets",
+    "read_dict_file",
+    "block_count",
+    "index_dtype",
+    "dump_meta",
+    "max_block_bytes",
+    "check_zstd_content_size",
+]
+
+VERSION = 1
+META_FILE = "meta.json"
+DATA_FILE = "data.bin"
+INDEX_FILE = "index.npy"
+DICT_FILE = "zstd_dict.bin"
+
+# zstd can squeeze at most about 32,768 decoded bytes into one encoded byte (an RLE block of
+# 128 KiB costs 4 bytes): a frame that declares more than this per byte it occupies is lying.
+MAX_ZSTD_RATIO = 32768
+_DEFAULT_MAX_BLOCK_BYTES = 4 << 30
+
+
+class CompressionStrategy(IntEnum):
+    """How the blocks of a dataset or shard are compressed."""
+
+    NO_COMPRESSION = 0
+    STANDARD_COMPRESSION = 1
+    SHARED_DICTIONARY_COMPRESSION = 2
+    DICTIONARY_COMPRESSION = 3
+
+
+class AtlasDatasetShardMetadata(NamedTuple):
+    """The contents of a shard's meta.json."""
+
+    version: int
+    block_size: int
+    stored_examples: int
+    compression_strategy: int
+    compression_level: int
+    compression_dict_size: float
+
+
+class AtlasDatasetMetadata(NamedTuple):
+    """The contents of a dataset root's meta.json."""
+
+    version: int
+    shard_sizes: list
+    compression_strategy: int
+
+
+def max_block_bytes() -> int:
+    """The largest decoded block a reader will allocate (``ATLAS_FAST_MAX_BLOCK_BYTES``)."""
+    raw = os.environ.get("ATLAS_FAST_MAX_BLOCK_BYTES")
+    if not raw:
+        return _DEFAULT_MAX_BLOCK_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"ATLAS_FAST_MAX_BLOCK_BYTES must be an integer, not {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"ATLAS_FAST_MAX_BLOCK_BYTES must be positive, not {value}")
+    return value
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing (the root and each shard need one)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AtlasFormatError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise AtlasFormatError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_keys(path: Path, value: dict, fields: tuple) -> None:
+    missing = [f for f in fields if f not in value]
+    extra = sorted(k for k in value if k not in fields)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append("missing key(s) " + ", ".join(map(repr, missing)))
+        if extra:
+            parts.append("unexpected key(s) " + ", ".join(map(repr, extra)))
+        raise AtlasFormatError(f"{path}: " + "; ".join(parts))
+
+
+def _check_int(path: Path, value: dict, key: str, minimum: int | None = None) -> int:
+    item = value[key]
+    if not _is_int(item):
+        raise AtlasFormatError(f"{path}: {key!r} must be an integer, not {item!r}")
+    if minimum is not None and item < minimum:
+        raise AtlasFormatError(f"{path}: {key!r} must be >= {minimum}, not {item}")
+    return item
+
+
+def _check_version(path: Path, value: dict) -> int:
+    version = _check_int(path, value, "version")
+    if version != VERSION:
+        raise AtlasFormatError(
+            f"{path}: unsupported format version {version} (this reader supports {VERSION})"
+        )
+    return version
+
+
+def _check_strategy(path: Path, value: dict) -> int:
+    strategy = _check_int(path, value, "compression_strategy")
+    if strategy not in CompressionStrategy._value2member_map_:
+        raise AtlasFormatError(
+            f"{path}: unknown compression_strategy {strategy} (expected 0, 1, 2 or 3)"
+        )
+    return strategy
+
+
+def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
+    """Parse and validate ``shard_dir/meta.json``."""
+    path = Path(shard_dir) / META_FILE
+    value = _read_json_object(path)
+    _check_keys(path, value, AtlasDatasetShardMetadata._fields)
+    version = _check_version(path, value)
+    block_size = _check_int(path, value, "block_size", minimum=1)
+    stored = _check_int(path, value, "stored_examples", minimum=0)
+    strategy = _check_strategy(path, value)
+    level = _check_int(path, value, "compression_level")
+    dict_size = value["compression_dict_size"]
+    if not isinstance(dict_size, (int, float)) or isinstance(dict_size, bool):
+        raise AtlasFormatError(
+            f"{path}: 'compression_dict_size' must be a number, not {dict_size!r}"
+        )
+    return AtlasDatasetShardMetadata(version, block_size, stored, strategy, level, dict_size)
+
+
+def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
+    """Parse and validate ``root/meta.json``."""
+    path = Path(root) / META_FILE
+    value = _read_json_object(path)
+    _check_keys(path, value, AtlasDatasetMetadata._fields)
+    version = _check_version(path, value)
+    sizes = value["shard_sizes"]
+    if not isinstance(sizes, list) or not all(_is_int(s) and s >= 0 for s in sizes):
+        raise AtlasFormatError(
+            f"{path}: 'shard_sizes' must be a list of non-negative integers, not {sizes!r}"
+        )
+    strategy = _check_strategy(path, value)
+    return AtlasDatasetMetadata(version, sizes, strategy)
+
+
+def find_shard_dirs(root: Path) -> list:
+    """The shard directories of ``root``, sorted by name as the reference sorts them.
+
+    Hidden directories (a leading dot, such as editor or notebook checkpoints) are not shards.
+    """
+    root = Path(root)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{root}: dataset root does not exist") from None
+    except NotADirectoryError:
+        raise AtlasFormatError(f"{root}: dataset root is not a directory") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{root}: cannot list the dataset root: {exc}") from exc
+    return [Path(e.path) for e in entries if e.is_dir() and not e.name.startswith(".")]
+
+
+def check_shard_sizes(root: Path, metadata: AtlasDatasetMetadata, shards: list) -> None:
+    """Check each present shard against the root's ``shard_sizes`` entry of the same number.
+
+    A node may hold only some shards (the indices then run over the shards present), so only
+    the shards that are here are checked, each against the entry its folder name points at.
+    """
+    path = Path(root) / META_FILE
+    sizes = metadata.shard_sizes
+    for shard_dir, shard in shards:
+        name = shard_dir.name
+        if not name.isdigit() or not name.isascii():
+            raise AtlasFormatError(f"{shard_dir}: shard folder names must be numbers")
+        number = int(name)
+        if number >= len(sizes):
+            raise AtlasFormatError(
+                f"{shard_dir}: shard {number} is not listed in {path} "
+                f"('shard_sizes' has {len(sizes)} entries)"
+            )
+        if sizes[number] != shard.stored_examples:
+            raise AtlasFormatError(
+                f"{shard_dir}: stored_examples is {shard.stored_examples} but {path} "
+                f"lists {sizes[number]} for shard {number}"
+            )
+
+
+def block_count(stored_examples: int, block_size: int) -> int:
+    """Number of blocks a shard of ``stored_examples`` has."""
+    return -(-stored_examples // block_size)
+
+
+def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.ndarray:
+    """Load ``index.npy`` as validated uint64 block offsets (``block_count + 1`` entries).
+
+    Checked here: a 1-D unsigned integer array, of the length the metadata implies, starting
+    at 0 and never decreasing, ending at the size of data.bin.
+    """
+    shard_dir = Path(shard_dir)
+    path = shard_dir / INDEX_FILE
+    data_path = shard_dir / DATA_FILE
+    try:
+        raw = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing") from None
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ... for bad files
+        raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    if not isinstance(raw, np.ndarray) or raw.ndim != 1:
+        raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
+    if raw.dtype.kind != "u":
+        raise AtlasFormatError(f"{path}: expected unsigned integers, found dtype {raw.dtype}")
+    blocks = block_count(metadata.stored_examples, metadata.block_size)
+    if len(raw) != blocks + 1:
+        raise AtlasFormatError(
+            f"{path}: has {len(raw)} entries but {metadata.stored_examples} examples in blocks "
+            f"of {metadata.block_size} need {blocks + 1}"
+        )
+    offsets = np.ascontiguousarray(raw, dtype=np.uint64)
+    if offsets[0] != 0:
+        raise AtlasFormatError(f"{path}: the first offset is {int(offsets[0])}, not 0")
+    if blocks and bool(np.any(offsets[1:] < offsets[:-1])):
+        bad = int(np.argmax(offsets[1:] < offsets[:-1]))
+        raise AtlasFormatError(
+            f"{path}: offsets decrease at block {bad} "
+            f"({int(offsets[bad])} then {int(offsets[bad + 1])})"
+        )
+    if blocks and bool(np.any(offsets[1:] == offsets[:-1])):
+        bad = int(np.argmax(offsets[1:] == offsets[:-1]))
+        raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
+    try:
+        size = os.stat(data_path).st_size
+    except FileNotFoundError:
+        if blocks == 0:
+            return offsets  # an empty shard needs no data.bin
+        raise AtlasFormatError(f"{data_path}: missing") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+    if int(offsets[-1]) != size:
+        raise AtlasFormatError(
+            f"{path}: the last offset is {int(offsets[-1])} but {data_path} has {size} bytes"
+        )
+    offsets.setflags(write=False)
+    return offsets
+
+
+def read_dict_file(path: Path) -> bytes:
+    """The bytes of a zstd dictionary file, which must exist and not be empty."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc}") from exc
+    if not data:
+        raise AtlasFormatError(f"{path}: empty dictionary")
+    return data
+
+
+def index_dtype(total: int) -> np.dtype:
+    """The smallest of uint8/16/32/64 that holds ``total`` (the format's index dtype rule)."""
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if total <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"a shard of {total} bytes does not fit a uint64 index")
+
+
+def dump_meta(path: Path, fields: dict) -> None:
+    """Write a meta.json exactly as the reference does (indent 4, no trailing newline)."""
+    Path(path).write_text(json.dumps(fields, indent=4))
+
+
+def check_zstd_content_size(declared: int, compressed_len: int, where: str) -> None:
+    """Refuse a frame header whose declared decoded size no honest frame could have."""
+    limit = max_block_bytes()
+    if declared > limit:
+        raise AtlasFormatError(
+            f"{where}: the zstd frame declares {declared} decoded bytes, over the "
+            f"{limit}-byte limit (ATLAS_FAST_MAX_BLOCK_BYTES)"
+        )
+    if declared > compressed_len * MAX_ZSTD_RATIO + 1024:
+        raise AtlasFormatError(
+            f"{where}: the zstd frame declares {declared} decoded bytes from "
+            f"{compressed_len} encoded bytes, which zstd cannot produce: corrupt header"
+        )

@@ -1,0 +1,11 @@
+"""The public reader classes over the pure-Python backend, whatever backend is selected.
+
+For parity tests and side-by-side benchmarks; users want ``atlas_fast.AtlasDataset``.
+"""
+
+from . import _pyreader
+from .atlas import _reader_classes
+
+__all__ = ["AtlasDataset", "AtlasDatasetShard"]
+
+AtlasDataset, AtlasDatasetShard = _reader_classes(_pyreader, __name__)
