@@ -7,6 +7,7 @@ install), and the pure-Python backend serves.
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 
@@ -26,7 +27,7 @@ def _select():
 
         return _pyreader
     try:
-        from . import _reader
+        _reader = importlib.import_module(f"{__package__}._reader")
     except ImportError as exc:
         extension_error = f"{type(exc).__name__}: {exc}"
     else:

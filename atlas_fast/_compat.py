@@ -13,7 +13,10 @@ def torch_dataset_bases() -> tuple:
     Readers subclass it so ``isinstance(ds, torch.utils.data.Dataset)`` holds, as it did with
     the reference. torch is imported only when it is installed.
     """
-    if importlib.util.find_spec("torch") is None:
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return ()
+    except (ImportError, ValueError):  # sys.modules["torch"] = None blocks it on purpose
         return ()
     try:
         from torch.utils.data import Dataset

@@ -117,6 +117,7 @@ class ZstdDict:
 
 class _ThreadState(threading.local):
     dctx = None
+    zdict = None
 
 
 class ShardCore:
@@ -130,8 +131,7 @@ class ShardCore:
         self._compressed = compressed
         self._loads = loads
         self._n_blocks = -(-n_examples // block_size)
-        self._offsets = None  # set once by _ensure_open, under _open_lock
-        self._zdict = None
+        self._opened = None  # (offsets, zdict): set by _ensure_open under _open_lock, read whole
         self._cache = (-1, None)  # (block number, list): replaced whole, never mutated
         self._open_lock = threading.Lock()
         self._tls = _ThreadState()
@@ -157,19 +157,19 @@ class ShardCore:
     # -- blocks -----------------------------------------------------------------------------
 
     def _ensure_open(self):
-        offsets = self._offsets
-        if offsets is None:
+        """``(offsets, zdict)``, loading them on first use (again after ``_close``)."""
+        opened = self._opened
+        if opened is None:
             with self._open_lock:
-                if self._offsets is None:
-                    offsets, zdict = self._open_files()
-                    self._zdict = zdict
-                    self._offsets = offsets
-                offsets = self._offsets
-        return offsets
+                opened = self._opened
+                if opened is None:
+                    opened = self._opened = tuple(self._open_files())
+        return opened
 
-    def _raw_block(self, b: int) -> bytes:
+    def _raw_block(self, b: int, offsets=None) -> bytes:
         """The stored (possibly compressed) bytes of block ``b``."""
-        offsets = self._ensure_open()
+        if offsets is None:
+            offsets = self._ensure_open()[0]
         start = int(offsets[b])
         end = int(offsets[b + 1])
         try:
@@ -187,22 +187,23 @@ class ShardCore:
         """The decoded pickle bytes of block ``b``."""
         if not 0 <= b < self._n_blocks:
             raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
-        raw = self._raw_block(b)
+        offsets, zdict = self._ensure_open()
+        raw = self._raw_block(b, offsets)
         if not self._compressed:
             return raw
-        return self._decompress(raw, b)
+        return self._decompress(raw, b, zdict)
 
-    def _decompress(self, raw: bytes, b: int) -> bytes:
+    def _decompress(self, raw: bytes, b: int, zdict) -> bytes:
         where = f"{self._data_path}: block {b}"
-        state = self._tls
+        state = self._tls  # one decompressor per thread, for the dictionary it was made with
         dctx = state.dctx
-        if dctx is None:
-            zdict = self._zdict
+        if dctx is None or state.zdict is not zdict:
             if zdict is None:
                 dctx = zstandard.ZstdDecompressor()
             else:
                 dctx = zstandard.ZstdDecompressor(dict_data=zdict._dict)
             state.dctx = dctx
+            state.zdict = zdict
         try:
             declared = zstandard.frame_content_size(raw)
             if declared >= 0:
@@ -258,9 +259,7 @@ class ShardCore:
     def _close(self) -> None:
         with self._open_lock:
             self._cache = (-1, None)
-            self._offsets = None
-            self._zdict = None
-            self._tls = _ThreadState()
+            self._opened = None
             _files.forget(self._data_path)
 
 

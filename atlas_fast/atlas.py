@@ -12,6 +12,7 @@ The hot path (``__getitem__`` and block decoding) comes from the backend's ``Sha
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -157,11 +158,13 @@ class _DatasetMethods:
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.metadata = read_dataset_metadata(self.root)
+        shard_dirs = find_shard_dirs(self.root)
         dict_bytes = None
         if self.metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            dict_bytes = read_dict_file(self.root / DICT_FILE)
-        shard_dirs = find_shard_dirs(self.root)
-        shard_class = self._shard_class
+            if shard_dirs or (self.root / DICT_FILE).exists():  # an empty root needs none
+                dict_bytes = read_dict_file(self.root / DICT_FILE)
+        # Looked up in the module at call time, so patching ``atlas.AtlasDatasetShard`` works.
+        shard_class = sys.modules[type(self)._classes_module].AtlasDatasetShard
         self.shards = [shard_class(d, mmap_index, dict_bytes) for d in shard_dirs]
         check_shard_sizes(self.root, self.metadata, [(s.root, s.metadata) for s in self.shards])
         self.actual_shard_sizes = [len(s) for s in self.shards]
@@ -205,7 +208,7 @@ def _reader_classes(core, module: str):
         __doc__ = _DatasetMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDataset"
-        _shard_class = AtlasDatasetShard
+        _classes_module = module
 
     return AtlasDataset, AtlasDatasetShard
 

@@ -269,6 +269,12 @@ class AtlasDatasetWriter:
         self._closed = True
         if self._shard is not None:
             self._close_shard()
+        if (
+            self._strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+            and not self._shard_sizes
+        ):
+            # No first shard trained a dictionary: the fallback rule of a small first shard.
+            self._strategy = CompressionStrategy.STANDARD_COMPRESSION
         metadata = AtlasDatasetMetadata(VERSION, list(self._shard_sizes), int(self._strategy))
         dump_meta(self.path / META_FILE, metadata._asdict())
         width = len(str(len(self._shard_sizes) - 1)) if self._shard_sizes else 1

@@ -55,3 +55,44 @@ def open_fd_count() -> int:
         if os.path.isdir(folder):
             return len(os.listdir(folder))
     raise RuntimeError("cannot count open file descriptors on this platform")
+
+
+def reference_read(root) -> list:
+    """Read a dataset the way torch_atlas_ds 0.1.0 does, independently of atlas_fast.
+
+    Sorted sub-directories, each shard's own meta.json, index.npy through numpy, blocks
+    decompressed one-shot by python-zstandard (which needs the frame's content size), the
+    shared dictionary from the root for strategy 2. What this reads, the reference reads.
+    """
+    import json
+
+    import zstandard
+
+    root = Path(root)
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta["version"] == 1
+    shared = None
+    if meta["compression_strategy"] == 2:
+        shared = zstandard.ZstdCompressionDict((root / "zstd_dict.bin").read_bytes())
+    examples = []
+    for shard in sorted(p for p in root.iterdir() if p.is_dir()):
+        smeta = json.loads((shard / "meta.json").read_text())
+        assert smeta["version"] == 1
+        if smeta["stored_examples"] == 0:
+            continue
+        index = np.load(shard / "index.npy", mmap_mode="r")
+        data = (shard / "data.bin").read_bytes()
+        strategy = smeta["compression_strategy"]
+        if strategy == 3:
+            zdict = zstandard.ZstdCompressionDict((shard / "zstd_dict.bin").read_bytes())
+            dctx = zstandard.ZstdDecompressor(dict_data=zdict)
+        elif strategy == 2:
+            dctx = zstandard.ZstdDecompressor(dict_data=shared)
+        else:
+            dctx = zstandard.ZstdDecompressor()
+        for b in range(len(index) - 1):
+            block = data[int(index[b]) : int(index[b + 1])]
+            if strategy != 0:
+                block = dctx.decompress(block)
+            examples.extend(pickle.loads(block))
+    return examples
