@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 _DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference"
 FIXTURES = Path(os.environ.get("ATLAS_FAST_FIXTURES", _DEFAULT_FIXTURES))
@@ -54,7 +55,7 @@ def open_fd_count() -> int:
     for folder in ("/proc/self/fd", "/dev/fd"):
         if os.path.isdir(folder):
             return len(os.listdir(folder))
-    raise RuntimeError("cannot count open file descriptors on this platform")
+    pytest.skip("cannot count open file descriptors on this platform")
 
 
 def reference_read(root) -> list:

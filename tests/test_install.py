@@ -1,0 +1,89 @@
+"""What an installed build must provide, checked in fresh interpreters.
+
+The wheel builds (cibuildwheel's test-command, tools/check_wheel.sh) set
+``ATLAS_FAST_EXPECT_BACKEND`` to the backend that platform's wheel must select by default:
+``cython`` where the compiled core is built and binds a libzstd, ``python`` on Windows, where
+the compiled core is not built. ``ATLAS_FAST_EXPECT_INSTALLED=1`` says the package under test
+must be the installed one, not a source tree. Without them only the checks that hold for every
+build run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+EXPECT_BACKEND = os.environ.get("ATLAS_FAST_EXPECT_BACKEND", "").strip()
+EXPECT_INSTALLED = os.environ.get("ATLAS_FAST_EXPECT_INSTALLED", "").strip() == "1"
+
+_PROBE = textwrap.dedent(
+    """
+    import json, warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import atlas_fast
+    import atlas_fast._backend
+    print(json.dumps({
+        "backend": atlas_fast.BACKEND,
+        "file": atlas_fast.__file__,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+        "extension_error": atlas_fast._backend.extension_error,
+        "zstd": atlas_fast.zstd_library(),
+    }))
+    """
+)
+
+
+def _probe(**env_overrides: str | None) -> dict:
+    """Import atlas_fast in a fresh interpreter; what it selected and what it warned."""
+    env = dict(os.environ)
+    env.pop("ATLAS_FAST_NO_EXTENSIONS", None)
+    for key, value in env_overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_no_extensions_env_selects_python_quietly():
+    seen = _probe(ATLAS_FAST_NO_EXTENSIONS="1")
+    assert seen["backend"] == "python"
+    assert seen["warnings"] == []
+    assert seen["zstd"]["backend"] == "python"
+
+
+@pytest.mark.skipif(not EXPECT_BACKEND, reason="ATLAS_FAST_EXPECT_BACKEND is not set")
+def test_default_backend_is_the_one_this_platform_ships():
+    assert EXPECT_BACKEND in ("cython", "python"), EXPECT_BACKEND
+    seen = _probe()
+    assert seen["backend"] == EXPECT_BACKEND, seen
+    if EXPECT_BACKEND == "cython":
+        # The compiled core is in use, silently, and reports the libzstd it bound.
+        assert seen["warnings"] == [], seen
+        assert seen["extension_error"] is None, seen
+        assert seen["zstd"]["backend"] == "cython", seen
+        assert seen["zstd"]["path"], seen
+    else:
+        # No compiled core in this build: the pure-Python backend serves, with one loud warning.
+        assert len(seen["warnings"]) == 1, seen
+        assert "pure-Python backend" in seen["warnings"][0], seen
+        assert seen["extension_error"], seen
+
+
+@pytest.mark.skipif(not EXPECT_INSTALLED, reason="ATLAS_FAST_EXPECT_INSTALLED is not set")
+def test_package_under_test_is_the_installed_one():
+    package = Path(_probe()["file"]).resolve().parent
+    site = {Path(sysconfig.get_path(key)).resolve() for key in ("purelib", "platlib")}
+    assert package.parent in site, f"atlas_fast imported from {package}, not from {site}"
