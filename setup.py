@@ -1,15 +1,48 @@
 """Build configuration: only which extension modules to build, and their directives.
 
 Everything else lives in pyproject.toml. ``ATLAS_FAST_NO_EXTENSIONS=1`` builds the pure-Python
-package (no compiler needed).
+package (no compiler needed). ``ATLAS_FAST_DEBUG_BUILD=1`` compiles the reader with bounds
+checks, -O0 and -g (for debuggers and sanitizer runs).
+
+The compiled reader is POSIX-only (mmap(2), dlopen(3)); on Windows the package installs the
+pure-Python backend. On CPython a failed compile is a failed install, never a silent fallback.
 """
 
 import os
+import platform
+import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 
-ext_modules = []
-if os.environ.get("ATLAS_FAST_NO_EXTENSIONS", "").strip().lower() in ("", "0", "false", "no"):
-    pass  # the compiled reader (src/_reader.pyx) is added by the Cython core
 
-setup(ext_modules=ext_modules)
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _extensions() -> list:
+    if _env_flag("ATLAS_FAST_NO_EXTENSIONS") or os.name != "posix":
+        return []
+    from Cython.Build import cythonize
+
+    debug = _env_flag("ATLAS_FAST_DEBUG_BUILD")
+    directives = {
+        "language_level": 3,
+        "boundscheck": debug,
+        "wraparound": False,
+        "initializedcheck": debug,
+        "cdivision": True,
+        "embedsignature": True,
+    }
+    reader = Extension(
+        "atlas_fast._reader",
+        ["src/_reader.pyx"],
+        libraries=["dl"] if sys.platform.startswith("linux") else [],
+        extra_compile_args=["-O0", "-g"] if debug else [],
+        extra_link_args=["-g"] if debug else [],
+        # Elsewhere than CPython the pure-Python backend is a fine fallback.
+        optional=platform.python_implementation() != "CPython",
+    )
+    return cythonize([reader], compiler_directives=directives, include_path=["src"])
+
+
+setup(ext_modules=_extensions())

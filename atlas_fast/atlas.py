@@ -46,21 +46,23 @@ __all__ = [
 
 _TORCH_BASES = torch_dataset_bases()
 
-# One digested dictionary per distinct dictionary content, shared by every shard that uses it
-# (strategy 2 digests its shared dictionary once per process, not once per shard).
+# One digested dictionary per backend and distinct dictionary content, shared by every shard
+# that uses it (strategy 2 digests its shared dictionary once per process, not once per shard).
+# Keyed by backend too: a backend's cores accept only its own ZstdDict.
 _dicts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _dicts_lock = threading.Lock()
 
 
-def _digested_dict(data: bytes, path) -> object:
+def _digested_dict(core, data: bytes, path) -> object:
+    key = (core.BACKEND, data)
     with _dicts_lock:
-        zdict = _dicts.get(data)
+        zdict = _dicts.get(key)
         if zdict is None:
             try:
-                zdict = _core.ZstdDict(data, str(path))
+                zdict = core.ZstdDict(data, str(path))
             except Exception as exc:
                 raise AtlasFormatError(f"{path}: not a usable zstd dictionary: {exc}") from exc
-            _dicts[data] = zdict
+            _dicts[key] = zdict
         return zdict
 
 
@@ -111,9 +113,11 @@ class _ShardMethods:
         strategy = self.metadata.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             path = self.root / DICT_FILE
-            zdict = _digested_dict(read_dict_file(path), path)
+            zdict = _digested_dict(self._core, read_dict_file(path), path)
         elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            zdict = _digested_dict(bytes(self.compression_dict_bytes), self.root.parent / DICT_FILE)
+            zdict = _digested_dict(
+                self._core, bytes(self.compression_dict_bytes), self.root.parent / DICT_FILE
+            )
         else:
             zdict = None
         return offsets, zdict
@@ -203,6 +207,7 @@ def _reader_classes(core, module: str):
         __doc__ = _ShardMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDatasetShard"
+        _core = core
 
     class AtlasDataset(_DatasetMethods, core.DatasetCore, *_TORCH_BASES):
         __doc__ = _DatasetMethods.__doc__

@@ -1,0 +1,1011 @@
+# Directives are set once, in setup.py.
+"""The compiled backend: the hot path of reading blocks, in C (see atlas_fast._pyreader)."""
+
+from cpython.buffer cimport (
+    PyBUF_FORMAT,
+    PyBUF_ND,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.number cimport PyNumber_Index
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from libc.errno cimport errno
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, getenv, realloc
+from libc.string cimport memcpy
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
+from posix.fcntl cimport O_RDONLY
+from posix.fcntl cimport open as c_open
+from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
+from posix.stat cimport fstat, struct_stat
+from posix.unistd cimport close as c_close
+
+cimport cython
+
+from zstd cimport (
+    ZSTD_CONTENTSIZE_ERROR,
+    ZSTD_CONTENTSIZE_UNKNOWN,
+    ZSTD_DCtx,
+    ZSTD_DCtx_refDDict_fn,
+    ZSTD_DCtx_reset_fn,
+    ZSTD_DDict,
+    ZSTD_createDCtx_fn,
+    ZSTD_createDDict_fn,
+    ZSTD_decompressStream_fn,
+    ZSTD_freeDCtx_fn,
+    ZSTD_freeDDict_fn,
+    ZSTD_getDictID_fromDDict_fn,
+    ZSTD_getErrorName_fn,
+    ZSTD_getFrameContentSize_fn,
+    ZSTD_inBuffer,
+    ZSTD_isError_fn,
+    ZSTD_outBuffer,
+    ZSTD_reset_session_only,
+    ZSTD_versionNumber_fn,
+    ZSTD_versionString_fn,
+)
+
+import operator
+import os
+import sys
+
+from ._errors import AtlasFormatError, UnsafePickleError
+from ._format import check_zstd_content_size, max_block_bytes
+
+cdef extern from "<dlfcn.h>" nogil:
+    ctypedef struct Dl_info:
+        const char* dli_fname
+    int dladdr(const void* addr, Dl_info* info)
+
+cdef extern from "<fcntl.h>":
+    enum:
+        O_CLOEXEC
+
+cdef extern from *:
+    """
+    #define ATLAS_MAX_ZSTD_RATIO 32768ULL
+    #define ATLAS_DEFAULT_MAX_BLOCK_BYTES (4ULL << 30)
+    """
+    const unsigned long long ATLAS_MAX_ZSTD_RATIO
+    const unsigned long long ATLAS_DEFAULT_MAX_BLOCK_BYTES
+
+__all__ = [
+    "ZstdDict",
+    "ShardCore",
+    "DatasetCore",
+    "zstd_library",
+    "zstd_available",
+    "zstd_load_error",
+    "BACKEND",
+]
+
+BACKEND = "cython"
+
+# ---------------------------------------------------------------------------------------------
+# libzstd, bound at import with dlopen/dlsym (no header, no link-time dependency)
+
+cdef ZSTD_versionNumber_fn ZSTD_versionNumber = NULL
+cdef ZSTD_versionString_fn ZSTD_versionString = NULL
+cdef ZSTD_isError_fn ZSTD_isError = NULL
+cdef ZSTD_getErrorName_fn ZSTD_getErrorName = NULL
+cdef ZSTD_getFrameContentSize_fn ZSTD_getFrameContentSize = NULL
+cdef ZSTD_createDCtx_fn ZSTD_createDCtx = NULL
+cdef ZSTD_freeDCtx_fn ZSTD_freeDCtx = NULL
+cdef ZSTD_DCtx_reset_fn ZSTD_DCtx_reset = NULL
+cdef ZSTD_DCtx_refDDict_fn ZSTD_DCtx_refDDict = NULL
+cdef ZSTD_createDDict_fn ZSTD_createDDict = NULL
+cdef ZSTD_freeDDict_fn ZSTD_freeDDict = NULL
+cdef ZSTD_getDictID_fromDDict_fn ZSTD_getDictID_fromDDict = NULL
+cdef ZSTD_decompressStream_fn ZSTD_decompressStream = NULL
+
+cdef bint _zstd_ok = False
+_zstd_info = None  # dict reported by zstd_library() once bound
+_zstd_error = "libzstd was not looked for"
+
+_SYMBOLS = (
+    "ZSTD_versionNumber", "ZSTD_versionString", "ZSTD_isError", "ZSTD_getErrorName",
+    "ZSTD_getFrameContentSize", "ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_DCtx_reset",
+    "ZSTD_DCtx_refDDict", "ZSTD_createDDict", "ZSTD_freeDDict", "ZSTD_getDictID_fromDDict",
+    "ZSTD_decompressStream",
+)
+_MIN_VERSION = 10400  # ZSTD_DCtx_reset and ZSTD_DCtx_refDDict are stable from 1.4.0
+
+
+cdef str _dl_error():
+    cdef const char* msg = dlerror()
+    return "unknown dlopen error" if msg == NULL else msg.decode("utf-8", "replace")
+
+
+cdef void* _bind_one(void* handle, str name) except NULL:
+    cdef bytes cname = name.encode()
+    cdef void* sym = dlsym(handle, cname)
+    if sym == NULL:
+        raise OSError(f"symbol {name} not found")
+    return sym
+
+
+cdef object _bind(str path):
+    """Bind every symbol from ``path``; return the library's real path, or raise OSError."""
+    global ZSTD_versionNumber, ZSTD_versionString, ZSTD_isError, ZSTD_getErrorName
+    global ZSTD_getFrameContentSize, ZSTD_createDCtx, ZSTD_freeDCtx, ZSTD_DCtx_reset
+    global ZSTD_DCtx_refDDict, ZSTD_createDDict, ZSTD_freeDDict, ZSTD_getDictID_fromDDict
+    global ZSTD_decompressStream
+    cdef bytes cpath = os.fsencode(path)
+    cdef void* handle = dlopen(cpath, RTLD_NOW | RTLD_LOCAL)
+    cdef void* syms[13]
+    cdef Dl_info info
+    cdef unsigned version
+    if handle == NULL:
+        raise OSError(_dl_error())
+    for k, name in enumerate(_SYMBOLS):
+        syms[k] = _bind_one(handle, name)
+    version = (<ZSTD_versionNumber_fn>syms[0])()
+    if version < _MIN_VERSION:
+        raise OSError(f"libzstd {version} is older than 1.4.0")
+    # Handles stay open for the life of the process: the pointers below point into them.
+    ZSTD_versionNumber = <ZSTD_versionNumber_fn>syms[0]
+    ZSTD_versionString = <ZSTD_versionString_fn>syms[1]
+    ZSTD_isError = <ZSTD_isError_fn>syms[2]
+    ZSTD_getErrorName = <ZSTD_getErrorName_fn>syms[3]
+    ZSTD_getFrameContentSize = <ZSTD_getFrameContentSize_fn>syms[4]
+    ZSTD_createDCtx = <ZSTD_createDCtx_fn>syms[5]
+    ZSTD_freeDCtx = <ZSTD_freeDCtx_fn>syms[6]
+    ZSTD_DCtx_reset = <ZSTD_DCtx_reset_fn>syms[7]
+    ZSTD_DCtx_refDDict = <ZSTD_DCtx_refDDict_fn>syms[8]
+    ZSTD_createDDict = <ZSTD_createDDict_fn>syms[9]
+    ZSTD_freeDDict = <ZSTD_freeDDict_fn>syms[10]
+    ZSTD_getDictID_fromDDict = <ZSTD_getDictID_fromDDict_fn>syms[11]
+    ZSTD_decompressStream = <ZSTD_decompressStream_fn>syms[12]
+    if dladdr(syms[5], &info) and info.dli_fname != NULL:
+        return os.path.realpath(os.fsdecode(info.dli_fname))
+    return os.path.realpath(path) if os.sep in path else path
+
+
+def _candidates():
+    """Where libzstd is looked for, in order: (path, how it was found)."""
+    forced = os.environ.get("ATLAS_FAST_LIBZSTD")
+    if forced:
+        return [(forced, "ATLAS_FAST_LIBZSTD")]
+    found = []
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("zstandard")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith("_cffi") and name.endswith((".so", ".dylib")):
+                    found.append((os.path.join(folder, name), "python-zstandard's _cffi module"))
+    if sys.platform == "darwin":
+        found.append(("libzstd.1.dylib", "the system libzstd"))
+    else:
+        found.append(("libzstd.so.1", "the system libzstd"))
+    return found
+
+
+def _load_zstd():
+    global _zstd_ok, _zstd_info, _zstd_error
+    errors = []
+    tried_system = False
+    for path, how in _candidates():
+        try:
+            real = _bind(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc}")
+            tried_system = tried_system or how == "the system libzstd"
+            continue
+        _zstd_ok = True
+        _zstd_info = {
+            "backend": BACKEND,
+            "path": real,
+            "version": ZSTD_versionString().decode("ascii", "replace"),
+            "version_number": ZSTD_versionNumber(),
+            "binding": f"dlopen of {how}",
+        }
+        return
+    if tried_system and not os.environ.get("ATLAS_FAST_LIBZSTD"):
+        import ctypes.util
+
+        name = ctypes.util.find_library("zstd")
+        if name:
+            try:
+                real = _bind(name)
+            except OSError as exc:
+                errors.append(f"{name}: {exc}")
+            else:
+                _zstd_ok = True
+                _zstd_info = {
+                    "backend": BACKEND,
+                    "path": real,
+                    "version": ZSTD_versionString().decode("ascii", "replace"),
+                    "version_number": ZSTD_versionNumber(),
+                    "binding": "dlopen of the system libzstd (ctypes.util.find_library)",
+                }
+                return
+    _zstd_error = "no usable libzstd: " + "; ".join(errors)
+
+
+_load_zstd()
+
+
+def zstd_available():
+    """Whether libzstd was bound (otherwise the facade uses the pure-Python backend)."""
+    return _zstd_ok
+
+
+def zstd_load_error():
+    """Why libzstd could not be bound, or None."""
+    return None if _zstd_ok else _zstd_error
+
+
+def zstd_library():
+    """Which libzstd this backend decompresses with."""
+    if not _zstd_ok:
+        return {"backend": BACKEND, "path": None, "version": None, "binding": None,
+                "error": _zstd_error}
+    return dict(_zstd_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Locks, and re-creating them in a forked child
+
+# Bumped in a forked child: a lock allocated in an older generation may have been held by a
+# thread that does not exist in the child, so it is abandoned (never freed) and replaced.
+cdef unsigned long _generation = 0
+
+
+cdef inline int _acquire(PyThread_type_lock lock) except -1:
+    """Take ``lock``; the GIL is released while waiting for it."""
+    if not PyThread_acquire_lock(lock, NOWAIT_LOCK):
+        with nogil:
+            PyThread_acquire_lock(lock, WAIT_LOCK)
+    return 0
+
+
+cdef PyThread_type_lock _new_lock() except NULL:
+    cdef PyThread_type_lock lock = PyThread_allocate_lock()
+    if lock == NULL:
+        raise MemoryError("cannot allocate a lock")
+    return lock
+
+
+# A pool of decompression contexts. Each ZSTD_DCtx is owned by one decompression at a time
+# (taken from the pool, used with the GIL released, given back), so there are only as many
+# as threads decompressing at once, not one per shard. _pool_lock guards _pool/_pool_n.
+cdef ZSTD_DCtx* _pool[16]
+cdef int _pool_n = 0
+cdef PyThread_type_lock _pool_lock = _new_lock()
+
+
+cdef ZSTD_DCtx* _pool_pop_lock_held() noexcept nogil:
+    global _pool_n
+    if _pool_n == 0:
+        return NULL
+    _pool_n -= 1
+    return _pool[_pool_n]
+
+
+cdef bint _pool_push_lock_held(ZSTD_DCtx* dctx) noexcept nogil:
+    global _pool_n
+    if _pool_n == 16:
+        return False
+    _pool[_pool_n] = dctx
+    _pool_n += 1
+    return True
+
+
+cdef ZSTD_DCtx* _dctx_take() noexcept nogil:
+    """A context owned by the caller until _dctx_give; NULL when out of memory."""
+    cdef ZSTD_DCtx* dctx
+    PyThread_acquire_lock(_pool_lock, WAIT_LOCK)
+    dctx = _pool_pop_lock_held()
+    PyThread_release_lock(_pool_lock)
+    if dctx == NULL:
+        dctx = ZSTD_createDCtx()
+    return dctx
+
+
+cdef void _dctx_give(ZSTD_DCtx* dctx) noexcept nogil:
+    cdef bint kept
+    PyThread_acquire_lock(_pool_lock, WAIT_LOCK)
+    kept = _pool_push_lock_held(dctx)
+    PyThread_release_lock(_pool_lock)
+    if not kept:
+        ZSTD_freeDCtx(dctx)
+
+
+def _after_fork_in_child():
+    global _generation, _pool_lock, _pool_n
+    _generation += 1
+    # Another parent thread may have held the pool lock at fork time; contexts it had taken
+    # are simply lost in the child. The old lock is abandoned, not freed.
+    _pool_lock = PyThread_allocate_lock()
+    _pool_n = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dictionaries
+
+
+@cython.auto_pickle(False)
+cdef class ZstdDict:
+    """A zstd dictionary, digested once (ZSTD_DDict) and shared read-only."""
+
+    cdef ZSTD_DDict* ddict
+    cdef readonly object path
+    cdef object __weakref__
+
+    def __cinit__(self, data, path):
+        cdef Py_buffer buf
+        if not _zstd_ok:
+            raise RuntimeError(zstd_load_error())
+        self.path = path
+        PyObject_GetBuffer(data, &buf, 0)
+        try:
+            with nogil:
+                self.ddict = ZSTD_createDDict(buf.buf, <size_t>buf.len)
+        finally:
+            PyBuffer_Release(&buf)
+        if self.ddict == NULL:
+            raise ValueError("libzstd cannot load it (ZSTD_createDDict failed)")
+
+    def __dealloc__(self):
+        if self.ddict != NULL:
+            ZSTD_freeDDict(self.ddict)
+
+    @property
+    def dict_id(self):
+        """The dictionary's id (0 for a raw-content dictionary)."""
+        return ZSTD_getDictID_fromDDict(self.ddict)
+
+
+# ---------------------------------------------------------------------------------------------
+# data.bin, memory-mapped
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class _Mapping:
+    """A read-only mapping of a whole data.bin; unmapped when the last reference goes."""
+
+    cdef const char* ptr
+    cdef size_t size
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            munmap(<void*>self.ptr, self.size)
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class _View:
+    """Exports bytes ``ptr[0:size]`` of a mapping (kept alive) through the buffer protocol."""
+
+    cdef _Mapping owner
+    cdef const char* ptr
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("the mapping of data.bin is read-only")
+        view.buf = <void*>self.ptr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = &self.size if flags & PyBUF_ND else NULL
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+
+cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
+    """Map data.bin whole; its descriptor is closed before returning."""
+    cdef bytes cpath = os.fsencode(data_path)
+    cdef const char* c_path = cpath
+    cdef int fd
+    cdef int err
+    cdef struct_stat st
+    cdef void* ptr
+    cdef _Mapping mapping = _Mapping.__new__(_Mapping)
+    with nogil:
+        fd = c_open(c_path, O_RDONLY | O_CLOEXEC)
+    if fd < 0:
+        err = errno
+        exc = OSError(err, os.strerror(err), data_path)
+        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+    try:
+        if fstat(fd, &st) != 0:
+            err = errno
+            exc = OSError(err, os.strerror(err), data_path)
+            raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+        if <uint64_t>st.st_size != expected:
+            raise AtlasFormatError(
+                f"{index_path}: the last offset is {expected} but {data_path} has "
+                f"{st.st_size} bytes"
+            )
+        if expected == 0:
+            return mapping  # nothing to map (mmap refuses zero length)
+        with nogil:
+            ptr = mmap(NULL, <size_t>expected, PROT_READ, MAP_SHARED, fd, 0)
+        if ptr == MAP_FAILED:
+            err = errno
+            exc = OSError(err, os.strerror(err), data_path)
+            raise AtlasFormatError(f"{data_path}: cannot be mapped: {exc}") from exc
+        mapping.ptr = <const char*>ptr
+        mapping.size = <size_t>expected
+        return mapping
+    finally:
+        c_close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decompression
+
+# Results of the nogil decoding loops.
+cdef enum:
+    _DONE = 0
+    _ZSTD_FAILED = 1
+    _INCOMPLETE = 2
+    _TOO_LARGE = 3
+    _NO_MEMORY = 4
+
+
+cdef int _decode_known_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const char* src,
+                             size_t src_size, char* dst, size_t dst_size,
+                             size_t* zresult, size_t* produced) noexcept nogil:
+    """One pass, as python-zstandard's decompress(): output sized from the frame header."""
+    cdef ZSTD_inBuffer inb
+    cdef ZSTD_outBuffer outb
+    ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)
+    zresult[0] = ZSTD_DCtx_refDDict(dctx, ddict)
+    if ZSTD_isError(zresult[0]):
+        return _ZSTD_FAILED
+    inb.src = src
+    inb.size = src_size
+    inb.pos = 0
+    outb.dst = dst
+    outb.size = dst_size
+    outb.pos = 0
+    zresult[0] = ZSTD_decompressStream(dctx, &outb, &inb)
+    produced[0] = outb.pos
+    if ZSTD_isError(zresult[0]):
+        return _ZSTD_FAILED
+    if zresult[0] != 0:
+        return _INCOMPLETE
+    return _DONE
+
+
+cdef int _decode_stream_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const char* src,
+                              size_t src_size, size_t limit, char** out, size_t* out_size,
+                              size_t* consumed, size_t* zresult) noexcept nogil:
+    """Stream a frame that does not record its size into a growing malloc'd buffer.
+
+    ``*out`` is owned by the caller afterwards (even on failure). At most ``limit`` bytes are
+    accepted: reaching ``limit + 1`` means the frame decodes to more than the limit.
+    """
+    cdef ZSTD_inBuffer inb
+    cdef ZSTD_outBuffer outb
+    cdef size_t cap = src_size * 4
+    cdef char* grown
+    if cap < 65536:
+        cap = 65536
+    if cap > limit + 1:
+        cap = limit + 1
+    out[0] = <char*>realloc(NULL, cap)
+    out_size[0] = 0
+    consumed[0] = 0
+    if out[0] == NULL:
+        return _NO_MEMORY
+    ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)
+    zresult[0] = ZSTD_DCtx_refDDict(dctx, ddict)
+    if ZSTD_isError(zresult[0]):
+        return _ZSTD_FAILED
+    inb.src = src
+    inb.size = src_size
+    inb.pos = 0
+    outb.dst = out[0]
+    outb.size = cap
+    outb.pos = 0
+    while True:
+        zresult[0] = ZSTD_decompressStream(dctx, &outb, &inb)
+        out_size[0] = outb.pos
+        consumed[0] = inb.pos
+        if ZSTD_isError(zresult[0]):
+            return _ZSTD_FAILED
+        if zresult[0] == 0:
+            return _DONE
+        if outb.pos < outb.size:
+            if inb.pos == inb.size:
+                return _INCOMPLETE
+            continue
+        # The output is full and the frame goes on.
+        if outb.size > limit:
+            return _TOO_LARGE
+        cap = outb.size * 2
+        if cap > limit + 1 or cap < outb.size:
+            cap = limit + 1
+        grown = <char*>realloc(out[0], cap)
+        if grown == NULL:
+            return _NO_MEMORY
+        out[0] = grown
+        outb.dst = grown
+        outb.size = cap
+
+
+cdef str _zstd_error_name(size_t code):
+    return ZSTD_getErrorName(code).decode("utf-8", "replace")
+
+
+cdef inline bint _limits_allow(unsigned long long declared, size_t src_size) noexcept:
+    """The common case of _format.check_zstd_content_size, decided in C.
+
+    False means: let check_zstd_content_size decide (and word the error).
+    """
+    cdef const char* env = getenv("ATLAS_FAST_MAX_BLOCK_BYTES")
+    if env != NULL and env[0] != 0:
+        return False
+    if declared > ATLAS_DEFAULT_MAX_BLOCK_BYTES:
+        return False
+    return declared <= <unsigned long long>src_size * ATLAS_MAX_ZSTD_RATIO + 1024
+
+
+cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str data_path,
+                       Py_ssize_t b):
+    """Decode one frame; errors are worded as _pyreader words them."""
+    cdef unsigned long long declared = ZSTD_getFrameContentSize(src, src_size)
+    cdef const ZSTD_DDict* ddict = NULL if zdict is None else zdict.ddict
+    cdef ZSTD_DCtx* dctx
+    cdef bytes out
+    cdef size_t zresult = 0
+    cdef size_t produced = 0
+    cdef int status = _NO_MEMORY
+    if declared == ZSTD_CONTENTSIZE_ERROR:
+        raise AtlasFormatError(
+            f"{data_path}: block {b}: corrupt zstd frame: error when determining content size"
+        )
+    if declared == ZSTD_CONTENTSIZE_UNKNOWN:
+        return _decompress_stream(src, src_size, ddict, data_path, b)
+    if not _limits_allow(declared, src_size):
+        check_zstd_content_size(declared, src_size, f"{data_path}: block {b}")
+    if declared == 0:
+        return b""
+    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>declared)
+    cdef char* dst = PyBytes_AS_STRING(out)
+    # ``out`` is not shared until returned; ``zdict`` (held by the caller) keeps ddict alive.
+    with nogil:
+        dctx = _dctx_take()
+        if dctx != NULL:
+            status = _decode_known_nogil(dctx, ddict, src, src_size, dst,
+                                         <size_t>declared, &zresult, &produced)
+            _dctx_give(dctx)
+    if dctx == NULL:
+        raise MemoryError("cannot create a zstd decompression context")
+    if status == _DONE:
+        if produced != declared:
+            raise AtlasFormatError(
+                f"{data_path}: block {b}: corrupt zstd frame: decompression error: "
+                f"decompressed {produced} bytes; expected {declared}"
+            )
+        return out
+    if status == _ZSTD_FAILED:
+        detail = f"decompression error: {_zstd_error_name(zresult)}"
+    else:
+        detail = "decompression error: did not decompress full frame"
+    raise AtlasFormatError(f"{data_path}: block {b}: corrupt zstd frame: {detail}")
+
+
+cdef bytes _decompress_stream(const char* src, size_t src_size, const ZSTD_DDict* ddict,
+                              str data_path, Py_ssize_t b):
+    cdef size_t limit = min(max_block_bytes(), <Py_ssize_t>(<size_t>-1 >> 2))
+    cdef char* buf = NULL
+    cdef size_t size = 0
+    cdef size_t consumed = 0
+    cdef size_t zresult = 0
+    cdef int status = _NO_MEMORY
+    cdef ZSTD_DCtx* dctx
+    where = f"{data_path}: block {b}"
+    try:
+        with nogil:
+            dctx = _dctx_take()
+            if dctx != NULL:
+                status = _decode_stream_nogil(dctx, ddict, src, src_size, limit, &buf, &size,
+                                              &consumed, &zresult)
+                _dctx_give(dctx)
+        if status == _NO_MEMORY:
+            raise MemoryError(f"{where}: out of memory decoding a zstd frame")
+        if status == _ZSTD_FAILED:
+            raise AtlasFormatError(
+                f"{where}: corrupt zstd frame: zstd decompressor error: "
+                f"{_zstd_error_name(zresult)}"
+            )
+        if status == _TOO_LARGE:
+            raise AtlasFormatError(
+                f"{where}: the zstd frame decodes to more than {limit} bytes "
+                "(ATLAS_FAST_MAX_BLOCK_BYTES)"
+            )
+        if status == _INCOMPLETE:
+            raise AtlasFormatError(f"{where}: the zstd frame is truncated")
+        if consumed != src_size:
+            raise AtlasFormatError(f"{where}: {src_size - consumed} bytes follow the zstd frame")
+        return PyBytes_FromStringAndSize(buf, <Py_ssize_t>size)
+    finally:
+        free(buf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Indices
+
+cdef Py_ssize_t _index_error(object i, Py_ssize_t n) except -1:
+    i = operator.index(i)
+    if i < 0:
+        raise IndexError(f"index {int(i)} out of range for {n} examples")
+    raise IndexError(f"index {i} out of range for {n} examples")
+
+
+cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
+    """``i`` as an index in [0, n): negative counts from the end; IndexError outside."""
+    cdef int overflow = 0
+    cdef long long k
+    if PyLong_CheckExact(i):
+        k = PyLong_AsLongLongAndOverflow(i, &overflow)
+    else:
+        k = PyLong_AsLongLongAndOverflow(PyNumber_Index(i), &overflow)
+    if overflow == 0:
+        if k < 0:
+            k += n
+            if k >= 0:
+                return <Py_ssize_t>k
+        elif k < n:
+            return <Py_ssize_t>k
+    return _index_error(i, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards
+
+
+@cython.auto_pickle(False)
+cdef class ShardCore:
+    """Reads the blocks of one shard: mmap'd data.bin, C index math, libzstd, cached block."""
+
+    cdef readonly str _path
+    cdef readonly str _data_path
+    cdef readonly Py_ssize_t _n
+    cdef readonly Py_ssize_t _block_size
+    cdef readonly Py_ssize_t _n_blocks
+    cdef readonly bint _compressed
+    cdef readonly object _loads
+    # Set together by _ensure_open under _lock (and cleared by _close under it); read under
+    # the GIL, and held in locals by a reader across its nogil decompression.
+    cdef object _offsets  # the validated numpy array (None: not open)
+    cdef const uint64_t* _offs  # its data
+    cdef _Mapping _mapping
+    cdef ZstdDict _zdict
+    # The last decoded block: read and replaced under the GIL, never mutated.
+    cdef Py_ssize_t _cache_block
+    cdef object _cache_list
+    cdef PyThread_type_lock _lock
+    cdef unsigned long _lock_generation
+
+    def __cinit__(self, *args, **kwargs):
+        self._cache_block = -1
+        self._lock = _new_lock()
+        self._lock_generation = _generation
+
+    def _core_init(self, path, data_path, n_examples, block_size, compressed, loads):
+        """Set the shard up; nothing is opened until first use."""
+        self._path = str(path)
+        self._data_path = str(data_path)
+        self._n = n_examples
+        self._block_size = block_size
+        self._compressed = bool(compressed)
+        self._loads = loads
+        self._n_blocks = -(-n_examples // block_size)
+        self._offsets = None
+        self._offs = NULL
+        self._mapping = None
+        self._zdict = None
+        self._cache_block = -1
+        self._cache_list = None
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        return self._get(_normalize(i, self._n))
+
+    cdef inline object _get(self, Py_ssize_t k):
+        """Example ``k``, 0 <= k < _n."""
+        cdef Py_ssize_t b = k // self._block_size
+        cdef object examples
+        if b == self._cache_block:
+            examples = self._cache_list
+        else:
+            examples = self._read_block_c(b)
+        return <object>PyList_GET_ITEM(examples, k - b * self._block_size)
+
+    # -- opening ----------------------------------------------------------------------------
+
+    cdef inline PyThread_type_lock _lock_get(self) noexcept:
+        if self._lock_generation != _generation:
+            # Forked: the parent's lock may be held forever; abandon it.
+            self._lock = PyThread_allocate_lock()
+            self._lock_generation = _generation
+        return self._lock
+
+    cdef int _open_lock_held(self) except -1:
+        offsets, zdict = self._open_files()
+        if zdict is not None and not isinstance(zdict, ZstdDict):
+            raise TypeError(f"{self._path}: _open_files returned a {type(zdict).__name__}")
+        cdef const uint64_t[::1] view = offsets
+        if view.shape[0] != self._n_blocks + 1:
+            raise AtlasFormatError(
+                f"{self._path}: {view.shape[0]} offsets for {self._n_blocks} blocks"
+            )
+        cdef uint64_t end = view[self._n_blocks]
+        cdef str index_path = os.path.join(self._path, "index.npy")
+        mapping = None
+        if self._n_blocks:
+            mapping = _map_file(self._data_path, end, index_path)
+        # Published together, with no Python code in between.
+        self._mapping = mapping
+        self._zdict = zdict
+        self._offs = &view[0]
+        self._offsets = offsets
+        return 0
+
+    cdef int _open(self) except -1:
+        cdef PyThread_type_lock lock = self._lock_get()
+        if lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        _acquire(lock)
+        try:
+            if self._offsets is None:
+                self._open_lock_held()
+        finally:
+            PyThread_release_lock(lock)
+        return 0
+
+    def _ensure_open(self):
+        """The validated offsets (opening the shard's files on first use)."""
+        if self._offsets is None:
+            self._open()
+        return self._offsets
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    cdef object _decoded(self, Py_ssize_t b, bint copy):
+        """Block ``b``'s pickle bytes: bytes, or (copy false, uncompressed) a memoryview."""
+        if self._offsets is None:
+            self._open()
+        # Locals keep the mapping and dictionary alive whatever another thread does.
+        cdef _Mapping mapping = self._mapping
+        cdef ZstdDict zdict = self._zdict
+        cdef const uint64_t* offs = self._offs
+        cdef uint64_t start = offs[b]
+        cdef uint64_t end = offs[b + 1]
+        cdef _View view
+        if end < start or mapping is None or end > mapping.size:
+            raise AtlasFormatError(
+                f"{self._data_path}: block {b} is truncated (expected bytes {start}..{end}, "
+                f"the file ends at {0 if mapping is None else mapping.size})"
+            )
+        if self._compressed:
+            return _decompress(mapping.ptr + start, <size_t>(end - start), zdict,
+                               self._data_path, b)
+        if copy:
+            return PyBytes_FromStringAndSize(mapping.ptr + start, <Py_ssize_t>(end - start))
+        view = _View.__new__(_View)
+        view.owner = mapping
+        view.ptr = mapping.ptr + start
+        view.size = <Py_ssize_t>(end - start)
+        return memoryview(view)
+
+    cdef object _read_block_c(self, Py_ssize_t b):
+        cdef object old
+        if b == self._cache_block:
+            return self._cache_list
+        if not 0 <= b < self._n_blocks:
+            raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
+        examples = self._unpickle_c(self._decoded(b, False), b)
+        old = self._cache_list  # released only after the cache is consistent again
+        self._cache_list = examples
+        self._cache_block = b
+        return examples
+
+    cdef list _unpickle_c(self, data, Py_ssize_t b):
+        try:
+            examples = self._loads(data)
+        except UnsafePickleError as exc:
+            raise UnsafePickleError(f"{exc} (in {self._data_path}, block {b})") from None
+        except Exception as exc:
+            raise AtlasFormatError(
+                f"{self._data_path}: block {b} does not unpickle: {type(exc).__name__}: {exc}"
+            ) from exc
+        cdef Py_ssize_t expected = min(self._block_size, self._n - b * self._block_size)
+        if type(examples) is not list:
+            raise AtlasFormatError(
+                f"{self._data_path}: block {b} holds a {type(examples).__name__}, not a list"
+            )
+        if PyList_GET_SIZE(examples) != expected:
+            raise AtlasFormatError(
+                f"{self._data_path}: block {b} holds {len(examples)} examples, "
+                f"expected {expected}"
+            )
+        return examples
+
+    def _read_block(self, b):
+        """The examples of block ``b`` (decoded once, then served from the cache)."""
+        cdef Py_ssize_t k = b
+        return self._read_block_c(k)
+
+    def _block_bytes(self, b):
+        """The decoded pickle bytes of block ``b``."""
+        cdef Py_ssize_t k = b
+        if not 0 <= k < self._n_blocks:
+            raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
+        return self._decoded(k, True)
+
+    def _raw_block(self, b):
+        """The stored (possibly compressed) bytes of block ``b``."""
+        offsets = self._ensure_open()
+        start = int(offsets[b])
+        end = int(offsets[b + 1])
+        cdef _Mapping mapping = self._mapping
+        cdef size_t size = 0 if mapping is None else mapping.size
+        if end < start or end > size:
+            raise AtlasFormatError(
+                f"{self._data_path}: block {b} is truncated "
+                f"(expected bytes {start}..{end}, the file ends at {size})"
+            )
+        return PyBytes_FromStringAndSize(mapping.ptr + <size_t>start, end - start)
+
+    def _decompress(self, raw, b):
+        """Decode the stored bytes ``raw`` of block ``b``."""
+        cdef Py_buffer buf
+        self._ensure_open()
+        cdef ZstdDict zdict = self._zdict
+        PyObject_GetBuffer(raw, &buf, 0)
+        try:
+            return _decompress(<const char*>buf.buf, <size_t>buf.len, zdict, self._data_path, b)
+        finally:
+            PyBuffer_Release(&buf)
+
+    def _unpickle(self, data, b):
+        """Unpickle block ``b``'s bytes and check it is a list of the right length."""
+        return self._unpickle_c(data, b)
+
+    def _close(self):
+        """Release the mapping, the dictionary and the cached block (reopened on next use)."""
+        cdef PyThread_type_lock lock = self._lock_get()
+        if lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        _acquire(lock)
+        # Dropped after the lock is released: freeing them may run arbitrary code.
+        dropped = (self._cache_list, self._mapping, self._zdict, self._offsets)
+        self._cache_block = -1
+        self._cache_list = None
+        self._offsets = None
+        self._offs = NULL
+        self._mapping = None
+        self._zdict = None
+        PyThread_release_lock(lock)
+        del dropped
+
+    def __dealloc__(self):
+        # self._lock is not freed: a lock from before a fork may be held by a lost thread,
+        # and a current one is a few bytes. Free only one of the current generation.
+        if self._lock != NULL and self._lock_generation == _generation:
+            PyThread_free_lock(self._lock)
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+
+
+@cython.auto_pickle(False)
+cdef class DatasetCore:
+    """Maps global indices onto the shards of a dataset (binary search in C)."""
+
+    cdef readonly list _shard_cores
+    cdef readonly list _ends
+    cdef readonly Py_ssize_t _total
+    cdef Py_ssize_t* _c_ends
+    cdef Py_ssize_t _n_shards
+    cdef bint _direct  # every shard is a ShardCore whose __getitem__ is not overridden
+
+    def __cinit__(self, *args, **kwargs):
+        self._c_ends = NULL
+        self._shard_cores = []
+        self._ends = []
+
+    def _core_init(self, shards, sizes):
+        """Set up the index over ``shards`` of ``sizes`` examples."""
+        shards = list(shards)
+        ends = []
+        total = 0
+        for size in sizes:
+            total += size
+            ends.append(total)
+        cdef Py_ssize_t n = len(ends)
+        cdef Py_ssize_t* c_ends = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
+        if c_ends == NULL:
+            raise MemoryError()
+        for k in range(n):
+            c_ends[k] = ends[k]
+        PyMem_Free(self._c_ends)
+        self._c_ends = c_ends
+        self._n_shards = n
+        self._shard_cores = shards
+        self._ends = ends
+        self._total = total
+        base = ShardCore.__getitem__
+        self._direct = len(shards) == n and all(
+            isinstance(s, ShardCore) and type(s).__getitem__ is base for s in shards
+        )
+
+    def __dealloc__(self):
+        PyMem_Free(self._c_ends)
+
+    def __len__(self):
+        return self._total
+
+    cdef inline Py_ssize_t _shard_of(self, Py_ssize_t k) noexcept:
+        """The first shard whose end is past ``k`` (bisect_right over the ends)."""
+        cdef Py_ssize_t lo = 0
+        cdef Py_ssize_t hi = self._n_shards
+        cdef Py_ssize_t mid
+        cdef const Py_ssize_t* ends = self._c_ends
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ends[mid] <= k:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _locate(self, i):
+        """The (shard number, local index) of global index ``i``."""
+        cdef Py_ssize_t k = _normalize(i, self._total)
+        cdef Py_ssize_t s = self._shard_of(k)
+        return s, k - (self._c_ends[s - 1] if s else 0)
+
+    def __getitem__(self, i):
+        cdef Py_ssize_t k = _normalize(i, self._total)
+        cdef Py_ssize_t s = self._shard_of(k)
+        cdef Py_ssize_t j = k - (self._c_ends[s - 1] if s else 0)
+        cdef ShardCore shard
+        if self._direct:
+            shard = <ShardCore>PyList_GET_ITEM(self._shard_cores, s)
+            if j < shard._n:
+                return shard._get(j)
+        return self._shard_cores[s][j]
