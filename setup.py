@@ -13,6 +13,7 @@ import platform
 import sys
 
 from setuptools import Extension, setup
+from setuptools.dist import Distribution
 
 
 def _env_flag(name: str) -> bool:
@@ -45,4 +46,20 @@ def _extensions() -> list:
     return cythonize([reader], compiler_directives=directives, include_path=["src"])
 
 
-setup(ext_modules=_extensions())
+class _PlatformWheel(Distribution):
+    """Tags the wheel for this interpreter and platform although it carries no compiled module.
+
+    Used where the compiled reader is not built (Windows): a pure ``py3-none-any`` wheel would
+    be chosen by pip on every platform without a wheel of its own, in place of compiling the
+    sdist, and cibuildwheel rejects pure wheels.
+    """
+
+    def has_ext_modules(self):
+        return True
+
+
+_options = {}
+if os.name != "posix" and not _env_flag("ATLAS_FAST_NO_EXTENSIONS"):
+    _options["distclass"] = _PlatformWheel
+
+setup(ext_modules=_extensions(), **_options)

@@ -1,3 +1,3 @@
-"""The single source of the package version (read by pyproject.toml and setup.py)."""
+"""The single source of the package version (pyproject.toml reads it as the dynamic version)."""
 
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ build run.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -87,3 +88,10 @@ def test_package_under_test_is_the_installed_one():
     package = Path(_probe()["file"]).resolve().parent
     site = {Path(sysconfig.get_path(key)).resolve() for key in ("purelib", "platlib")}
     assert package.parent in site, f"atlas_fast imported from {package}, not from {site}"
+
+
+@pytest.mark.skipif(not EXPECT_INSTALLED, reason="ATLAS_FAST_EXPECT_INSTALLED is not set")
+def test_installed_metadata_carries_the_package_version():
+    import atlas_fast
+
+    assert importlib.metadata.version("atlas-fast") == atlas_fast.__version__
