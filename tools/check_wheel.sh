@@ -151,11 +151,13 @@ EOF
 [[ $status -eq 0 ]] || die "the test suite failed against the installed wheel (exit $status)"
 
 step "summary"
-echo "sdist:           $(basename "$SDIST")"
-echo "wheel (built):   $(basename "$RAW_WHEEL")"
+echo "sdist:            $(basename "$SDIST")"
+echo "wheel (built):    $(basename "$RAW_WHEEL")"
 echo "wheel (repaired): $WHEEL_NAME"
-echo "platform tag:    $PLATFORM_TAG"
-echo "auditwheel show: $(tr '\n' ' ' <"$WORK/show.txt" | sed -E 's/ +/ /g')"
-echo "backend:         cython, $(echo "$BACKEND_INFO" | tail -n 1)"
-echo "tests:           $COUNTS"
+echo "platform tag:     $PLATFORM_TAG"
+# auditwheel show, its first two sentences: the tag it allows, and the symbols that set it.
+echo "auditwheel show:  $(tr '\n' ' ' <"$WORK/show.txt" | sed -E 's/ +/ /g; s/^ //' |
+    sed -E 's/(\}|found)[^}]*$/\1/')"
+echo "backend:          cython, $(echo "$BACKEND_INFO" | tail -n 1)"
+echo "tests:            $COUNTS"
 echo "check_wheel: OK"
