@@ -2,7 +2,8 @@
 
 ``ATLAS_FAST_NO_EXTENSIONS=1`` forces the pure-Python backend. Without it, a missing or
 unloadable extension is reported with one loud warning (a silent fallback hides a slow
-install), and the pure-Python backend serves.
+install), and the pure-Python backend serves. Windows has no compiled reader (it is built on
+POSIX only) and uses the pure-Python backend quietly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def _select():
         _reader = importlib.import_module(f"{__package__}._reader")
     except ImportError as exc:
         extension_error = f"{type(exc).__name__}: {exc}"
+        if os.name == "nt":
+            # The compiled reader is POSIX-only by design (mmap(2), dlopen(3)): Windows always
+            # uses the pure-Python backend, so there is nothing to warn about.
+            from . import _pyreader
+
+            return _pyreader
     else:
         if _reader.zstd_available():
             return _reader

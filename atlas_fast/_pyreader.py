@@ -38,7 +38,7 @@ from collections import OrderedDict
 import zstandard
 
 from ._errors import AtlasFormatError, UnsafePickleError
-from ._format import check_zstd_content_size
+from ._format import check_zstd_content_size, max_block_bytes
 
 __all__ = ["ZstdDict", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
 
@@ -101,8 +101,19 @@ class _FilePool:
 
 
 _files = _FilePool()
+
+# Bumped in a forked child: a shard's lock from an older generation may have been held by a
+# parent thread that does not exist in the child, so the shard replaces it on next use.
+_generation = [0]
+
+
+def _after_fork_in_child() -> None:
+    _files._after_fork_in_child()
+    _generation[0] += 1
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_files._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ZstdDict:
@@ -117,7 +128,7 @@ class ZstdDict:
 
 class _ThreadState(threading.local):
     dctx = None
-    zdict = None
+    zdict = None  # the ZstdDict that dctx was made for
 
 
 class ShardCore:
@@ -131,9 +142,12 @@ class ShardCore:
         self._compressed = compressed
         self._loads = loads
         self._n_blocks = -(-n_examples // block_size)
-        self._opened = None  # (offsets, zdict): set by _ensure_open under _open_lock, read whole
+        # (offsets, zdict): set by _ensure_open under _open_lock, replaced whole, so a reader
+        # never pairs one opening's offsets with another's dictionary.
+        self._opened = None
         self._cache = (-1, None)  # (block number, list): replaced whole, never mutated
         self._open_lock = threading.Lock()
+        self._lock_generation = _generation[0]
         self._tls = _ThreadState()
 
     def __len__(self) -> int:
@@ -156,20 +170,27 @@ class ShardCore:
 
     # -- blocks -----------------------------------------------------------------------------
 
-    def _ensure_open(self):
-        """``(offsets, zdict)``, loading them on first use (again after ``_close``)."""
+    def _lock(self) -> threading.Lock:
+        if self._lock_generation != _generation[0]:
+            self._open_lock = threading.Lock()
+            self._lock_generation = _generation[0]
+        return self._open_lock
+
+    def _opened_files(self) -> tuple:
         opened = self._opened
         if opened is None:
-            with self._open_lock:
+            with self._lock():
                 opened = self._opened
                 if opened is None:
                     opened = self._opened = tuple(self._open_files())
         return opened
 
-    def _raw_block(self, b: int, offsets=None) -> bytes:
+    def _ensure_open(self):
+        return self._opened_files()[0]
+
+    def _raw_block(self, b: int) -> bytes:
         """The stored (possibly compressed) bytes of block ``b``."""
-        if offsets is None:
-            offsets = self._ensure_open()[0]
+        offsets = self._ensure_open()
         start = int(offsets[b])
         end = int(offsets[b + 1])
         try:
@@ -187,15 +208,15 @@ class ShardCore:
         """The decoded pickle bytes of block ``b``."""
         if not 0 <= b < self._n_blocks:
             raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
-        offsets, zdict = self._ensure_open()
-        raw = self._raw_block(b, offsets)
+        raw = self._raw_block(b)
         if not self._compressed:
             return raw
-        return self._decompress(raw, b, zdict)
+        return self._decompress(raw, b)
 
-    def _decompress(self, raw: bytes, b: int, zdict) -> bytes:
+    def _decompress(self, raw: bytes, b: int) -> bytes:
         where = f"{self._data_path}: block {b}"
-        state = self._tls  # one decompressor per thread, for the dictionary it was made with
+        zdict = self._opened_files()[1]
+        state = self._tls
         dctx = state.dctx
         if dctx is None or state.zdict is not zdict:
             if zdict is None:
@@ -217,6 +238,12 @@ class ShardCore:
             # The frame does not record its size: stream it, within the same limits.
             stream = dctx.decompressobj()
             out = stream.decompress(raw)
+            limit = max_block_bytes()
+            if len(out) > limit:
+                raise AtlasFormatError(
+                    f"{where}: the zstd frame decodes to more than {limit} bytes "
+                    "(ATLAS_FAST_MAX_BLOCK_BYTES)"
+                )
             if not stream.eof:
                 raise AtlasFormatError(f"{where}: the zstd frame is truncated")
             if stream.unused_data:
@@ -257,9 +284,10 @@ class ShardCore:
         return examples
 
     def _close(self) -> None:
-        with self._open_lock:
+        with self._lock():
             self._cache = (-1, None)
             self._opened = None
+            self._tls = _ThreadState()
             _files.forget(self._data_path)
 
 

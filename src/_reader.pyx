@@ -25,7 +25,6 @@ from cpython.pythread cimport (
 from libc.errno cimport errno
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, getenv, realloc
-from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
@@ -831,13 +830,13 @@ cdef class ShardCore:
         return memoryview(view)
 
     cdef object _read_block_c(self, Py_ssize_t b):
-        cdef object old
+        cdef object _old
         if b == self._cache_block:
             return self._cache_list
         if not 0 <= b < self._n_blocks:
             raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
         examples = self._unpickle_c(self._decoded(b, False), b)
-        old = self._cache_list  # released only after the cache is consistent again
+        _old = self._cache_list  # released only after the cache is consistent again
         self._cache_list = examples
         self._cache_block = b
         return examples

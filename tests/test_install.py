@@ -3,7 +3,8 @@
 The wheel builds (cibuildwheel's test-command, tools/check_wheel.sh) set
 ``ATLAS_FAST_EXPECT_BACKEND`` to the backend that platform's wheel must select by default:
 ``cython`` where the compiled core is built and binds a libzstd, ``python`` on Windows, where
-the compiled core is not built. ``ATLAS_FAST_EXPECT_INSTALLED=1`` says the package under test
+the compiled core is not built (and the facade selects the Python backend without a warning).
+``ATLAS_FAST_EXPECT_INSTALLED=1`` says the package under test
 must be the installed one, not a source tree. Without them only the checks that hold for every
 build run.
 """
@@ -77,10 +78,14 @@ def test_default_backend_is_the_one_this_platform_ships():
         assert seen["zstd"]["backend"] == "cython", seen
         assert seen["zstd"]["path"], seen
     else:
-        # No compiled core in this build: the pure-Python backend serves, with one loud warning.
-        assert len(seen["warnings"]) == 1, seen
-        assert "pure-Python backend" in seen["warnings"][0], seen
+        # No compiled core in this build: the pure-Python backend serves. On Windows that is by
+        # design (the core is POSIX-only) and quiet; elsewhere it is announced, once, loudly.
         assert seen["extension_error"], seen
+        if os.name == "nt":
+            assert seen["warnings"] == [], seen
+        else:
+            assert len(seen["warnings"]) == 1, seen
+            assert "pure-Python backend" in seen["warnings"][0], seen
 
 
 @pytest.mark.skipif(not EXPECT_INSTALLED, reason="ATLAS_FAST_EXPECT_INSTALLED is not set")

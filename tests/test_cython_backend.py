@@ -1,0 +1,491 @@
+"""The compiled backend: selected by default, bound to a real libzstd, and as correct as the
+pure-Python one on the cases where a C reader could go wrong (frames without a size, corrupt
+frames, threads, fork, thousands of shards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from helpers import assert_same, open_fd_count
+
+import atlas_fast
+import atlas_fast._python
+import atlas_fast.atlas
+from atlas_fast import AtlasFormatError, CompressionStrategy
+from atlas_fast._format import dump_meta, index_dtype
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = atlas_fast.BACKEND == "cython"
+BOTH = [atlas_fast.atlas, atlas_fast._python] if COMPILED else [atlas_fast._python]
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled backend is not in use")
+
+
+def _examples(n, seed=0):
+    return [
+        {"id": seed + i, "text": f"document {seed + i} " * (i % 7 + 1), "n": np.arange(i % 5)}
+        for i in range(n)
+    ]
+
+
+def write_shard(path: Path, examples, block_size, strategy=0, compress=None, zdict=None):
+    """A shard written by hand: ``compress(pickled_block) -> stored bytes`` for each block."""
+    path.mkdir(parents=True)
+    blocks = [examples[k : k + block_size] for k in range(0, len(examples), block_size)]
+    offsets = [0]
+    with open(path / "data.bin", "wb") as f:
+        for block in blocks:
+            data = pickle.dumps(block)
+            if compress is not None:
+                data = compress(data)
+            f.write(data)
+            offsets.append(offsets[-1] + len(data))
+    np.save(path / "index.npy", np.array(offsets, dtype=index_dtype(offsets[-1])))
+    if zdict is not None:
+        (path / "zstd_dict.bin").write_bytes(zdict)
+    fields = {
+        "version": 1,
+        "block_size": block_size,
+        "stored_examples": len(examples),
+        "compression_strategy": strategy,
+        "compression_level": 3,
+        "compression_dict_size": 0.01,
+    }
+    dump_meta(path / "meta.json", fields)
+    return path
+
+
+def _error_of(call) -> tuple:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc), str(exc)
+    return None, None
+
+
+# -- selection and libzstd ----------------------------------------------------------------------
+
+
+def test_default_import_selects_the_compiled_backend():
+    if os.environ.get("ATLAS_FAST_NO_EXTENSIONS", "").strip().lower() not in ("", "0", "false"):
+        pytest.skip("ATLAS_FAST_NO_EXTENSIONS is set: the pure-Python backend was asked for")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATLAS_FAST_LIBZSTD",)}
+    code = (
+        "import warnings; warnings.simplefilter('error');"
+        "import atlas_fast, json;"
+        "print(json.dumps([atlas_fast.BACKEND, atlas_fast.zstd_library()]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    backend, library = json.loads(out.stdout)
+    assert backend == "cython", library
+
+
+@needs_compiled
+def test_zstd_library_reports_a_real_library():
+    info = atlas_fast.zstd_library()
+    assert info["backend"] == "cython"
+    assert os.path.isfile(info["path"]), info
+    assert info["version"].count(".") == 2 and info["version"][0].isdigit(), info
+    major, minor, patch = map(int, info["version"].split("."))
+    assert info["version_number"] == major * 10000 + minor * 100 + patch
+    assert (major, minor) >= (1, 4)
+    assert "dlopen" in info["binding"]
+
+
+@needs_compiled
+def test_libzstd_from_the_environment_variable():
+    from atlas_fast import _reader
+
+    wanted = _reader.zstd_library()["path"]
+    code = "import atlas_fast._reader as r, json; print(json.dumps(r.zstd_library()))"
+    env = dict(os.environ, ATLAS_FAST_LIBZSTD=wanted)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["path"] == wanted and "ATLAS_FAST_LIBZSTD" in info["binding"]
+
+
+@needs_compiled
+def test_unusable_libzstd_falls_back_with_one_warning():
+    code = (
+        "import warnings, json\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import atlas_fast, atlas_fast._reader as r\n"
+        "print(json.dumps([atlas_fast.BACKEND, r.zstd_available(), r.zstd_load_error(),\n"
+        "                  [str(x.message) for x in w]]))\n"
+    )
+    env = dict(os.environ, ATLAS_FAST_LIBZSTD="/nonexistent/libzstd.so.1")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True)
+    assert out.returncode == 0, out.stderr
+    backend, available, error, warned = json.loads(out.stdout)
+    assert backend == "python" and available is False
+    assert "/nonexistent/libzstd.so.1" in error
+    assert len(warned) == 1 and "pure-Python" in warned[0]
+
+
+# -- frames ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", [1, 19])
+def test_frames_without_content_size(atlas, tmp_path, level):
+    examples = _examples(50)
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=False)
+    path = write_shard(tmp_path / "0", examples, 8, strategy=1, compress=cctx.compress)
+    with open(path / "data.bin", "rb") as f:
+        assert zstandard.frame_content_size(f.read()) == -1
+    shard = atlas.AtlasDatasetShard(path)
+    for i in [*range(len(examples)), 3, 49, 0]:
+        assert_same(shard[i], examples[i], f"[{i}]")
+
+
+def test_large_frame_without_content_size_streams_past_the_first_buffer(atlas, tmp_path):
+    examples = [os.urandom(50_000) for _ in range(12)]  # 600 KB per block, incompressible
+    cctx = zstandard.ZstdCompressor(write_content_size=False)
+    path = write_shard(tmp_path / "0", examples, 6, strategy=1, compress=cctx.compress)
+    shard = atlas.AtlasDatasetShard(path)
+    assert [shard[i] for i in range(12)] == examples
+
+
+def test_frame_without_content_size_over_the_limit(atlas, tmp_path, monkeypatch):
+    cctx = zstandard.ZstdCompressor(write_content_size=False)
+    path = write_shard(tmp_path / "0", [b"x" * 200_000], 1, strategy=1, compress=cctx.compress)
+    monkeypatch.setenv("ATLAS_FAST_MAX_BLOCK_BYTES", "100000")
+    with pytest.raises(AtlasFormatError, match=r"more than 100000 bytes"):
+        atlas.AtlasDatasetShard(path)[0]
+
+
+def test_declared_size_over_the_limit(atlas, tmp_path, monkeypatch):
+    cctx = zstandard.ZstdCompressor()
+    path = write_shard(tmp_path / "0", [b"x" * 200_000], 1, strategy=1, compress=cctx.compress)
+    monkeypatch.setenv("ATLAS_FAST_MAX_BLOCK_BYTES", "100000")
+    with pytest.raises(AtlasFormatError, match=r"over the 100000-byte limit"):
+        atlas.AtlasDatasetShard(path)[0]
+
+
+def _dictionary(examples):
+    samples = [pickle.dumps(examples[k : k + 4]) for k in range(0, len(examples), 4)]
+    return zstandard.train_dictionary(4096, samples * 4)
+
+
+def _corrupt_cases(tmp_path):
+    """(name, shard path, dictionary bytes or None, index) of shards whose block 1 is bad."""
+    examples = _examples(40)
+    other = _dictionary(_examples(40, seed=1000))
+    right = _dictionary(examples)
+    plain = zstandard.ZstdCompressor()
+    sizeless = zstandard.ZstdCompressor(write_content_size=False)
+    cases = []
+
+    def bad_block_1(fn, cctx):
+        count = iter(range(1000))
+        return lambda data: fn(cctx.compress(data)) if next(count) == 1 else cctx.compress(data)
+
+    variants = {
+        "truncated": lambda c: c[: len(c) - 7],
+        "truncated_header": lambda c: c[:3],
+        "flipped": lambda c: c[:12] + bytes(b ^ 0x5A for b in c[12:40]) + c[40:],
+        "not_zstd": lambda c: b"definitely not a zstd frame" + c,
+        "trailing": lambda c: c + b"\x00\x01\x02",
+    }
+    for name, fn in variants.items():
+        for label, cctx in (("sized", plain), ("sizeless", sizeless)):
+            path = write_shard(
+                tmp_path / f"{name}_{label}", examples, 4, 1, compress=bad_block_1(fn, cctx)
+            )
+            cases.append((f"{name}_{label}", path, None, 5))
+    # A block compressed with another dictionary than the shard's.
+    wrong = zstandard.ZstdCompressor(dict_data=other)
+    path = write_shard(
+        tmp_path / "wrong_dict", examples, 4, 3, compress=wrong.compress, zdict=right.as_bytes()
+    )
+    cases.append(("wrong_dict", path, None, 0))
+    # A dictionary-compressed block read without its dictionary (strategy says none).
+    path = write_shard(
+        tmp_path / "missing_dict",
+        examples,
+        4,
+        1,
+        compress=zstandard.ZstdCompressor(dict_data=right).compress,
+    )
+    cases.append(("missing_dict", path, None, 0))
+    return cases
+
+
+@needs_compiled
+def test_corrupt_frames_fail_alike_on_both_backends(tmp_path):
+    for name, path, _dict, index in _corrupt_cases(tmp_path):
+        errors = []
+        for module in BOTH:
+            shard = module.AtlasDatasetShard(path)
+            errors.append(_error_of(lambda shard=shard, index=index: shard[index]))
+            if "dict" not in name:  # the shard stays usable: other blocks still read
+                assert shard[len(shard) - 1]["id"] == len(shard) - 1
+        (cy_type, cy_msg), (py_type, py_msg) = errors
+        if name == "trailing_sized":  # python-zstandard ignores data after a sized frame
+            assert cy_type is py_type is None, (name, errors)
+            continue
+        assert cy_type is not None and issubclass(cy_type, AtlasFormatError), (name, errors)
+        assert (cy_type, cy_msg) == (py_type, py_msg), name
+        assert str(path / "data.bin") in cy_msg
+
+
+def test_corrupt_frames_raise_format_errors(atlas, tmp_path):
+    for name, path, _dict, index in _corrupt_cases(tmp_path):
+        shard = atlas.AtlasDatasetShard(path)
+        if name == "trailing_sized":
+            assert shard[index]["id"] == index
+            continue
+        with pytest.raises(AtlasFormatError, match=rf"data\.bin: block {index // 4}\b"):
+            shard[index]
+
+
+def test_wrong_dictionary_message(atlas, tmp_path):
+    cases = {name: path for name, path, *_ in _corrupt_cases(tmp_path)}
+    with pytest.raises(AtlasFormatError, match="Dictionary mismatch"):
+        atlas.AtlasDatasetShard(cases["wrong_dict"])[0]
+    with pytest.raises(AtlasFormatError, match="Dictionary mismatch"):
+        atlas.AtlasDatasetShard(cases["missing_dict"])[3]
+
+
+def test_block_level_methods_agree(tmp_path):
+    examples = _examples(30)
+    zd = _dictionary(examples)
+    paths = [
+        write_shard(tmp_path / "s0", examples, 8, 0),
+        write_shard(tmp_path / "s1", examples, 8, 1, compress=zstandard.ZstdCompressor().compress),
+        write_shard(
+            tmp_path / "s3",
+            examples,
+            8,
+            3,
+            compress=zstandard.ZstdCompressor(dict_data=zd).compress,
+            zdict=zd.as_bytes(),
+        ),
+    ]
+    for path in paths:
+        shards = [module.AtlasDatasetShard(path) for module in BOTH]
+        for b in range(4):
+            raws = [s._raw_block(b) for s in shards]
+            datas = [s._block_bytes(b) for s in shards]
+            assert all(type(x) is bytes for x in raws + datas)
+            assert len(set(raws)) == 1 and len(set(datas)) == 1
+            for s in shards:
+                assert_same(s._read_block(b), examples[b * 8 : b * 8 + 8])
+                assert_same(s._unpickle(datas[0], b), examples[b * 8 : b * 8 + 8])
+                assert s._ensure_open().tolist() == shards[-1]._ensure_open().tolist()
+        for bad in (-1, 4, 100):
+            errors = {_error_of(lambda s=s, bad=bad: s._block_bytes(bad)) for s in shards}
+            assert len(errors) == 1 and next(iter(errors))[0] is IndexError
+        errors = {_error_of(lambda s=s: s._unpickle(pickle.dumps((1, 2)), 0)) for s in shards}
+        assert len(errors) == 1 and next(iter(errors))[0] is AtlasFormatError
+        for s in shards:
+            s._close()
+            assert_same(s[29], examples[29])
+
+
+def test_index_errors_alike(tmp_path):
+    examples = _examples(10)
+    write_shard(tmp_path / "ds" / "0", examples[:4], 3)
+    write_shard(tmp_path / "ds" / "1", [], 3)
+    write_shard(tmp_path / "ds" / "2", examples[4:], 3)
+    dump_meta(
+        tmp_path / "ds" / "meta.json",
+        {"version": 1, "shard_sizes": [4, 0, 6], "compression_strategy": 0},
+    )
+    datasets = [module.AtlasDataset(tmp_path / "ds") for module in BOTH]
+    for i in [*range(-10, 10), 3, 4]:
+        assert len({tuple(ds._locate(i)) for ds in datasets}) == 1
+        for ds in datasets:
+            assert_same(ds[i], examples[i])
+    for ds in datasets:
+        assert_same(ds[True], examples[1])
+    for bad in (10, -11, 2**70, -(2**70), 1.0, "1", None):
+        errors = {_error_of(lambda ds=ds, bad=bad: ds[bad]) for ds in datasets}
+        errors |= {_error_of(lambda ds=ds, bad=bad: ds._locate(bad)) for ds in datasets}
+        assert len(errors) == 1 and None not in next(iter(errors)), (bad, errors)
+    shards = [ds.shards[2] for ds in datasets]
+    for bad in (6, -7, 2**64, np.int64(6)):
+        errors = {_error_of(lambda s=s, bad=bad: s[bad]) for s in shards}
+        assert len(errors) == 1 and next(iter(errors))[0] is IndexError, (bad, errors)
+    assert_same(shards[0][np.int32(-1)], examples[-1])
+
+
+# -- threads, fork, descriptors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 3])
+def test_threads_read_correct_examples(atlas, tmp_path, strategy):
+    examples = _examples(600)
+    kwargs = {}
+    if strategy:
+        zd = _dictionary(examples) if strategy == 3 else None
+        cctx = zstandard.ZstdCompressor(dict_data=zd) if zd else zstandard.ZstdCompressor()
+        kwargs = {"compress": cctx.compress, "zdict": zd.as_bytes() if zd else None}
+    for k in range(3):
+        write_shard(tmp_path / f"{k}", examples[k * 200 : k * 200 + 200], 7, strategy, **kwargs)
+    dump_meta(
+        tmp_path / "meta.json",
+        {"version": 1, "shard_sizes": [200] * 3, "compression_strategy": strategy},
+    )
+    ds = atlas.AtlasDataset(tmp_path)
+    failures = []
+    start = threading.Barrier(8)
+
+    def reader(seed):
+        order = np.random.default_rng(seed).permutation(len(examples)).tolist()
+        start.wait()
+        for n, i in enumerate(order * 2):
+            got = ds[i]
+            if got["id"] != i or got["text"] != examples[i]["text"]:
+                failures.append((seed, i, got["id"]))
+            if seed == 0 and n % 300 == 0:
+                ds.shards[n % 3].close()  # closing under other readers is safe
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("strategy", [0, 3])
+def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
+    examples = _examples(300)
+    path = tmp_path / "ds"
+    with atlas_fast.AtlasDatasetWriter(path, 100, 10, strategy) as writer:
+        for x in examples:
+            writer.add_example(x)
+    ds = atlas.AtlasDataset(path)
+    for i in range(0, 300, 3):  # the parent opens, maps and caches first
+        assert ds[i]["id"] == i
+    # Another thread of the parent holds a shard lock at fork time.
+    held = threading.Event()
+    release = threading.Event()
+    shard = ds.shards[1]
+    original = shard._open_files
+
+    def slow_open():
+        held.set()
+        release.wait(10)
+        return original()
+
+    shard.close()
+    shard._open_files = slow_open
+    opener = threading.Thread(target=lambda: shard[0])
+    opener.start()
+    assert held.wait(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 1
+        try:
+            os.close(read)
+            shard._open_files = original
+            order = np.random.default_rng(1).permutation(300).tolist()
+            ok = all(ds[i]["id"] == i and ds[i]["text"] == examples[i]["text"] for i in order)
+            os.write(write, b"ok" if ok else b"wrong examples")
+            status = 0
+        except BaseException as exc:
+            os.write(write, repr(exc).encode()[:500])
+        finally:
+            os._exit(status)
+    os.close(write)
+    release.set()
+    opener.join()
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung (a lock held at fork time?)")
+        time.sleep(0.02)
+    with os.fdopen(read, "rb") as f:
+        report = f.read()
+    assert report == b"ok", report
+    shard._open_files = original
+    assert [ds[i]["id"] for i in range(300)] == list(range(300))
+
+
+def test_two_thousand_shards_keep_descriptors_bounded(atlas, tmp_path_factory):
+    path = _many_shards(tmp_path_factory)
+    ds = atlas.AtlasDataset(path)
+    assert len(ds.shards) == 2000
+    before = open_fd_count()
+    peak = before
+    for i in range(len(ds)):
+        assert ds[i] == i
+        if i % 250 == 0:
+            peak = max(peak, open_fd_count())
+    peak = max(peak, open_fd_count())
+    assert peak - before <= 70, (before, peak)
+    ds.close()
+
+
+_MANY = {}
+
+
+def _many_shards(tmp_path_factory):
+    if "path" not in _MANY:
+        path = tmp_path_factory.mktemp("many") / "ds"
+        strategy = CompressionStrategy.STANDARD_COMPRESSION
+        with atlas_fast.AtlasDatasetWriter(path, 1, 1, strategy) as writer:
+            for i in range(2000):
+                writer.add_example(i)
+        _MANY["path"] = path
+    return _MANY["path"]
+
+
+@needs_compiled
+def test_compiled_shard_holds_no_descriptor(tmp_path):
+    path = write_shard(tmp_path / "0", _examples(20), 4, 0)
+    before = open_fd_count()
+    shard = atlas_fast.atlas.AtlasDatasetShard(path)
+    assert_same(shard[7], _examples(20)[7])
+    assert open_fd_count() == before
+
+
+@needs_compiled
+def test_data_file_changed_after_index_check(tmp_path):
+    examples = _examples(20)
+    path = write_shard(tmp_path / "0", examples, 4, 0)
+    shard = atlas_fast.atlas.AtlasDatasetShard(path)
+    original = shard._open_files
+
+    def grow_then_open():
+        result = original()
+        with open(path / "data.bin", "ab") as f:
+            f.write(b"extra")
+        return result
+
+    shard._open_files = grow_then_open
+    with pytest.raises(AtlasFormatError, match=r"index\.npy: the last offset is \d+ but .* bytes"):
+        shard[0]
+
+
+@needs_compiled
+def test_public_classes_are_built_on_the_compiled_cores(tmp_path):
+    from atlas_fast import _reader
+
+    assert issubclass(atlas_fast.AtlasDatasetShard, _reader.ShardCore)
+    assert issubclass(atlas_fast.AtlasDataset, _reader.DatasetCore)
+    shard = atlas_fast.AtlasDatasetShard(write_shard(tmp_path / "0", _examples(9), 4))
+    shard.anything = 1  # a __dict__, from the Python subclass
+    clone = pickle.loads(pickle.dumps(shard))
+    assert_same(clone[8], shard[8])
+    assert type(clone) is type(shard) and not hasattr(clone, "anything")
