@@ -4,9 +4,8 @@ The wheel builds (cibuildwheel's test-command, tools/check_wheel.sh) set
 ``ATLAS_FAST_EXPECT_BACKEND`` to the backend that platform's wheel must select by default:
 ``cython`` where the compiled core is built and binds a libzstd, ``python`` on Windows, where
 the compiled core is not built (and the facade selects the Python backend without a warning).
-``ATLAS_FAST_EXPECT_INSTALLED=1`` says the package under test
-must be the installed one, not a source tree. Without them only the checks that hold for every
-build run.
+``ATLAS_FAST_EXPECT_INSTALLED=1`` says the package under test must be the installed one, not a
+source tree. Without them only the checks that hold for every build run.
 """
 
 from __future__ import annotations
