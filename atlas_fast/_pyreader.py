@@ -37,8 +37,16 @@ from collections import OrderedDict
 
 import zstandard
 
-from ._errors import AtlasFormatError, UnsafePickleError
-from ._format import check_zstd_content_size
+from ._errors import AtlasFormatError
+from ._format import (
+    check_block_examples,
+    check_zstd_content_size,
+    expected_block_length,
+    max_block_bytes,
+    truncated_block_error,
+    unpickle_error,
+    zstd_frame_error,
+)
 
 __all__ = ["ZstdDict", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
 
@@ -177,10 +185,7 @@ class ShardCore:
         except OSError as exc:
             raise AtlasFormatError(f"{self._data_path}: cannot be read: {exc}") from exc
         if len(raw) != end - start:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} is truncated "
-                f"(expected bytes {start}..{end}, the file ends at {start + len(raw)})"
-            )
+            raise truncated_block_error(self._data_path, b, start, end, len(raw))
         return raw
 
     def _block_bytes(self, b: int) -> bytes:
@@ -192,8 +197,7 @@ class ShardCore:
             return raw
         return self._decompress(raw, b)
 
-    def _decompress(self, raw: bytes, b: int) -> bytes:
-        where = f"{self._data_path}: block {b}"
+    def _decompressor(self):
         state = self._tls
         dctx = state.dctx
         if dctx is None:
@@ -203,27 +207,78 @@ class ShardCore:
             else:
                 dctx = zstandard.ZstdDecompressor(dict_data=zdict._dict)
             state.dctx = dctx
+        return dctx
+
+    def _decompress(self, raw: bytes, b: int) -> bytes:
+        where = f"{self._data_path}: block {b}"
+        dctx = self._decompressor()
         try:
             declared = zstandard.frame_content_size(raw)
             if declared >= 0:
                 check_zstd_content_size(declared, len(raw), where)
-                out = dctx.decompress(raw)
+                out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:
                     raise AtlasFormatError(
                         f"{where}: decoded {len(out)} bytes, the frame says {declared}"
                     )
                 return out
-            # The frame does not record its size: stream it, within the same limits.
-            stream = dctx.decompressobj()
-            out = stream.decompress(raw)
-            if not stream.eof:
-                raise AtlasFormatError(f"{where}: the zstd frame is truncated")
-            if stream.unused_data:
-                extra = len(stream.unused_data)
-                raise AtlasFormatError(f"{where}: {extra} bytes follow the zstd frame")
-            return out
+            return self._decompress_unsized(dctx, raw, where)
         except zstandard.ZstdError as exc:
-            raise AtlasFormatError(f"{where}: corrupt zstd frame: {exc}") from exc
+            raise self._diagnose(dctx, raw, where, exc) from exc
+
+    @staticmethod
+    def _decompress_unsized(dctx, raw: bytes, where: str) -> bytes:
+        """Stream a frame that does not record its size, never past ``max_block_bytes()``."""
+        limit = max_block_bytes()
+        stream = dctx.decompressobj()
+        parts = []
+        total = 0
+        pos = 0
+        step = 4096  # input per step: at most 4096 * MAX_ZSTD_RATIO bytes of output each
+        for pos in range(0, len(raw), step):
+            part = stream.decompress(raw[pos : pos + step])
+            total += len(part)
+            if total > limit:
+                raise AtlasFormatError(
+                    f"{where}: the zstd frame decodes to more than {limit} bytes, the "
+                    "limit (ATLAS_FAST_MAX_BLOCK_BYTES)"
+                )
+            parts.append(part)
+            if stream.eof:
+                break
+        if not stream.eof:
+            raise AtlasFormatError(f"{where}: the zstd frame is truncated")
+        extra = len(stream.unused_data) + max(0, len(raw) - (pos + step))
+        if extra:
+            raise AtlasFormatError(f"{where}: {extra} bytes follow the zstd frame")
+        return b"".join(parts)
+
+    def _diagnose(self, dctx, raw: bytes, where: str, exc) -> AtlasFormatError:
+        """Word a decompression failure as both backends do (error path only)."""
+        try:
+            frame_dict_id = zstandard.get_frame_parameters(raw).dict_id
+        except zstandard.ZstdError:
+            frame_dict_id = 0
+        zdict = self._zdict
+        dict_id = None if zdict is None else zdict._dict.dict_id()
+        error = zstd_frame_error(
+            where, str(exc), frame_dict_id, dict_id, None if zdict is None else zdict.path
+        )
+        if "corrupt zstd frame" not in str(error):
+            return error
+        # Truncated or followed by other bytes? Streaming tells these apart.
+        try:
+            stream = dctx.decompressobj()
+            stream.decompress(raw)
+        except zstandard.ZstdError:
+            return error
+        if not stream.eof:
+            return AtlasFormatError(f"{where}: the zstd frame is truncated")
+        if stream.unused_data:
+            return AtlasFormatError(
+                f"{where}: {len(stream.unused_data)} bytes follow the zstd frame"
+            )
+        return error
 
     def _read_block(self, b: int) -> list:
         """The examples of block ``b`` (decoded once, then served from the cache)."""
@@ -238,21 +293,11 @@ class ShardCore:
     def _unpickle(self, data, b: int) -> list:
         try:
             examples = self._loads(data)
-        except UnsafePickleError as exc:
-            raise UnsafePickleError(f"{exc} (in {self._data_path}, block {b})") from None
         except Exception as exc:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} does not unpickle: {type(exc).__name__}: {exc}"
-            ) from exc
-        expected = min(self._block_size, self._n - b * self._block_size)
-        if type(examples) is not list:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds a {type(examples).__name__}, not a list"
-            )
-        if len(examples) != expected:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds {len(examples)} examples, expected {expected}"
-            )
+            raise unpickle_error(exc, self._data_path, b) from exc
+        expected = expected_block_length(self._n, self._block_size, b)
+        if type(examples) is not list or len(examples) != expected:
+            check_block_examples(examples, expected, self._data_path, b)
         return examples
 
     def _close(self) -> None:
