@@ -263,12 +263,7 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
     shard_dir = Path(shard_dir)
     path = shard_dir / INDEX_FILE
     data_path = shard_dir / DATA_FILE
-    try:
-        raw = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise AtlasFormatError(f"{path}: missing") from None
-    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ... for bad files
-        raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    raw = _load_npy(path)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1:
         raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
     if raw.dtype.kind != "u":
@@ -305,6 +300,50 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
         )
     offsets.setflags(write=False)
     return offsets
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A .npy array, its header checked against the file size before anything is allocated.
+
+    ``np.load`` alone would treat a non-.npy file as a pickle (refused, with a confusing
+    message) and trust a header's shape when allocating.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
+            f.seek(0)
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy version {version}")
+                if dtype.hasobject:
+                    raise ValueError(f"dtype {dtype} holds Python objects")
+                needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                available = size - f.tell()
+                if needed != available:
+                    raise ValueError(
+                        f"the header declares shape {shape} of {dtype} ({needed} bytes) but "
+                        f"{available} bytes follow it"
+                    )
+                f.seek(0)
+                return np.load(f, allow_pickle=False)
+            except AtlasFormatError:
+                raise
+            except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...
+                raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
 
 
 def read_dict_file(path: Path) -> bytes:
@@ -423,12 +462,9 @@ def block_checksum(data) -> int:
 def load_checksums(shard_dir: Path, n_blocks: int):
     """The shard's block checksums (uint64 array), or None when it has no checksum file."""
     path = Path(shard_dir) / CHECKSUM_FILE
-    try:
-        raw = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except Exception as exc:
-        raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    raw = _load_npy(path)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1 or raw.dtype != np.dtype("<u8"):
         raise AtlasFormatError(
             f"{path}: expected a 1-D little-endian uint64 array, found "
