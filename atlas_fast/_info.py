@@ -43,9 +43,13 @@ def _spread(total: int, wanted: int) -> list:
     return sorted({(k * total) // wanted for k in range(wanted)})
 
 
-def info(path, *, exact=False, sample=64) -> dict:
-    """Describe the dataset or shard at ``path``; raises ``AtlasFormatError`` if malformed."""
-    from . import atlas
+def info(path, *, exact=False, sample=64, readers=None) -> dict:
+    """Describe the dataset or shard at ``path``; raises ``AtlasFormatError`` if malformed.
+
+    ``readers`` is the module whose reader classes decode (default ``atlas_fast.atlas``).
+    """
+    if readers is None:
+        from . import atlas as readers
     from ._errors import AtlasFormatError
     from ._format import CompressionStrategy, block_count, load_offsets
     from ._verify import open_target
@@ -56,11 +60,11 @@ def info(path, *, exact=False, sample=64) -> dict:
     if problems:
         raise AtlasFormatError(problems[0]["message"])
     if target.kind == "dataset":
-        dataset = atlas.AtlasDataset(path)
+        dataset = readers.AtlasDataset(path)
         shards = dataset.shards
         strategy = dataset.metadata.compression_strategy
     else:
-        shard = atlas.AtlasDatasetShard(path, compression_dict_bytes=target.dict_bytes)
+        shard = readers.AtlasDatasetShard(path, compression_dict_bytes=target.dict_bytes)
         shards = [shard]
         strategy = shard.metadata.compression_strategy
 

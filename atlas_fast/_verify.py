@@ -141,9 +141,17 @@ def _record(problems: list, file, block, action) -> bool:
     return True
 
 
-def verify(path, *, trusted=True, allowed_globals=(), jobs=4) -> dict:
-    """Check the dataset or shard at ``path``; returns the report (see ``run`` for its keys)."""
-    from . import atlas
+def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> dict:
+    """Check the dataset or shard at ``path``; returns the report.
+
+    The report: ``path``, ``kind`` ("dataset" or "shard"), ``ok``, the counts ``shards``,
+    ``blocks``, ``examples`` and ``blocks_checksummed``, ``problems`` (dicts with ``file``,
+    ``block`` (None when not about one block), ``kind`` (the exception class) and
+    ``message``) and ``notes``. ``readers`` is the module whose ``AtlasDatasetShard`` decodes
+    (default ``atlas_fast.atlas``, the selected backend).
+    """
+    if readers is None:
+        from . import atlas as readers
     from ._errors import AtlasFormatError
     from ._format import (
         CHECKSUM_FILE,
@@ -219,7 +227,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4) -> dict:
                 )
                 continue
             try:
-                shard = atlas.AtlasDatasetShard(
+                shard = readers.AtlasDatasetShard(
                     shard_dir,
                     compression_dict_bytes=target.dict_bytes,
                     trusted=trusted,

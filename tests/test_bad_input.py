@@ -344,7 +344,7 @@ def test_data_shrinks_after_open(atlas, ds0):
 
 
 def test_truncated_frame(atlas, zds):
-    root, strategy = zds
+    root, _strategy = zds
     shard_dir = root / "0"
     blocks = read_blocks(shard_dir)
     blocks[2] = blocks[2][: len(blocks[2]) // 2]
@@ -355,7 +355,7 @@ def test_truncated_frame(atlas, zds):
 
 
 def test_corrupt_frame(atlas, zds):
-    root, strategy = zds
+    root, _strategy = zds
     shard_dir = root / "0"
     blocks = read_blocks(shard_dir)
     block = bytearray(blocks[1])
@@ -368,7 +368,7 @@ def test_corrupt_frame(atlas, zds):
 
 
 def test_not_a_zstd_frame(atlas, zds):
-    root, strategy = zds
+    root, _strategy = zds
     shard_dir = root / "0"
     blocks = read_blocks(shard_dir)
     blocks[0] = pickle.dumps([1, 2, 3, 4])  # stored raw in a compressed shard
@@ -378,7 +378,7 @@ def test_not_a_zstd_frame(atlas, zds):
 
 
 def test_bytes_after_frame(atlas, zds):
-    root, strategy = zds
+    root, _strategy = zds
     shard_dir = root / "0"
     blocks = read_blocks(shard_dir)
     blocks[3] = blocks[3] + b"tail"
@@ -426,7 +426,7 @@ def test_dictionary_frame_in_plain_zstd_shard(atlas, tmp_path):
 
 @pytest.mark.parametrize("declared", [2**40, 2**62, 10**7])
 def test_absurd_content_size(atlas, zds, declared):
-    root, strategy = zds
+    root, _strategy = zds
     shard_dir = root / "1"
     blocks = read_blocks(shard_dir)
     blocks[0] = frame_with_content_size(declared)
