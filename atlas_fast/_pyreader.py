@@ -121,6 +121,9 @@ class ZstdDict:
     def __init__(self, data: bytes, path: str) -> None:
         self.path = path
         self._dict = zstandard.ZstdCompressionDict(bytes(data))
+        # Digest it now: a corrupt dictionary must fail here (the caller names the file),
+        # not later inside some block read.
+        zstandard.ZstdDecompressor(dict_data=self._dict)
 
 
 class _ThreadState(threading.local):

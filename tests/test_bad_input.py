@@ -527,3 +527,17 @@ def test_fixture_copy_with_bad_meta(atlas, tmp_path, case):
     root = copy_case(case, tmp_path / "ds")
     _edit_json(root / "0" / "meta.json", version=2)
     _raises(lambda: read_all(atlas.AtlasDataset(root)), root / "0" / "meta.json")
+
+
+@pytest.mark.parametrize("where", ["shard", "root"])
+def test_corrupt_dictionary_header(atlas, tmp_path, where):
+    """A dictionary whose entropy tables are damaged cannot be loaded (found by fuzzing)."""
+    strategy = 3 if where == "shard" else 2
+    root = tmp_path / "ds"
+    write_dataset(root, strategy)
+    path = (root / "0" if where == "shard" else root) / "zstd_dict.bin"
+    data = bytearray(path.read_bytes())
+    data[5:9] = b"\x00\x00\x00\x00"
+    path.write_bytes(bytes(data))
+    ds = atlas.AtlasDataset(root)
+    _raises(lambda: ds[0], path, match="not a usable zstd dictionary")
