@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from enum import IntEnum
 from pathlib import Path
 from typing import NamedTuple
@@ -107,8 +108,24 @@ def max_block_bytes() -> int:
     return value
 
 
+# A meta.json is a few hundred bytes (a root lists one size per shard): anything this large is
+# not one, and is refused before it is read into memory.
+MAX_META_BYTES = 64 << 20
+
+
+def _regular_size(path: Path) -> int:
+    """The size of ``path``, which must be a regular file (a FIFO or device would block or
+    never end); raises ``FileNotFoundError``/``OSError`` as ``os.stat`` does."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise AtlasFormatError(f"{path}: not a regular file")
+    return st.st_size
+
+
 def _read_json_object(path: Path) -> dict:
     try:
+        if _regular_size(path) > MAX_META_BYTES:
+            raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
         text = path.read_bytes()
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing (the root and each shard need one)") from None
@@ -287,7 +304,7 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
         bad = int(np.argmax(offsets[1:] == offsets[:-1]))
         raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
     try:
-        size = os.stat(data_path).st_size
+        size = _regular_size(data_path)
     except FileNotFoundError:
         if blocks == 0:
             return offsets  # an empty shard needs no data.bin
@@ -312,6 +329,7 @@ def _load_npy(path: Path) -> np.ndarray:
     message) and trust a header's shape when allocating.
     """
     try:
+        _regular_size(path)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
@@ -349,6 +367,7 @@ def _load_npy(path: Path) -> np.ndarray:
 def read_dict_file(path: Path) -> bytes:
     """The bytes of a zstd dictionary file, which must exist and not be empty."""
     try:
+        _regular_size(path)
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None

@@ -110,7 +110,12 @@ def _set(target: Target, dict_bytes: bytes) -> None:
 
 
 def _peek_json(path: Path):
+    """meta.json's content if it is a small regular file of JSON, else None (never blocks)."""
+    from ._format import MAX_META_BYTES
+
     try:
+        if not path.is_file() or path.stat().st_size > MAX_META_BYTES:
+            return None
         return json.loads(path.read_bytes())
     except (OSError, ValueError, UnicodeDecodeError):
         return None

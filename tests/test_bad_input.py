@@ -83,7 +83,24 @@ def test_unreadable_meta(atlas, ds0, where):
     path = (ds0 if where == "root" else ds0 / "0") / "meta.json"
     path.unlink()
     path.mkdir()  # a directory where the file should be: readable by nobody, even root
-    _raises(lambda: atlas.AtlasDataset(ds0), path, match="cannot be read")
+    _raises(lambda: atlas.AtlasDataset(ds0), path, match="not a regular file")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("name", ["meta.json", "0/meta.json", "0/index.npy", "0/data.bin"])
+def test_fifo_instead_of_file(atlas, ds0, name):
+    """A named pipe would block a reader forever: refused without opening it."""
+    path = ds0 / name
+    path.unlink()
+    os.mkfifo(path)
+    _raises(lambda: read_all(atlas.AtlasDataset(ds0)), path, match="not a regular file")
+
+
+def test_huge_meta_refused_unread(atlas, ds0):
+    path = ds0 / "meta.json"
+    with open(path, "r+b") as f:
+        f.truncate(65 << 20)  # sparse: nothing is written
+    _raises(lambda: atlas.AtlasDataset(ds0), path, match="larger than")
 
 
 @pytest.mark.parametrize("text", [b"{not json", b"\xff\xfe", b"", b'{"version": 1,}'])

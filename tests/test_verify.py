@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 
@@ -259,3 +260,15 @@ def test_fixture_copy_corruption_found(tmp_path, reference_case):
     assert [(p["file"], p["block"]) for p in report["problems"]] == [
         (str(shard_dir / "data.bin"), last)
     ]
+
+
+def test_verify_fifo_does_not_block(tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 0)
+    (root / "meta.json").unlink()
+    os.mkfifo(root / "meta.json")
+    (root / "1" / "data.bin").unlink()
+    os.mkfifo(root / "1" / "data.bin")
+    report = verify(root)
+    messages = " ".join(p["message"] for p in report["problems"])
+    assert "not a regular file" in messages and str(root / "1" / "data.bin") in messages
