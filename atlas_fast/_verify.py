@@ -240,7 +240,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                 )
                 offsets = load_offsets(shard_dir, metadata)
                 shard._open_files()  # the dictionary, as the reader will load it
-            except AtlasFormatError as exc:
+            except Exception as exc:  # AtlasFormatError; anything else is reported too
                 problems.append(_problem(shard_dir, None, exc))
                 continue
             try:
@@ -250,8 +250,14 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                 checksums = None
             data_fd = None
             if checksums is not None and n_blocks:
-                data_fd = os.open(shard_dir / DATA_FILE, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-                totals["blocks_checksummed"] += n_blocks
+                try:
+                    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+                    data_fd = os.open(shard_dir / DATA_FILE, flags)
+                except OSError as exc:
+                    problems.append(_problem(shard_dir / DATA_FILE, None, exc))
+                    checksums = None
+                else:
+                    totals["blocks_checksummed"] += n_blocks
             try:
                 for found in pool.map(
                     lambda b, s=shard, fd=data_fd, o=offsets, c=checksums: check_block(
