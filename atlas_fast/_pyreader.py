@@ -26,12 +26,14 @@ Errors (both backends word them identically, by building them with the ``_format
 a short read of data.bin is ``truncated_block_error``; a frame declaring its size is checked
 with ``check_zstd_content_size`` before anything is allocated; a frame without one is
 streamed, never past ``max_block_bytes()`` (read when a shard opens or per block, not at
-import); bytes after the frame, a truncated frame, and any other zstd failure go through
-``zstd_frame_error`` (which names a wrong or missing dictionary from the frame's dictionary
-ID); an exception from ``loads`` through ``unpickle_error``; a result that is not a list of
-``expected_block_length`` examples through ``check_block_examples``. ``ZstdDict`` raises when
-zstd rejects the dictionary (the caller names the file). ``loads`` is ``pickle.loads`` or the
-restricted unpickler of ``_safe_pickle`` (``trusted=False``): the core calls whichever it got.
+import); a truncated frame is "<where>: the zstd frame is truncated", bytes after the frame
+"<where>: N bytes follow the zstd frame" (where = "<data.bin>: block <b>"), any other zstd
+failure ``zstd_frame_error`` (which names a wrong or missing dictionary from the frame's
+dictionary ID); an exception from ``loads`` through ``unpickle_error``; a result that is not
+a list of ``expected_block_length`` examples through ``check_block_examples``. ``ZstdDict``
+raises when zstd rejects the dictionary (the caller names the file). ``loads`` is
+``pickle.loads`` or the restricted unpickler of ``_safe_pickle`` (``trusted=False``): the core
+calls whichever it got.
 
 Invariants: a core is safe to call from several threads (at method level) and in a forked
 child whatever the parent did; it holds no file descriptor between calls except through the
