@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -150,6 +151,14 @@ def _read_everything(atlas, root: Path, trusted: bool) -> str:
     return f"block error: {failed}" if failed else "read"
 
 
+def _count_unraisable(unraisable) -> None:
+    """numpy and CPython report some failures while tearing down half-built objects of a
+    corrupt pickle as "Exception ignored" (numpy 2.4: ``get_clear_loop not set``), which no
+    caller can catch. They are not crashes: count them instead of failing on them."""
+    OUTCOMES[f"unraisable: {type(unraisable.exc_value).__name__}"] += 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @settings(
     max_examples=MAX_EXAMPLES,
     deadline=None,
@@ -168,7 +177,11 @@ def test_fuzz_damaged_datasets(atlas, bases, data):
         mutations = data.draw(st.lists(mutation(files, root), min_size=1, max_size=3))
         for m in mutations:
             _apply(m)
-        outcome = _read_everything(atlas, root, trusted)
+        hook, sys.unraisablehook = sys.unraisablehook, _count_unraisable
+        try:
+            outcome = _read_everything(atlas, root, trusted)
+        finally:
+            sys.unraisablehook = hook
         OUTCOMES[outcome] += 1
         report = verify(root, trusted=trusted, jobs=2, readers=atlas)
         if outcome != "read":
@@ -179,5 +192,5 @@ def test_fuzz_outcomes_were_varied():
     """The bounded run exercises both clean reads and errors (guards a broken harness)."""
     if not OUTCOMES:
         pytest.skip("run together with test_fuzz_damaged_datasets")
-    print(f"\nfuzz outcomes ({sum(OUTCOMES.values())} datasets): {dict(OUTCOMES)}")
-    assert any(k != "read" for k in OUTCOMES)
+    print(f"\nfuzz outcomes: {dict(OUTCOMES)}")
+    assert any(k != "read" and not k.startswith("unraisable") for k in OUTCOMES)
