@@ -7,15 +7,17 @@ files. Every problem is an ``AtlasFormatError`` naming the file and what is wron
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from enum import IntEnum
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from ._errors import AtlasFormatError
+from ._errors import AtlasFormatError, UnsafePickleError
 
 __all__ = [
     "VERSION",
@@ -37,6 +39,14 @@ __all__ = [
     "dump_meta",
     "max_block_bytes",
     "check_zstd_content_size",
+    "CHECKSUM_FILE",
+    "block_checksum",
+    "load_checksums",
+    "expected_block_length",
+    "check_block_examples",
+    "unpickle_error",
+    "truncated_block_error",
+    "zstd_frame_error",
 ]
 
 VERSION = 1
@@ -44,6 +54,11 @@ META_FILE = "meta.json"
 DATA_FILE = "data.bin"
 INDEX_FILE = "index.npy"
 DICT_FILE = "zstd_dict.bin"
+# Optional sidecar written by ``checksums=True`` writers and read only by ``atlas-fast verify``:
+# a 1-D little-endian uint64 array, one entry per block, each the 8-byte BLAKE2b digest (hashlib,
+# ``digest_size=8``) of the block's *stored* bytes (compressed, as in data.bin), read as a
+# little-endian integer. The reference never opens it.
+CHECKSUM_FILE = "checksums.npy"
 
 # zstd can squeeze at most about 32,768 decoded bytes into one encoded byte (an RLE block of
 # 128 KiB costs 4 bytes): a frame that declares more than this per byte it occupies is lying.
@@ -93,8 +108,24 @@ def max_block_bytes() -> int:
     return value
 
 
+# A meta.json is a few hundred bytes (a root lists one size per shard): anything this large is
+# not one, and is refused before it is read into memory.
+MAX_META_BYTES = 64 << 20
+
+
+def _regular_size(path: Path) -> int:
+    """The size of ``path``, which must be a regular file (a FIFO or device would block or
+    never end); raises ``FileNotFoundError``/``OSError`` as ``os.stat`` does."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise AtlasFormatError(f"{path}: not a regular file")
+    return st.st_size
+
+
 def _read_json_object(path: Path) -> dict:
     try:
+        if _regular_size(path) > MAX_META_BYTES:
+            raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
         text = path.read_bytes()
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing (the root and each shard need one)") from None
@@ -125,12 +156,20 @@ def _check_keys(path: Path, value: dict, fields: tuple) -> None:
         raise AtlasFormatError(f"{path}: " + "; ".join(parts))
 
 
-def _check_int(path: Path, value: dict, key: str, minimum: int | None = None) -> int:
+# Counts are C ``int64`` in the compiled backend: anything larger is corrupt, not big.
+MAX_COUNT = 2**63 - 1
+
+
+def _check_int(
+    path: Path, value: dict, key: str, minimum: int | None = None, maximum: int | None = None
+) -> int:
     item = value[key]
     if not _is_int(item):
         raise AtlasFormatError(f"{path}: {key!r} must be an integer, not {item!r}")
     if minimum is not None and item < minimum:
         raise AtlasFormatError(f"{path}: {key!r} must be >= {minimum}, not {item}")
+    if maximum is not None and item > maximum:
+        raise AtlasFormatError(f"{path}: {key!r} must be <= {maximum}, not {item}")
     return item
 
 
@@ -158,8 +197,8 @@ def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
     value = _read_json_object(path)
     _check_keys(path, value, AtlasDatasetShardMetadata._fields)
     version = _check_version(path, value)
-    block_size = _check_int(path, value, "block_size", minimum=1)
-    stored = _check_int(path, value, "stored_examples", minimum=0)
+    block_size = _check_int(path, value, "block_size", minimum=1, maximum=MAX_COUNT)
+    stored = _check_int(path, value, "stored_examples", minimum=0, maximum=MAX_COUNT)
     strategy = _check_strategy(path, value)
     level = _check_int(path, value, "compression_level")
     dict_size = value["compression_dict_size"]
@@ -177,7 +216,7 @@ def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
     _check_keys(path, value, AtlasDatasetMetadata._fields)
     version = _check_version(path, value)
     sizes = value["shard_sizes"]
-    if not isinstance(sizes, list) or not all(_is_int(s) and s >= 0 for s in sizes):
+    if not isinstance(sizes, list) or not all(_is_int(s) and 0 <= s <= MAX_COUNT for s in sizes):
         raise AtlasFormatError(
             f"{path}: 'shard_sizes' must be a list of non-negative integers, not {sizes!r}"
         )
@@ -241,12 +280,7 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
     shard_dir = Path(shard_dir)
     path = shard_dir / INDEX_FILE
     data_path = shard_dir / DATA_FILE
-    try:
-        raw = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise AtlasFormatError(f"{path}: missing") from None
-    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ... for bad files
-        raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    raw = _load_npy(path)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1:
         raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
     if raw.dtype.kind != "u":
@@ -270,7 +304,7 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
         bad = int(np.argmax(offsets[1:] == offsets[:-1]))
         raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
     try:
-        size = os.stat(data_path).st_size
+        size = _regular_size(data_path)
     except FileNotFoundError:
         if blocks == 0:
             return offsets  # an empty shard needs no data.bin
@@ -285,9 +319,55 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
     return offsets
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A .npy array, its header checked against the file size before anything is allocated.
+
+    ``np.load`` alone would treat a non-.npy file as a pickle (refused, with a confusing
+    message) and trust a header's shape when allocating.
+    """
+    try:
+        _regular_size(path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
+            f.seek(0)
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy version {version}")
+                if dtype.hasobject:
+                    raise ValueError(f"dtype {dtype} holds Python objects")
+                needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                available = size - f.tell()
+                if needed != available:
+                    raise ValueError(
+                        f"the header declares shape {shape} of {dtype} ({needed} bytes) but "
+                        f"{available} bytes follow it"
+                    )
+                f.seek(0)
+                return np.load(f, allow_pickle=False)
+            except AtlasFormatError:
+                raise
+            except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...
+                raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+
+
 def read_dict_file(path: Path) -> bytes:
     """The bytes of a zstd dictionary file, which must exist and not be empty."""
     try:
+        _regular_size(path)
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
@@ -324,3 +404,91 @@ def check_zstd_content_size(declared: int, compressed_len: int, where: str) -> N
             f"{where}: the zstd frame declares {declared} decoded bytes from "
             f"{compressed_len} encoded bytes, which zstd cannot produce: corrupt header"
         )
+
+
+# -- block-level checks and messages, shared by every backend -------------------------------
+#
+# A backend's hot path does the cheap tests inline (is it a list of the right length?) and
+# calls these only to build the error, so both backends word every problem the same way.
+
+
+def expected_block_length(n_examples: int, block_size: int, b: int) -> int:
+    """How many examples block ``b`` of a shard of ``n_examples`` must hold."""
+    return min(block_size, n_examples - b * block_size)
+
+
+def check_block_examples(examples, expected: int, data_path, b: int) -> None:
+    """Refuse a decoded block that is not a list of ``expected`` examples."""
+    if type(examples) is not list:
+        raise AtlasFormatError(
+            f"{data_path}: block {b} holds a {type(examples).__name__}, not a list"
+        )
+    if len(examples) != expected:
+        raise AtlasFormatError(
+            f"{data_path}: block {b} holds {len(examples)} examples, expected {expected}"
+        )
+
+
+def unpickle_error(exc: BaseException, data_path, b: int) -> Exception:
+    """The exception to raise when unpickling block ``b`` raised ``exc``.
+
+    An ``UnsafePickleError`` stays one (with the location appended); anything else means the
+    block is corrupt and becomes an ``AtlasFormatError``. Raise the result ``from exc``.
+    """
+    if isinstance(exc, UnsafePickleError):
+        return UnsafePickleError(f"{exc} (in {data_path}, block {b})")
+    return AtlasFormatError(
+        f"{data_path}: block {b} does not unpickle: {type(exc).__name__}: {exc}"
+    )
+
+
+def truncated_block_error(data_path, b: int, start: int, end: int, got: int) -> AtlasFormatError:
+    """Block ``b`` should span bytes ``start..end`` of data.bin but only ``got`` were read."""
+    return AtlasFormatError(
+        f"{data_path}: block {b} is truncated "
+        f"(expected bytes {start}..{end}, the file ends at {start + got})"
+    )
+
+
+def zstd_frame_error(
+    where: str, detail: str, frame_dict_id: int, dict_id: int | None, dict_path
+) -> AtlasFormatError:
+    """Explain why a zstd frame did not decode; ``where`` is "<data.bin>: block <b>".
+
+    ``frame_dict_id`` is the dictionary ID recorded in the frame header (0: none recorded),
+    ``dict_id`` that of the dictionary the shard decodes with (None: no dictionary). A
+    mismatch is reported as a wrong or missing dictionary, anything else as a corrupt frame.
+    """
+    if frame_dict_id:
+        if dict_id is None:
+            return AtlasFormatError(
+                f"{where}: the zstd frame needs dictionary {frame_dict_id} but the shard's "
+                "compression_strategy uses no dictionary"
+            )
+        if dict_id and dict_id != frame_dict_id:
+            return AtlasFormatError(
+                f"{where}: the zstd frame needs dictionary {frame_dict_id} but {dict_path} "
+                f"is dictionary {dict_id}: wrong dictionary"
+            )
+    return AtlasFormatError(f"{where}: corrupt zstd frame: {detail}")
+
+
+def block_checksum(data) -> int:
+    """The checksum of one stored block: its 8-byte BLAKE2b digest as a little-endian int."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def load_checksums(shard_dir: Path, n_blocks: int):
+    """The shard's block checksums (uint64 array), or None when it has no checksum file."""
+    path = Path(shard_dir) / CHECKSUM_FILE
+    if not path.exists():
+        return None
+    raw = _load_npy(path)
+    if not isinstance(raw, np.ndarray) or raw.ndim != 1 or raw.dtype != np.dtype("<u8"):
+        raise AtlasFormatError(
+            f"{path}: expected a 1-D little-endian uint64 array, found "
+            f"{getattr(raw, 'dtype', type(raw).__name__)} of shape {np.shape(raw)}"
+        )
+    if len(raw) != n_blocks:
+        raise AtlasFormatError(f"{path}: has {len(raw)} checksums for {n_blocks} blocks")
+    return raw

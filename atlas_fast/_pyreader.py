@@ -22,6 +22,19 @@ The contract a backend implements:
 ``zstd_library()``
     Which libzstd decompresses, as a dict.
 
+Errors (both backends word them identically, by building them with the ``_format`` helpers):
+a short read of data.bin is ``truncated_block_error``; a frame declaring its size is checked
+with ``check_zstd_content_size`` before anything is allocated; a frame without one is
+streamed, never past ``max_block_bytes()`` (read when a shard opens or per block, not at
+import); a truncated frame is "<where>: the zstd frame is truncated", bytes after the frame
+"<where>: N bytes follow the zstd frame" (where = "<data.bin>: block <b>"), any other zstd
+failure ``zstd_frame_error`` (which names a wrong or missing dictionary from the frame's
+dictionary ID); an exception from ``loads`` through ``unpickle_error``; a result that is not
+a list of ``expected_block_length`` examples through ``check_block_examples``. ``ZstdDict``
+raises when zstd rejects the dictionary (the caller names the file). ``loads`` is
+``pickle.loads`` or the restricted unpickler of ``_safe_pickle`` (``trusted=False``): the core
+calls whichever it got.
+
 Invariants: a core is safe to call from several threads (at method level) and in a forked
 child whatever the parent did; it holds no file descriptor between calls except through the
 process-wide, bounded ``_FilePool``.
@@ -37,8 +50,16 @@ from collections import OrderedDict
 
 import zstandard
 
-from ._errors import AtlasFormatError, UnsafePickleError
-from ._format import check_zstd_content_size, max_block_bytes
+from ._errors import AtlasFormatError
+from ._format import (
+    check_block_examples,
+    check_zstd_content_size,
+    expected_block_length,
+    max_block_bytes,
+    truncated_block_error,
+    unpickle_error,
+    zstd_frame_error,
+)
 
 __all__ = ["ZstdDict", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
 
@@ -124,6 +145,9 @@ class ZstdDict:
     def __init__(self, data: bytes, path: str) -> None:
         self.path = path
         self._dict = zstandard.ZstdCompressionDict(bytes(data))
+        # Digest it now: a corrupt dictionary must fail here (the caller names the file),
+        # not later inside some block read.
+        zstandard.ZstdDecompressor(dict_data=self._dict)
 
 
 class _ThreadState(threading.local):
@@ -142,7 +166,7 @@ class ShardCore:
         self._compressed = compressed
         self._loads = loads
         self._n_blocks = -(-n_examples // block_size)
-        # (offsets, zdict): set by _ensure_open under _open_lock, replaced whole, so a reader
+        # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
         # never pairs one opening's offsets with another's dictionary.
         self._opened = None
         self._cache = (-1, None)  # (block number, list): replaced whole, never mutated
@@ -177,6 +201,7 @@ class ShardCore:
         return self._open_lock
 
     def _opened_files(self) -> tuple:
+        """``(offsets, zdict)``, loading them on first use (again after ``_close``)."""
         opened = self._opened
         if opened is None:
             with self._lock():
@@ -188,9 +213,10 @@ class ShardCore:
     def _ensure_open(self):
         return self._opened_files()[0]
 
-    def _raw_block(self, b: int) -> bytes:
+    def _raw_block(self, b: int, offsets=None) -> bytes:
         """The stored (possibly compressed) bytes of block ``b``."""
-        offsets = self._ensure_open()
+        if offsets is None:
+            offsets = self._ensure_open()
         start = int(offsets[b])
         end = int(offsets[b + 1])
         try:
@@ -198,25 +224,21 @@ class ShardCore:
         except OSError as exc:
             raise AtlasFormatError(f"{self._data_path}: cannot be read: {exc}") from exc
         if len(raw) != end - start:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} is truncated "
-                f"(expected bytes {start}..{end}, the file ends at {start + len(raw)})"
-            )
+            raise truncated_block_error(self._data_path, b, start, end, len(raw))
         return raw
 
     def _block_bytes(self, b: int) -> bytes:
         """The decoded pickle bytes of block ``b``."""
         if not 0 <= b < self._n_blocks:
             raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
-        raw = self._raw_block(b)
+        offsets, zdict = self._opened_files()
+        raw = self._raw_block(b, offsets)
         if not self._compressed:
             return raw
-        return self._decompress(raw, b)
+        return self._decompress(raw, b, zdict)
 
-    def _decompress(self, raw: bytes, b: int) -> bytes:
-        where = f"{self._data_path}: block {b}"
-        zdict = self._opened_files()[1]
-        state = self._tls
+    def _decompressor(self, zdict):
+        state = self._tls  # one decompressor per thread, for the dictionary it was made with
         dctx = state.dctx
         if dctx is None or state.zdict is not zdict:
             if zdict is None:
@@ -225,33 +247,78 @@ class ShardCore:
                 dctx = zstandard.ZstdDecompressor(dict_data=zdict._dict)
             state.dctx = dctx
             state.zdict = zdict
+        return dctx
+
+    def _decompress(self, raw: bytes, b: int, zdict) -> bytes:
+        where = f"{self._data_path}: block {b}"
+        dctx = self._decompressor(zdict)
         try:
             declared = zstandard.frame_content_size(raw)
             if declared >= 0:
                 check_zstd_content_size(declared, len(raw), where)
-                out = dctx.decompress(raw)
+                out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:
                     raise AtlasFormatError(
                         f"{where}: decoded {len(out)} bytes, the frame says {declared}"
                     )
                 return out
-            # The frame does not record its size: stream it, within the same limits.
-            stream = dctx.decompressobj()
-            out = stream.decompress(raw)
-            limit = max_block_bytes()
-            if len(out) > limit:
-                raise AtlasFormatError(
-                    f"{where}: the zstd frame decodes to more than {limit} bytes "
-                    "(ATLAS_FAST_MAX_BLOCK_BYTES)"
-                )
-            if not stream.eof:
-                raise AtlasFormatError(f"{where}: the zstd frame is truncated")
-            if stream.unused_data:
-                extra = len(stream.unused_data)
-                raise AtlasFormatError(f"{where}: {extra} bytes follow the zstd frame")
-            return out
+            return self._decompress_unsized(dctx, raw, where)
         except zstandard.ZstdError as exc:
-            raise AtlasFormatError(f"{where}: corrupt zstd frame: {exc}") from exc
+            raise self._diagnose(dctx, raw, where, exc, zdict) from exc
+
+    @staticmethod
+    def _decompress_unsized(dctx, raw: bytes, where: str) -> bytes:
+        """Stream a frame that does not record its size, never past ``max_block_bytes()``."""
+        limit = max_block_bytes()
+        stream = dctx.decompressobj()
+        parts = []
+        total = 0
+        pos = 0
+        step = 4096  # input per step: at most 4096 * MAX_ZSTD_RATIO bytes of output each
+        for pos in range(0, len(raw), step):
+            part = stream.decompress(raw[pos : pos + step])
+            total += len(part)
+            if total > limit:
+                raise AtlasFormatError(
+                    f"{where}: the zstd frame decodes to more than {limit} bytes, the "
+                    "limit (ATLAS_FAST_MAX_BLOCK_BYTES)"
+                )
+            parts.append(part)
+            if stream.eof:
+                break
+        if not stream.eof:
+            raise AtlasFormatError(f"{where}: the zstd frame is truncated")
+        extra = len(stream.unused_data) + max(0, len(raw) - (pos + step))
+        if extra:
+            raise AtlasFormatError(f"{where}: {extra} bytes follow the zstd frame")
+        return b"".join(parts)
+
+    @staticmethod
+    def _diagnose(dctx, raw: bytes, where: str, exc, zdict) -> AtlasFormatError:
+        """Word a decompression failure as both backends do (error path only)."""
+        try:
+            frame_dict_id = zstandard.get_frame_parameters(raw).dict_id
+        except zstandard.ZstdError:
+            frame_dict_id = 0
+        dict_id = None if zdict is None else zdict._dict.dict_id()
+        error = zstd_frame_error(
+            where, str(exc), frame_dict_id, dict_id, None if zdict is None else zdict.path
+        )
+        if "corrupt zstd frame" not in str(error):
+            return error
+        # Truncated or followed by other bytes? Streaming tells these apart.
+        try:
+            stream = dctx.decompressobj()
+            stream.decompress(raw)
+        except zstandard.ZstdError:
+            return error
+        if not stream.eof:
+            return AtlasFormatError(f"{where}: the zstd frame is truncated")
+        if stream.unused_data:
+            return AtlasFormatError(
+                f"{where}: {len(stream.unused_data)} bytes follow the zstd frame"
+            )
+        return error
 
     def _read_block(self, b: int) -> list:
         """The examples of block ``b`` (decoded once, then served from the cache)."""
@@ -266,21 +333,11 @@ class ShardCore:
     def _unpickle(self, data, b: int) -> list:
         try:
             examples = self._loads(data)
-        except UnsafePickleError as exc:
-            raise UnsafePickleError(f"{exc} (in {self._data_path}, block {b})") from None
         except Exception as exc:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} does not unpickle: {type(exc).__name__}: {exc}"
-            ) from exc
-        expected = min(self._block_size, self._n - b * self._block_size)
-        if type(examples) is not list:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds a {type(examples).__name__}, not a list"
-            )
-        if len(examples) != expected:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds {len(examples)} examples, expected {expected}"
-            )
+            raise unpickle_error(exc, self._data_path, b) from exc
+        expected = expected_block_length(self._n, self._block_size, b)
+        if type(examples) is not list or len(examples) != expected:
+            check_block_examples(examples, expected, self._data_path, b)
         return examples
 
     def _close(self) -> None:

@@ -35,6 +35,7 @@ from ._format import (
     read_dict_file,
     read_shard_metadata,
 )
+from ._safe_pickle import make_loads
 
 __all__ = [
     "AtlasDataset",
@@ -70,6 +71,29 @@ def _rebuild(cls, args, kwargs):
     return cls(*args, **kwargs)
 
 
+# -- trusted / allowed_globals (safe loading) -----------------------------------------------
+
+
+def _check_trust(trusted, allowed_globals) -> tuple:
+    if not isinstance(trusted, bool):
+        raise TypeError(f"trusted must be True or False, not {trusted!r}")
+    allowed = (allowed_globals,) if isinstance(allowed_globals, str) else tuple(allowed_globals)
+    if trusted and allowed:
+        raise ValueError("allowed_globals restricts untrusted reading: pass trusted=False too")
+    return trusted, allowed
+
+
+def _trust_kwargs(reader) -> dict:
+    return {"trusted": reader.trusted, "allowed_globals": reader.allowed_globals}
+
+
+def _block_loads(trusted: bool, allowed_globals: tuple):
+    """The ``loads`` a shard core calls on each block's pickle bytes."""
+    if trusted:
+        return pickle.loads
+    return make_loads(allowed_globals)
+
+
 class _ShardMethods:
     """One shard of an Atlas dataset, read block by block.
 
@@ -78,14 +102,29 @@ class _ShardMethods:
     and the shard stays usable. For strategy 2, ``compression_dict_bytes`` must hold the
     dataset's shared dictionary. ``mmap_index`` is accepted for compatibility: the index is
     small, so it is read once into memory and validated.
+
+    ``trusted=False`` unpickles blocks with a restricted unpickler that admits only plain
+    data (builtin scalars and containers, datetime, numpy arrays, dtypes and scalars) and the
+    globals listed in ``allowed_globals`` ("module.qualname" strings or the objects); any other
+    global raises ``atlas_fast.UnsafePickleError`` before its code runs. The default,
+    ``trusted=True``, unpickles as the reference does: only open datasets you trust with it.
     """
 
     VERSION = 1
 
-    def __init__(self, root, mmap_index=True, compression_dict_bytes=None):
+    def __init__(
+        self,
+        root,
+        mmap_index=True,
+        compression_dict_bytes=None,
+        *,
+        trusted=True,
+        allowed_globals=(),
+    ):
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
+        self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
         self.metadata = read_shard_metadata(self.root)
         strategy = self.metadata.compression_strategy
         if (
@@ -104,7 +143,7 @@ class _ShardMethods:
             self.metadata.stored_examples,
             self.metadata.block_size,
             strategy != CompressionStrategy.NO_COMPRESSION,
-            pickle.loads,
+            _block_loads(self.trusted, self.allowed_globals),
         )
 
     def _open_files(self):
@@ -136,7 +175,7 @@ class _ShardMethods:
         return _rebuild, (
             type(self),
             (self.root, self.mmap_index, self.compression_dict_bytes),
-            {},
+            _trust_kwargs(self),
         )
 
     def __repr__(self):
@@ -153,14 +192,16 @@ class _DatasetMethods:
     The shards are the sub-directories of ``root`` in sorted order; each shard's size comes
     from its own meta.json, so a node holding only some shards reads the ones it has, with
     indices running over the shards present. ``close()`` (or a ``with`` block) releases every
-    shard's files.
+    shard's files. ``trusted`` and ``allowed_globals`` are passed to every shard (see
+    ``AtlasDatasetShard``).
     """
 
     VERSION = 1
 
-    def __init__(self, root, mmap_index=True):
+    def __init__(self, root, mmap_index=True, *, trusted=True, allowed_globals=()):
         self.root = Path(root)
         self.mmap_index = mmap_index
+        self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
         self.metadata = read_dataset_metadata(self.root)
         shard_dirs = find_shard_dirs(self.root)
         dict_bytes = None
@@ -169,7 +210,8 @@ class _DatasetMethods:
                 dict_bytes = read_dict_file(self.root / DICT_FILE)
         # Looked up in the module at call time, so patching ``atlas.AtlasDatasetShard`` works.
         shard_class = sys.modules[type(self)._classes_module].AtlasDatasetShard
-        self.shards = [shard_class(d, mmap_index, dict_bytes) for d in shard_dirs]
+        trust = _trust_kwargs(self)
+        self.shards = [shard_class(d, mmap_index, dict_bytes, **trust) for d in shard_dirs]
         check_shard_sizes(self.root, self.metadata, [(s.root, s.metadata) for s in self.shards])
         self.actual_shard_sizes = [len(s) for s in self.shards]
         self.cumulative_shard_sizes = np.cumsum(self.actual_shard_sizes, dtype=np.int64)
@@ -187,7 +229,7 @@ class _DatasetMethods:
         self.close()
 
     def __reduce__(self):
-        return _rebuild, (type(self), (self.root, self.mmap_index), {})
+        return _rebuild, (type(self), (self.root, self.mmap_index), _trust_kwargs(self))
 
     def __repr__(self):
         return (

@@ -14,7 +14,10 @@ import sys
 
 from ._version import __version__
 
-COMMANDS: dict = {}
+COMMANDS: dict = {
+    "verify": ("._verify", "check a dataset completely: metadata, every block, checksums"),
+    "info": ("._info", "describe a dataset: shards, examples, strategy, sizes, compression"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:

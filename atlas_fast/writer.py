@@ -17,6 +17,7 @@ import numpy as np
 import zstandard
 
 from ._format import (
+    CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -25,6 +26,7 @@ from ._format import (
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
+    block_checksum,
     dump_meta,
     index_dtype,
 )
@@ -42,6 +44,9 @@ class AtlasDatasetShardWriter:
     With strategy 3 (the default) a dictionary is trained on the shard's blocks at ``close()``;
     a shard of fewer than 7 blocks falls back to strategy 1 and its meta.json says so.
     Strategy 2 compresses with ``compression_dict`` (a ``zstandard.ZstdCompressionDict``).
+
+    ``checksums=True`` also writes ``checksums.npy``: one BLAKE2b-8 digest per stored block,
+    which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
     """
 
     VERSION = VERSION
@@ -54,6 +59,8 @@ class AtlasDatasetShardWriter:
         compression_level=3,
         compression_dict=None,
         compression_dict_size=0.01,
+        *,
+        checksums=False,
     ):
         assert isinstance(block_size, int) and block_size > 0, (
             f"block_size must be a positive integer, not {block_size!r}"
@@ -80,6 +87,8 @@ class AtlasDatasetShardWriter:
         self._data = None  # data.bin, opened with the first block
         self._compressor = None
         self._closed = False
+        self.checksums = bool(checksums)
+        self._checksums: list = []  # checksums=True: block_checksum of each stored block
 
     def __len__(self) -> int:
         return self.stored_examples
@@ -119,6 +128,8 @@ class AtlasDatasetShardWriter:
             self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
+        if self.checksums:
+            self._checksums.append(block_checksum(data))
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -162,6 +173,8 @@ class AtlasDatasetShardWriter:
         self._data.close()
         total = self._offsets[-1]
         np.save(self.path / INDEX_FILE, np.array(self._offsets, dtype=index_dtype(total)))
+        if self.checksums:
+            np.save(self.path / CHECKSUM_FILE, np.array(self._checksums, dtype="<u8"))
         self.metadata = self.metadata._replace(
             stored_examples=self.stored_examples, compression_strategy=int(self._strategy)
         )
@@ -180,7 +193,8 @@ class AtlasDatasetWriter:
     With strategy 2 (the default) the first shard trains the dictionary that every shard then
     shares (stored once, in the root); if the first shard has fewer than 7 blocks the whole
     dataset falls back to strategy 1. ``close()`` writes the root meta.json and pads the shard
-    folder names with zeros to one width.
+    folder names with zeros to one width. ``checksums=True`` gives every shard a
+    ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
     """
 
     VERSION = VERSION
@@ -193,6 +207,8 @@ class AtlasDatasetWriter:
         compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
         compression_level=3,
         compression_dict_size=0.01,
+        *,
+        checksums=False,
     ):
         assert isinstance(shard_size, int) and shard_size > 0, (
             f"shard_size must be a positive integer, not {shard_size!r}"
@@ -209,6 +225,7 @@ class AtlasDatasetWriter:
         self.compression_strategy = CompressionStrategy(compression_strategy)
         self.compression_level = compression_level
         self.compression_dict_size = compression_dict_size
+        self.checksums = bool(checksums)
         self.path.mkdir(parents=True)
         self._shard_sizes: list = []
         self._shard = None
@@ -240,6 +257,7 @@ class AtlasDatasetWriter:
             compression_level=self.compression_level,
             compression_dict=self._shared_dict,
             compression_dict_size=self.compression_dict_size,
+            checksums=self.checksums,
         )
 
     def _close_shard(self) -> None:

@@ -1,0 +1,274 @@
+"""``atlas-fast verify`` and ``atlas-fast info``, and the optional checksum sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+from corrupt import (
+    copy_case,
+    make_examples,
+    read_all,
+    read_blocks,
+    write_blocks,
+    write_dataset,
+)
+from helpers import FIXTURES, assert_same, load_expected
+
+from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
+from atlas_fast._format import CHECKSUM_FILE, block_checksum
+from atlas_fast._info import info
+from atlas_fast._verify import verify
+from atlas_fast.cli import main
+
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# -- clean datasets -----------------------------------------------------------------------
+
+
+def test_verify_clean_fixture(capsys, atlas, reference_case):
+    root = FIXTURES / reference_case / "dataset"
+    report = verify(root, readers=atlas)
+    assert report["ok"], report["problems"]
+    assert report["examples"] == len(load_expected(reference_case))
+    code, out, _ = _cli(capsys, "verify", str(root))
+    assert code == 0 and out.startswith("OK")
+    code, out, _ = _cli(capsys, "verify", "--json", "--untrusted", str(root))
+    assert code == 0 and json.loads(out)["ok"] is True
+
+
+def test_verify_single_shard(capsys, reference_case):
+    for shard_dir in sorted(p for p in (FIXTURES / reference_case / "dataset").iterdir()):
+        if shard_dir.is_dir():
+            code, out, _ = _cli(capsys, "verify", "--json", str(shard_dir))
+            report = json.loads(out)
+            assert code == 0 and report["kind"] == "shard", report
+
+
+def test_info_fixture(capsys, atlas, reference_case):
+    root = FIXTURES / reference_case / "dataset"
+    expected = load_expected(reference_case)
+    report = info(root, exact=True, readers=atlas)
+    assert report["examples"] == len(expected)
+    assert report["shards"] == len(report["shard_details"])
+    assert report["ratio_exact"] and report["compression_ratio"] > 0
+    if report["compression_strategy"] == 0:
+        assert report["compression_ratio"] == pytest.approx(1.0)
+    sampled = info(root, sample=2, readers=atlas)
+    assert sampled["ratio_blocks"] == min(2, report["blocks"])
+    code, out, _ = _cli(capsys, "info", "--json", str(root))
+    assert code == 0 and json.loads(out)["examples"] == len(expected)
+    code, out, _ = _cli(capsys, "info", str(root))
+    assert code == 0 and f"examples:     {len(expected)}" in out
+
+
+def test_info_single_shard_of_shared_dictionary(capsys, tmp_path):
+    root = tmp_path / "s2"
+    write_dataset(root, 2)
+    code, out, _ = _cli(capsys, "info", "--json", "--exact", str(root / "1"))
+    report = json.loads(out)
+    assert code == 0 and report["kind"] == "shard" and report["examples"] == 40
+    assert report["compression_ratio"] > 1
+
+
+# -- problems found, with their location --------------------------------------------------
+
+
+def test_verify_reports_every_problem(capsys, atlas, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 1, n=120, shard_size=40)
+    # shard 0: two bad blocks; shard 1: bad index; shard 2: one bad block
+    blocks = read_blocks(root / "0")
+    blocks[2] = blocks[2][:-5]
+    blocks[7] = b"\x28\xb5\x2f\xfd" + b"\x00" * 20
+    write_blocks(root / "0", blocks)
+    offsets = np.load(root / "1" / "index.npy")
+    offsets[0] = 1
+    np.save(root / "1" / "index.npy", offsets)
+    blocks = read_blocks(root / "2")
+    blocks[9] = blocks[9] + b"xx"
+    write_blocks(root / "2", blocks)
+
+    report = verify(root, readers=atlas)
+    assert not report["ok"]
+    located = {(p["file"], p["block"]) for p in report["problems"]}
+    assert (str(root / "0" / "data.bin"), 2) in located
+    assert (str(root / "0" / "data.bin"), 7) in located
+    assert (str(root / "2" / "data.bin"), 9) in located
+    assert any(str(root / "1" / "index.npy") in p["message"] for p in report["problems"])
+    assert len(report["problems"]) == 4
+    code, out, _ = _cli(capsys, "verify", str(root))
+    assert code == 1
+    assert out.count("PROBLEM") == 4 and "block 7" in out and "4 problem(s)" in out
+    code, out, _ = _cli(capsys, "verify", "--json", str(root))
+    assert code == 1 and len(json.loads(out)["problems"]) == 4
+
+
+def test_verify_metadata_problems(capsys, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 0, n=120, shard_size=40)
+    (root / "1" / "meta.json").write_text("{")
+    meta = json.loads((root / "meta.json").read_text())
+    meta["shard_sizes"][2] = 7
+    (root / "meta.json").write_text(json.dumps(meta))
+    report = verify(root)
+    messages = [p["message"] for p in report["problems"]]
+    assert any(str(root / "1" / "meta.json") in m and "JSON" in m for m in messages)
+    assert any(str(root / "2") in m and "lists 7" in m for m in messages)
+    assert report["shards"] == 2  # shard 0 and 2 were still decoded
+    assert main(["verify", str(root)]) == 1
+
+
+def test_verify_broken_root(capsys, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 2)
+    (root / "meta.json").unlink()
+    (root / "zstd_dict.bin").unlink()
+    report = verify(root)
+    messages = " ".join(p["message"] for p in report["problems"])
+    assert str(root / "meta.json") in messages
+    assert "compression_strategy 2" in messages  # shards that cannot be decoded say so
+
+
+def test_verify_unsafe_pickle(capsys, tmp_path):
+    root = tmp_path / "ds"
+    with AtlasDatasetWriter(root, 10, 2, compression_strategy=0) as w:
+        for i in range(10):
+            w.add_example(pickle.PickleBuffer if i == 3 else i)
+    assert main(["verify", str(root)]) == 0
+    capsys.readouterr()
+    code, out, _ = _cli(capsys, "verify", "--untrusted", "--json", str(root))
+    report = json.loads(out)
+    assert code == 1
+    (problem,) = report["problems"]
+    assert problem["kind"] == "UnsafePickleError" and problem["block"] == 1
+    assert "PickleBuffer" in problem["message"]
+    code, _, _ = _cli(capsys, "verify", "--untrusted", "--allow", "pickle.PickleBuffer", str(root))
+    assert code == 0
+
+
+def test_verify_partial_copy_is_a_note(capsys, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 1, n=120, shard_size=40)
+    shutil.rmtree(root / "1")
+    report = verify(root)
+    assert report["ok"] and report["shards"] == 2
+    assert any("shards 1" in n for n in report["notes"])
+
+
+def test_usage_errors(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["verify"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--bogus", str(tmp_path)])
+    assert exc.value.code == 2
+    assert main(["verify", str(tmp_path / "absent")]) == 2
+    assert main(["info", str(tmp_path / "absent")]) == 2
+    assert main(["verify", "--jobs", "0", str(tmp_path)]) == 2
+    assert main(["verify", "--allow", "a.b", str(tmp_path)]) == 2
+    assert main([]) == 2
+
+
+def test_info_on_broken_dataset(capsys, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 1)
+    (root / "0" / "index.npy").write_bytes(b"junk")
+    code, _, err = _cli(capsys, "info", str(root))
+    assert code == 1 and str(root / "0" / "index.npy") in err
+
+
+# -- checksums ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_checksums_written_and_ignored_by_readers(atlas, tmp_path, strategy):
+    root = tmp_path / "ds"
+    examples = write_dataset(root, strategy, checksums=True)
+    for shard_dir in (root / "0", root / "1"):
+        sums = np.load(shard_dir / CHECKSUM_FILE)
+        blocks = read_blocks(shard_dir)
+        assert sums.dtype == np.dtype("<u8") and len(sums) == len(blocks)
+        assert [int(s) for s in sums] == [block_checksum(b) for b in blocks]
+    got = read_all(atlas.AtlasDataset(root))
+    for i, want in enumerate(examples):
+        assert_same(got[i], want, f"[{i}]")
+    report = verify(root, readers=atlas)
+    assert report["ok"] and report["blocks_checksummed"] == report["blocks"] == 20
+
+
+def test_checksums_default_off(tmp_path):
+    write_dataset(tmp_path / "ds", 1)
+    assert not (tmp_path / "ds" / "0" / CHECKSUM_FILE).exists()
+    with AtlasDatasetShardWriter(tmp_path / "shard", 4, compression_strategy=0) as w:
+        w.add_example(1)
+    assert not (tmp_path / "shard" / CHECKSUM_FILE).exists()
+
+
+def test_checksums_find_silent_corruption(capsys, atlas, tmp_path):
+    """A flipped byte inside a pickled string still unpickles: only the checksum sees it."""
+    root = tmp_path / "ds"
+    with AtlasDatasetWriter(root, 40, 4, compression_strategy=0, checksums=True) as w:
+        for x in make_examples(80):
+            w.add_example(x)
+    shard_dir = root / "1"
+    blocks = read_blocks(shard_dir)
+    target = blocks[3]
+    at = target.index(b"alpha") if b"alpha" in target else target.index(b"beta")
+    blocks[3] = target[:at] + bytes([target[at] ^ 0x01]) + target[at + 1 :]
+    data = bytearray((shard_dir / "data.bin").read_bytes())
+    start = sum(len(b) for b in blocks[:3])
+    data[start : start + len(blocks[3])] = blocks[3]
+    (shard_dir / "data.bin").write_bytes(bytes(data))  # index and sidecar untouched
+
+    read_all(atlas.AtlasDataset(root))  # still decodes: the corruption is silent
+    report = verify(root, readers=atlas)
+    (problem,) = report["problems"]
+    assert problem["file"] == str(shard_dir / "data.bin") and problem["block"] == 3
+    assert str(shard_dir / CHECKSUM_FILE) in problem["message"]
+    (shard_dir / CHECKSUM_FILE).unlink()
+    assert verify(root, readers=atlas)["ok"]  # without the sidecar nothing can tell
+
+
+def test_bad_checksum_file_is_reported(tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 1, checksums=True)
+    np.save(root / "0" / CHECKSUM_FILE, np.zeros(3, dtype="<u8"))
+    (root / "1" / CHECKSUM_FILE).write_bytes(b"nonsense")
+    report = verify(root)
+    files = {p["file"] for p in report["problems"]}
+    assert files == {str(root / "0" / CHECKSUM_FILE), str(root / "1" / CHECKSUM_FILE)}
+
+
+def test_fixture_copy_corruption_found(tmp_path, reference_case):
+    root = copy_case(reference_case, tmp_path / "ds")
+    shard_dir = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    blocks = read_blocks(shard_dir)
+    last = len(blocks) - 1
+    blocks[last] = blocks[last][: max(1, len(blocks[last]) // 3)]
+    write_blocks(shard_dir, blocks)
+    report = verify(root)
+    assert [(p["file"], p["block"]) for p in report["problems"]] == [
+        (str(shard_dir / "data.bin"), last)
+    ]
+
+
+def test_verify_fifo_does_not_block(tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 0)
+    (root / "meta.json").unlink()
+    os.mkfifo(root / "meta.json")
+    (root / "1" / "data.bin").unlink()
+    os.mkfifo(root / "1" / "data.bin")
+    report = verify(root)
+    messages = " ".join(p["message"] for p in report["problems"])
+    assert "not a regular file" in messages and str(root / "1" / "data.bin") in messages
