@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ._backend import core as _core
+from ._batch import DatasetLoading, ShardLoading, check_cache_limits
 from ._compat import torch_dataset_bases
 from ._errors import AtlasFormatError
 from ._format import (
@@ -67,7 +68,7 @@ def _rebuild(cls, args, kwargs):
     return cls(*args, **kwargs)
 
 
-class _ShardMethods:
+class _ShardMethods(ShardLoading):
     """One shard of an Atlas dataset, read block by block.
 
     ``shard[i]`` returns example ``i`` (negative counts from the end). Files are opened on
@@ -75,11 +76,24 @@ class _ShardMethods:
     and the shard stays usable. For strategy 2, ``compression_dict_bytes`` must hold the
     dataset's shared dictionary. ``mmap_index`` is accepted for compatibility: the index is
     small, so it is read once into memory and validated.
+
+    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound a cache of decoded blocks
+    (least recently used evicted; default: the last block only), ``shard.__getitems__(indices)``
+    reads a batch decoding each block once, in parallel, and ``iter(shard)`` reads ahead.
     """
 
     VERSION = 1
 
-    def __init__(self, root, mmap_index=True, compression_dict_bytes=None):
+    def __init__(
+        self,
+        root,
+        mmap_index=True,
+        compression_dict_bytes=None,
+        *,
+        cache_blocks=1,
+        cache_bytes=None,
+    ):
+        check_cache_limits(cache_blocks, cache_bytes)
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
@@ -103,6 +117,7 @@ class _ShardMethods:
             strategy != CompressionStrategy.NO_COMPRESSION,
             pickle.loads,
         )
+        self._init_loading(cache_blocks, cache_bytes)
 
     def _open_files(self):
         """Load and check what reading needs: (validated offsets, digested dictionary)."""
@@ -120,6 +135,7 @@ class _ShardMethods:
     def close(self) -> None:
         """Release the shard's files and cached blocks (it reopens on next use)."""
         self._close()
+        self._forget_blocks()
 
     def __enter__(self):
         return self
@@ -131,7 +147,7 @@ class _ShardMethods:
         return _rebuild, (
             type(self),
             (self.root, self.mmap_index, self.compression_dict_bytes),
-            {},
+            {"cache_blocks": self.cache_blocks, "cache_bytes": self.cache_bytes},
         )
 
     def __repr__(self):
@@ -142,18 +158,23 @@ class _ShardMethods:
         )
 
 
-class _DatasetMethods:
+class _DatasetMethods(DatasetLoading):
     """An Atlas dataset: the shards under ``root``, indexed as one sequence.
 
     The shards are the sub-directories of ``root`` in sorted order; each shard's size comes
     from its own meta.json, so a node holding only some shards reads the ones it has, with
     indices running over the shards present. ``close()`` (or a ``with`` block) releases every
     shard's files.
+
+    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound one cache of decoded blocks
+    shared by all shards (default: the last block only), ``ds.__getitems__(indices)`` reads a
+    batch decoding each block once, in parallel, and ``iter(ds)`` reads ahead.
     """
 
     VERSION = 1
 
-    def __init__(self, root, mmap_index=True):
+    def __init__(self, root, mmap_index=True, *, cache_blocks=1, cache_bytes=None):
+        check_cache_limits(cache_blocks, cache_bytes)
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.metadata = read_dataset_metadata(self.root)
@@ -167,6 +188,7 @@ class _DatasetMethods:
         self.actual_shard_sizes = [len(s) for s in self.shards]
         self.cumulative_shard_sizes = np.cumsum(self.actual_shard_sizes, dtype=np.int64)
         self._core_init(self.shards, self.actual_shard_sizes)
+        self._init_loading(cache_blocks, cache_bytes)
 
     def close(self) -> None:
         """Release every shard's files and cached blocks (they reopen on next use)."""
@@ -180,7 +202,11 @@ class _DatasetMethods:
         self.close()
 
     def __reduce__(self):
-        return _rebuild, (type(self), (self.root, self.mmap_index), {})
+        return _rebuild, (
+            type(self),
+            (self.root, self.mmap_index),
+            {"cache_blocks": self.cache_blocks, "cache_bytes": self.cache_bytes},
+        )
 
     def __repr__(self):
         return (
