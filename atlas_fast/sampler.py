@@ -205,10 +205,10 @@ class BlockShuffleSampler(*_sampler_bases()):
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         self._resume = None
+        self._yielded = skip
         return self._iterate(epoch, skip)
 
     def _iterate(self, epoch: int, skip: int):
-        self._yielded = skip
         for chunk in self._rank_chunks(epoch, skip):
             for i in chunk.tolist():
                 self._yielded += 1
