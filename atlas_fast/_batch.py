@@ -20,7 +20,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 __all__ = ["BlockCache", "ShardLoading", "DatasetLoading", "pool_size", "READ_AHEAD"]
 
@@ -32,6 +32,7 @@ def pool_size() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+_POOL_THREADS = pool_size()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
@@ -43,7 +44,7 @@ def _thread_pool() -> ThreadPoolExecutor:
     if pool is None:
         with _pool_lock:
             if _pool is None:
-                _pool = ThreadPoolExecutor(pool_size(), thread_name_prefix="atlas_fast")
+                _pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="atlas_fast")
             pool = _pool
     return pool
 
@@ -212,22 +213,64 @@ def _gather(shards: list, located: list) -> list:
             todo.append(key)
         else:
             wanted[key] = examples
-    if todo:
-        if len(todo) == 1:
-            futures = [_INLINE]
-        else:
-            futures = [_submit(shards[s]._block_bytes, b) for s, b in todo]
-        try:
-            for (s, b), future in zip(todo, futures):
-                shard = shards[s]
-                data = _block_data(shard, b, future)
-                examples = shard._unpickle(data, b)
-                shard._remember_block(b, examples, len(data))
-                wanted[(s, b)] = examples
-        finally:
-            for future in futures:
-                future.cancel()
+    if len(todo) == 1:
+        s, b = todo[0]
+        data = shards[s]._block_bytes(b)
+        wanted[(s, b)] = _decoded(shards[s], b, data)
+    elif todo:
+        _decode_in_parallel(shards, todo, wanted)
     return [wanted[(s, j // sizes[s])][j % sizes[s]] for s, j in located]
+
+
+def _decoded(shard, b: int, data) -> list:
+    examples = shard._unpickle(data, b)
+    shard._remember_block(b, examples, len(data))
+    return examples
+
+
+def _ready(left: dict) -> list:
+    """Positions of finished futures among the first ones of ``left`` (the pool's front)."""
+    ready = []
+    busy = 0
+    for k, future in left.items():
+        if future is not _INLINE and future.done():
+            ready.append(k)
+        else:
+            busy += 1
+            if busy > _POOL_THREADS:
+                break
+    return ready
+
+
+def _decode_in_parallel(shards: list, todo: list, out: dict) -> None:
+    """Decode the blocks ``todo`` into ``out``: the pool takes them from the front while this
+    thread unpickles what is ready and, when nothing is, decompresses from the back.
+
+    The calling thread thus releases the GIL often (in its own decompressions and waits), so
+    the pool threads, which need it briefly around each block, are not starved.
+    """
+    futures = [_submit(shards[s]._block_bytes, b) for s, b in todo]
+    left = dict(enumerate(futures))  # position in todo -> future, not yet unpickled
+    back = len(todo) - 1  # the caller steals from here down
+    try:
+        while left:
+            ready = _ready(left)
+            if ready:
+                for k in ready:
+                    s, b = todo[k]
+                    out[(s, b)] = _decoded(shards[s], b, left.pop(k).result())
+                continue
+            while back >= 0 and (back not in left or not left[back].cancel()):
+                back -= 1
+            if back >= 0:
+                s, b = todo[back]
+                del left[back]
+                out[(s, b)] = _decoded(shards[s], b, shards[s]._block_bytes(b))
+                continue
+            wait(list(left.values()), return_when=FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 def _read_ahead(blocks):
