@@ -20,7 +20,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict, deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BlockCache", "ShardLoading", "DatasetLoading", "pool_size", "READ_AHEAD"]
 
@@ -32,7 +32,6 @@ def pool_size() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-_POOL_THREADS = pool_size()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
@@ -44,7 +43,7 @@ def _thread_pool() -> ThreadPoolExecutor:
     if pool is None:
         with _pool_lock:
             if _pool is None:
-                _pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="atlas_fast")
+                _pool = ThreadPoolExecutor(pool_size(), thread_name_prefix="atlas_fast")
             pool = _pool
     return pool
 
@@ -81,13 +80,6 @@ def _submit(fn, *args):
         return _thread_pool().submit(fn, *args)
     except RuntimeError:  # the interpreter is shutting down: no new threads
         return _INLINE
-
-
-def _block_data(shard, b: int, future):
-    """The decoded bytes of ``shard``'s block ``b``; decoded here if the pool has not started."""
-    if future.cancel():
-        return shard._block_bytes(b)
-    return future.result()
 
 
 # -- the block cache ------------------------------------------------------------------------
@@ -199,8 +191,7 @@ def _gather(shards: list, located: list) -> list:
     """The examples at ``located`` ((shard number, local index) pairs, already checked).
 
     Each block needed is decoded once: cached ones come from the cache, the others are
-    decompressed on the pool (the calling thread takes any not yet started when it gets to
-    them) and unpickled here, in order, then remembered in the cache.
+    decompressed in parallel, unpickled here and remembered in the cache.
     """
     sizes = [shard.metadata.block_size for shard in shards]
     wanted: dict = {}  # (shard number, block) -> examples or None; insertion ordered
@@ -215,8 +206,7 @@ def _gather(shards: list, located: list) -> list:
             wanted[key] = examples
     if len(todo) == 1:
         s, b = todo[0]
-        data = shards[s]._block_bytes(b)
-        wanted[(s, b)] = _decoded(shards[s], b, data)
+        wanted[(s, b)] = _decoded(shards[s], b, shards[s]._block_bytes(b))
     elif todo:
         _decode_in_parallel(shards, todo, wanted)
     return [wanted[(s, j // sizes[s])][j % sizes[s]] for s, j in located]
@@ -228,57 +218,64 @@ def _decoded(shard, b: int, data) -> list:
     return examples
 
 
-def _ready(left: dict) -> list:
-    """Positions of finished futures among the first ones of ``left`` (the pool's front)."""
-    ready = []
-    busy = 0
-    for k, future in left.items():
-        if future is not _INLINE and future.done():
-            ready.append(k)
-        else:
-            busy += 1
-            if busy > _POOL_THREADS:
-                break
-    return ready
-
-
 def _decode_in_parallel(shards: list, todo: list, out: dict) -> None:
-    """Decode the blocks ``todo`` into ``out``: the pool takes them from the front while this
-    thread unpickles what is ready and, when nothing is, decompresses from the back.
+    """Decode the blocks ``todo`` into ``out``: decompress them all, then unpickle in order.
 
-    The calling thread thus releases the GIL often (in its own decompressions and waits), so
-    the pool threads, which need it briefly around each block, are not starved.
+    The pool takes blocks from the front while this thread decompresses from the back, so
+    every thread spends this phase mostly without the GIL. Unpickling while the pool still
+    decompresses would hold the GIL for long runs and starve the pool threads, which need it
+    briefly around each block and otherwise wait a whole switch interval for it.
     """
     futures = [_submit(shards[s]._block_bytes, b) for s, b in todo]
-    left = dict(enumerate(futures))  # position in todo -> future, not yet unpickled
-    back = len(todo) - 1  # the caller steals from here down
+    data: list = [None] * len(todo)
     try:
-        while left:
-            ready = _ready(left)
-            if ready:
-                for k in ready:
-                    s, b = todo[k]
-                    out[(s, b)] = _decoded(shards[s], b, left.pop(k).result())
-                continue
-            while back >= 0 and (back not in left or not left[back].cancel()):
-                back -= 1
-            if back >= 0:
-                s, b = todo[back]
-                del left[back]
-                out[(s, b)] = _decoded(shards[s], b, shards[s]._block_bytes(b))
-                continue
-            wait(list(left.values()), return_when=FIRST_COMPLETED)
+        for k in range(len(todo) - 1, -1, -1):
+            if futures[k].cancel():  # not started: decode it here
+                s, b = todo[k]
+                data[k] = shards[s]._block_bytes(b)
+        for k, future in enumerate(futures):
+            if data[k] is None:
+                data[k] = future.result()
     finally:
         for future in futures:
             future.cancel()
+    for k, (s, b) in enumerate(todo):
+        out[(s, b)] = _decoded(shards[s], b, data[k])
+        data[k] = None
+
+
+class _Ahead:
+    """One block of the read-ahead: its future, or its bytes once decoded here."""
+
+    __slots__ = ("shard", "b", "future", "data")
+
+    def __init__(self, shard, b: int) -> None:
+        self.shard = shard
+        self.b = b
+        self.data = None
+        self.future = _submit(shard._block_bytes, b)
+
+    def steal(self) -> bool:
+        """Decode here if the pool has not started; False if it has (or it is done)."""
+        if self.data is None and self.future.cancel():
+            self.data = self.shard._block_bytes(self.b)
+            return True
+        return False
+
+    def result(self):
+        if self.data is None and not self.steal():
+            self.data = self.future.result()
+        data, self.data = self.data, None
+        return data
 
 
 def _read_ahead(blocks):
     """Every example of ``blocks`` ((shard, block number) pairs), in order.
 
-    While one block is unpickled and handed out, the next ``READ_AHEAD`` are decompressed on
-    the pool. Closing or dropping the generator cancels what has not started; nothing else
-    outlives it.
+    The next ``READ_AHEAD`` blocks are decompressed on the pool while one is unpickled and
+    handed out; when the block needed is still being decompressed, this thread decompresses
+    the furthest one not started instead of waiting idle. Closing or dropping the generator
+    cancels what has not started; nothing else outlives it.
     """
     pending: deque = deque()
     blocks = iter(blocks)
@@ -288,16 +285,19 @@ def _read_ahead(blocks):
                 nxt = next(blocks, None)
                 if nxt is None:
                     break
-                shard, b = nxt
-                pending.append((shard, b, _submit(shard._block_bytes, b)))
+                pending.append(_Ahead(*nxt))
             if not pending:
                 return
-            shard, b, future = pending.popleft()
-            examples = shard._unpickle(_block_data(shard, b, future), b)
+            current = pending.popleft()
+            if not current.future.done():
+                for later in reversed(pending):
+                    if later.steal():
+                        break
+            examples = current.shard._unpickle(current.result(), current.b)
             yield from examples
     finally:
-        for _, _, future in pending:
-            future.cancel()
+        for later in pending:
+            later.future.cancel()
 
 
 def _block_count(shard) -> int:
