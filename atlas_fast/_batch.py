@@ -193,10 +193,13 @@ def _gather(shards: list, located: list) -> list:
     Each block needed is decoded once: cached ones come from the cache, the others are
     decompressed in parallel, unpickled here and remembered in the cache.
     """
-    sizes = [shard.metadata.block_size for shard in shards]
+    sizes: dict = {}  # shard number -> block size, for the shards involved
     wanted: dict = {}  # (shard number, block) -> examples or None; insertion ordered
     for s, j in located:
-        wanted[(s, j // sizes[s])] = None
+        size = sizes.get(s)
+        if size is None:
+            size = sizes[s] = shards[s].metadata.block_size
+        wanted[(s, j // size)] = None
     todo = []
     for key in wanted:
         examples = shards[key[0]]._cached_block(key[1])

@@ -4,12 +4,12 @@
 
 Builds (once, cached under --data) a dataset of text documents cut from the stdlib's sources,
 ~2 KB each, in 100-example blocks with a shared zstd dictionary (strategy 2), then times, in
-one process, side by side (medians of --reps, warm page cache):
+one process, side by side (medians of --reps interleaved rounds, warm page cache):
 
 - the reference algorithm (``atlas_fast._python.AtlasDataset``, last block cached) reading
   sequentially and uniformly at random (``ds[i]``);
 - an epoch in ``BlockShuffleSampler`` order (window 8) read in batches of 256 through
-  ``__getitems__`` with ``cache_blocks=16``, and read one ``ds[i]`` at a time;
+  ``__getitems__`` with ``cache_blocks=16``, and read one ``ds[i]`` at a time (same cache);
 - random batches of 256: ``__getitems__`` against a loop of ``ds[i]``;
 - ``iter(ds)`` against the sequential ``ds[i]`` loop.
 
@@ -83,14 +83,16 @@ def warm(root: Path) -> None:
             path.read_bytes()
 
 
-def timed(fn, reps: int) -> float:
-    """Median seconds of ``fn()`` over ``reps`` runs."""
-    times = []
+def interleaved(fns: dict, reps: int) -> dict:
+    """Median seconds of each ``fns[k]()`` over ``reps`` rounds, each round running them all
+    one after the other (so load from other processes hits them alike)."""
+    times: dict = {k: [] for k in fns}
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for key, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> int:
@@ -159,20 +161,20 @@ def main() -> int:
             for batch in batches:
                 [ds[i] for i in batch]
 
-        t_seq = timed(seq, args.reps)
-        row("sequential ds[i] (cache 1 block)", n, t_seq)
-        t_iter = timed(iterate, args.reps)
-        row("iter(ds), read-ahead", n, t_iter)
-        t_rand = timed(rand, args.reps)
-        row("uniform random ds[i] (cache 1 block)", len(uniform), t_rand)
-        t_sb = timed(shuffled_batches, args.reps)
-        row(f"BlockShuffleSampler w{WINDOW}: __getitems__ x{BATCH}, cache 16", n, t_sb)
-        t_ss = timed(shuffled_single, args.reps)
-        row(f"BlockShuffleSampler w{WINDOW}: ds[i], cache 16", n, t_ss)
-        t_rg = timed(random_getitems, args.reps)
-        row(f"random batches x{BATCH}: __getitems__", BATCH * len(batches), t_rg)
-        t_rl = timed(random_loop, args.reps)
-        row(f"random batches x{BATCH}: loop of ds[i]", BATCH * len(batches), t_rl)
+        variants = {
+            "seq": (seq, n, "sequential ds[i] (cache 1 block)"),
+            "iter": (iterate, n, "iter(ds), read-ahead"),
+            "rand": (rand, len(uniform), "uniform random ds[i] (cache 1 block)"),
+            "sb": (shuffled_batches, n, f"BlockShuffleSampler w{WINDOW}: __getitems__ x{BATCH}"),
+            "ss": (shuffled_single, n, f"BlockShuffleSampler w{WINDOW}: ds[i] one by one"),
+            "rg": (random_getitems, BATCH * len(batches), f"random x{BATCH}: __getitems__"),
+            "rl": (random_loop, BATCH * len(batches), f"random x{BATCH}: loop of ds[i]"),
+        }
+        times = interleaved({k: v[0] for k, v in variants.items()}, args.reps)
+        for key, (_, count, name) in variants.items():
+            row(name, count, times[key])
+        t_seq, t_iter, t_rand, t_sb = times["seq"], times["iter"], times["rand"], times["sb"]
+        t_rg, t_rl = times["rg"], times["rl"]
         print(
             f"  ratios: sampler batches / uniform random = "
             f"{(n / t_sb) / (len(uniform) / t_rand):.1f}x (target >= 30x); "
