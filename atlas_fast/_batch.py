@@ -70,6 +70,9 @@ class _Inline:
     def cancel(self) -> bool:
         return True
 
+    def done(self) -> bool:
+        return False
+
 
 _INLINE = _Inline()
 

@@ -251,6 +251,17 @@ def test_iter_stops_cleanly_when_closed_or_dropped(atlas, root, expected, decode
     assert list(ds) == expected
 
 
+def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, monkeypatch):
+    def refuse():
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(atlas_fast._batch, "_thread_pool", refuse)
+    ds = atlas.AtlasDataset(root)
+    batch = [299, 0, 150, 7, 64]
+    assert ds.__getitems__(batch) == [expected[i] for i in batch]
+    assert list(ds) == expected
+
+
 def test_empty_batch_and_empty_iteration(atlas, tmp_path):
     root = write_dataset(tmp_path / "empty", 0, 10, 4, CompressionStrategy.STANDARD_COMPRESSION)
     ds = atlas.AtlasDataset(root)
