@@ -19,6 +19,7 @@ from .atlas import (
     AtlasDatasetShardMetadata,
     CompressionStrategy,
 )
+from .sampler import BlockShuffleSampler
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "AtlasDatasetShardMetadata",
     "AtlasDatasetWriter",
     "AtlasDatasetShardWriter",
+    "BlockShuffleSampler",
     "AtlasFormatError",
     "UnsafePickleError",
     "BACKEND",

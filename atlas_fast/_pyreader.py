@@ -15,7 +15,11 @@ The contract a backend implements:
     public class) which returns ``(offsets, zdict)``: validated uint64 offsets and a
     ``ZstdDict`` or None. ``__len__``, ``__getitem__`` (an int, negative from the end,
     IndexError outside), ``_read_block(b)`` the cached list of block ``b``,
-    ``_block_bytes(b)`` its decoded pickle bytes, ``_close()`` releasing files and caches.
+    ``_block_bytes(b)`` its decoded pickle bytes, ``_unpickle(data, b)`` the checked list,
+    ``_close()`` releasing files and caches. The core caches only the last block it decoded;
+    on a miss, ``__getitem__`` and ``_read_block`` call ``self._load_block(b)`` through normal
+    attribute lookup (the core's own version is ``_unpickle(_block_bytes(b), b)``), so the
+    public classes can put a larger cache behind the one-block fast path.
 ``DatasetCore``
     ``_core_init(shards, sizes)``; ``__len__``; ``__getitem__`` mapping a global index to its
     shard; ``_locate(i)`` the (shard number, local index) pair.
@@ -325,10 +329,17 @@ class ShardCore:
         cached_block, examples = self._cache
         if cached_block == b:
             return examples
-        data = self._block_bytes(b)
-        examples = self._unpickle(data, b)
+        examples = self._load_block(b)
         self._cache = (b, examples)
         return examples
+
+    def _load_block(self, b: int) -> list:
+        """The miss path of ``_read_block``: decode block ``b``.
+
+        The public classes override it (``_batch.ShardLoading``) to consult their larger
+        block cache first; the core only ever checks its own last block before calling it.
+        """
+        return self._unpickle(self._block_bytes(b), b)
 
     def _unpickle(self, data, b: int) -> list:
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ._backend import core as _core
+from ._batch import DatasetLoading, ShardLoading, check_cache_limits
 from ._compat import torch_dataset_bases
 from ._errors import AtlasFormatError
 from ._format import (
@@ -94,7 +95,7 @@ def _block_loads(trusted: bool, allowed_globals: tuple):
     return make_loads(allowed_globals)
 
 
-class _ShardMethods:
+class _ShardMethods(ShardLoading):
     """One shard of an Atlas dataset, read block by block.
 
     ``shard[i]`` returns example ``i`` (negative counts from the end). Files are opened on
@@ -108,6 +109,10 @@ class _ShardMethods:
     globals listed in ``allowed_globals`` ("module.qualname" strings or the objects); any other
     global raises ``atlas_fast.UnsafePickleError`` before its code runs. The default,
     ``trusted=True``, unpickles as the reference does: only open datasets you trust with it.
+
+    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound a cache of decoded blocks
+    (least recently used evicted; default: the last block only), ``shard.__getitems__(indices)``
+    reads a batch decoding each block once, in parallel, and ``iter(shard)`` reads ahead.
     """
 
     VERSION = 1
@@ -118,9 +123,12 @@ class _ShardMethods:
         mmap_index=True,
         compression_dict_bytes=None,
         *,
+        cache_blocks=1,
+        cache_bytes=None,
         trusted=True,
         allowed_globals=(),
     ):
+        check_cache_limits(cache_blocks, cache_bytes)
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
@@ -145,6 +153,7 @@ class _ShardMethods:
             strategy != CompressionStrategy.NO_COMPRESSION,
             _block_loads(self.trusted, self.allowed_globals),
         )
+        self._init_loading(cache_blocks, cache_bytes)
 
     def _open_files(self):
         """Load and check what reading needs: (validated offsets, digested dictionary)."""
@@ -164,6 +173,7 @@ class _ShardMethods:
     def close(self) -> None:
         """Release the shard's files and cached blocks (it reopens on next use)."""
         self._close()
+        self._forget_blocks()
 
     def __enter__(self):
         return self
@@ -175,7 +185,11 @@ class _ShardMethods:
         return _rebuild, (
             type(self),
             (self.root, self.mmap_index, self.compression_dict_bytes),
-            _trust_kwargs(self),
+            {
+                "cache_blocks": self.cache_blocks,
+                "cache_bytes": self.cache_bytes,
+                **_trust_kwargs(self),
+            },
         )
 
     def __repr__(self):
@@ -186,7 +200,7 @@ class _ShardMethods:
         )
 
 
-class _DatasetMethods:
+class _DatasetMethods(DatasetLoading):
     """An Atlas dataset: the shards under ``root``, indexed as one sequence.
 
     The shards are the sub-directories of ``root`` in sorted order; each shard's size comes
@@ -194,11 +208,25 @@ class _DatasetMethods:
     indices running over the shards present. ``close()`` (or a ``with`` block) releases every
     shard's files. ``trusted`` and ``allowed_globals`` are passed to every shard (see
     ``AtlasDatasetShard``).
+
+    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound one cache of decoded blocks
+    shared by all shards (default: the last block only), ``ds.__getitems__(indices)`` reads a
+    batch decoding each block once, in parallel, and ``iter(ds)`` reads ahead.
     """
 
     VERSION = 1
 
-    def __init__(self, root, mmap_index=True, *, trusted=True, allowed_globals=()):
+    def __init__(
+        self,
+        root,
+        mmap_index=True,
+        *,
+        cache_blocks=1,
+        cache_bytes=None,
+        trusted=True,
+        allowed_globals=(),
+    ):
+        check_cache_limits(cache_blocks, cache_bytes)
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
@@ -216,6 +244,7 @@ class _DatasetMethods:
         self.actual_shard_sizes = [len(s) for s in self.shards]
         self.cumulative_shard_sizes = np.cumsum(self.actual_shard_sizes, dtype=np.int64)
         self._core_init(self.shards, self.actual_shard_sizes)
+        self._init_loading(cache_blocks, cache_bytes)
 
     def close(self) -> None:
         """Release every shard's files and cached blocks (they reopen on next use)."""
@@ -229,7 +258,15 @@ class _DatasetMethods:
         self.close()
 
     def __reduce__(self):
-        return _rebuild, (type(self), (self.root, self.mmap_index), _trust_kwargs(self))
+        return _rebuild, (
+            type(self),
+            (self.root, self.mmap_index),
+            {
+                "cache_blocks": self.cache_blocks,
+                "cache_bytes": self.cache_bytes,
+                **_trust_kwargs(self),
+            },
+        )
 
     def __repr__(self):
         return (

@@ -1,0 +1,272 @@
+"""``BlockShuffleSampler``: an epoch order that shuffles well and still reads whole blocks.
+
+A block format decodes whole blocks, so drawing examples uniformly at random decodes a block
+per example. This sampler permutes the blocks, then shuffles the examples within windows of
+``window_blocks`` consecutive (permuted) blocks: a batch touches a few blocks, each decoded once
+(with a block cache of about twice ``window_blocks``: ``AtlasDataset(root, cache_blocks=...)``).
+
+Each epoch's order is a function of ``(seed, epoch)`` alone and can be produced from any
+position without the ones before it (the in-window shuffle keys come from a counter-addressable
+PCG64 stream), so a rank builds only its own share and a resumed run skips ahead for free.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import operator
+
+import numpy as np
+
+__all__ = ["BlockShuffleSampler", "block_lengths"]
+
+
+def _sampler_bases() -> tuple:
+    if importlib.util.find_spec("torch") is None:
+        return ()
+    try:
+        from torch.utils.data import Sampler
+    except Exception:  # a broken torch install must not break reading
+        return ()
+    return (Sampler,)
+
+
+def _distributed_defaults() -> tuple:
+    """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
+    if importlib.util.find_spec("torch") is None:
+        return 1, 0
+    try:
+        import torch.distributed as dist
+    except Exception:
+        return 1, 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def block_lengths(dataset) -> np.ndarray:
+    """Examples per block of ``dataset`` (an Atlas dataset or shard), over all its shards.
+
+    From the shards' metadata alone: nothing is opened.
+    """
+    shards = getattr(dataset, "shards", None)
+    if shards is None:
+        if getattr(dataset, "metadata", None) is None or not hasattr(
+            dataset.metadata, "block_size"
+        ):
+            raise TypeError(
+                "BlockShuffleSampler needs an AtlasDataset or AtlasDatasetShard, "
+                f"not {type(dataset).__name__}"
+            )
+        shards = [dataset]
+    parts = []
+    for shard in shards:
+        n = len(shard)
+        size = shard.metadata.block_size
+        full, rest = divmod(n, size)
+        parts.append(np.full(full, size, dtype=np.int64))
+        if rest:
+            parts.append(np.array([rest], dtype=np.int64))
+    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if int(lengths.sum()) != len(dataset):
+        raise ValueError(
+            f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
+            f"but it has {len(dataset)}"
+        )
+    return lengths
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+class BlockShuffleSampler(*_sampler_bases()):
+    """Block-aware shuffling for Atlas datasets, optionally split over distributed ranks.
+
+    Each epoch: the blocks (of all shards) are permuted; then the examples of each window of
+    ``window_blocks`` consecutive permuted blocks are shuffled together. Every index appears
+    exactly once per epoch. ``window_blocks=None`` shuffles the whole epoch uniformly (no
+    locality). The order depends only on ``(seed, epoch)``; call ``set_epoch(e)`` before each
+    epoch, as with ``DistributedSampler``.
+
+    With ``num_replicas``/``rank`` (by default from ``torch.distributed`` when it is
+    initialised, else 1 and 0) each rank gets a contiguous slice of the epoch's order, all of
+    the same length: the order is padded by repeating its start, or its end is dropped with
+    ``drop_last``. Contiguous slices keep each rank reading mostly whole blocks.
+
+    ``state_dict()`` records ``(seed, epoch, yielded)``: how many indices this rank has
+    yielded in the epoch; ``load_state_dict`` makes the next iteration continue from there.
+    Behind a DataLoader the sampler runs ahead of training (prefetching), so on resume prefer
+    ``yielded = batches_done * batch_size`` from the training step.
+
+    A subclass of ``torch.utils.data.Sampler`` when torch is installed; torch is not needed.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        window_blocks=8,
+        seed=0,
+        num_replicas=None,
+        rank=None,
+        drop_last=False,
+    ):
+        if window_blocks is not None:
+            window_blocks = _check_int("window_blocks", window_blocks, 1)
+        self.window_blocks = window_blocks
+        self.seed = _check_int("seed", seed, 0)
+        if num_replicas is None or rank is None:
+            world, own = _distributed_defaults()
+            if num_replicas is None:
+                num_replicas = world
+            if rank is None:
+                rank = own
+        self.num_replicas = _check_int("num_replicas", num_replicas, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.num_replicas:
+            raise ValueError(f"rank must be below num_replicas ({self.num_replicas}), not {rank}")
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+
+        self._lengths = block_lengths(dataset)
+        self._starts = np.cumsum(self._lengths) - self._lengths  # first index of each block
+        self.num_examples = int(self._lengths.sum())
+        n, r = self.num_examples, self.num_replicas
+        self.num_samples = n // r if self.drop_last else -(-n // r)
+        self.total_size = self.num_samples * r
+        self._yielded = 0  # by the current (or last) iterator, counted from the epoch start
+        self._resume = None  # (epoch, yielded) from load_state_dict, for the next iteration
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next iteration on."""
+        self.epoch = _check_int("epoch", epoch, 0)
+
+    # -- the order ------------------------------------------------------------------------
+
+    def _plan(self, epoch: int):
+        """(permuted blocks, their end positions in the epoch, seed of the shuffle keys)."""
+        seeds = np.random.SeedSequence([self.seed, epoch]).spawn(2)
+        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self._lengths))
+        ends = np.cumsum(self._lengths[perm])
+        return perm, ends, seeds[1]
+
+    def _windows(self, epoch: int, lo: int, hi: int):
+        """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks."""
+        if lo >= hi:
+            return
+        perm, ends, key_seed = self._plan(epoch)
+        nb = len(perm)
+        w = nb if self.window_blocks is None else self.window_blocks
+        window_ends = ends[w - 1 :: w]
+        if nb % w:
+            window_ends = np.append(window_ends, ends[-1])
+        k = int(np.searchsorted(window_ends, lo, side="right"))
+        start = int(window_ends[k - 1]) if k else 0
+        # One key per position: key p is output p of the stream, whatever the rank.
+        keys = np.random.PCG64(key_seed)
+        keys.advance(start)
+        keys = np.random.Generator(keys)
+        while start < hi:
+            blocks = perm[k * w : (k + 1) * w]
+            lengths = self._lengths[blocks]
+            count = int(lengths.sum())
+            firsts = self._starts[blocks] - (np.cumsum(lengths) - lengths)
+            order = np.repeat(firsts, lengths) + np.arange(count, dtype=np.int64)
+            order = order[np.argsort(keys.random(count), kind="stable")]
+            yield order[max(lo - start, 0) : hi - start]
+            start += count
+            k += 1
+
+    def _rank_chunks(self, epoch: int, skip: int):
+        """This rank's indices of ``epoch`` after the first ``skip``, in chunks."""
+        n = self.num_examples
+        p = self.rank * self.num_samples + skip
+        end = (self.rank + 1) * self.num_samples
+        while p < end:  # padded positions past n repeat the order from its start
+            lo = p % n
+            hi = min(n, lo + end - p)
+            yield from self._windows(epoch, lo, hi)
+            p += hi - lo
+
+    def __iter__(self):
+        epoch = self.epoch
+        skip = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            skip = self._resume[1]
+        self._resume = None
+        self._yielded = skip
+        return self._iterate(epoch, skip)
+
+    def _iterate(self, epoch: int, skip: int):
+        for chunk in self._rank_chunks(epoch, skip):
+            for i in chunk.tolist():
+                self._yielded += 1
+                yield i
+
+    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's whole order for ``epoch`` (default: the current one) as an array."""
+        epoch = self.epoch if epoch is None else _check_int("epoch", epoch, 0)
+        chunks = list(self._rank_chunks(epoch, 0))
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+
+    # -- resuming -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where this rank is: epoch, seed and indices yielded so far in the epoch."""
+        if self._resume is not None:
+            epoch, yielded = self._resume
+        else:
+            epoch, yielded = self.epoch, self._yielded
+        return {
+            "epoch": epoch,
+            "seed": self.seed,
+            "yielded": yielded,
+            "window_blocks": self.window_blocks,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "drop_last": self.drop_last,
+            "num_examples": self.num_examples,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue epoch ``state["epoch"]`` after its first ``state["yielded"]`` indices.
+
+        Only ``epoch`` and ``yielded`` are required (``seed`` is adopted when present); the
+        other keys ``state_dict()`` writes are checked against this sampler, since the order
+        depends on them.
+        """
+        for key in ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume: the state has {key}={state[key]!r}, "
+                    f"this sampler {getattr(self, key)!r}"
+                )
+        epoch = _check_int("epoch", state["epoch"], 0)
+        yielded = _check_int("yielded", state["yielded"], 0)
+        if yielded > self.num_samples:
+            raise ValueError(
+                f"cannot resume after {yielded} indices: an epoch has {self.num_samples}"
+            )
+        if "seed" in state:
+            self.seed = _check_int("seed", state["seed"], 0)
+        self.epoch = epoch
+        self._yielded = yielded
+        self._resume = (epoch, yielded)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(examples={self.num_examples}, "
+            f"window_blocks={self.window_blocks}, seed={self.seed}, epoch={self.epoch}, "
+            f"rank={self.rank}/{self.num_replicas})"
+        )

@@ -1,0 +1,38 @@
+"""Datasets for the loader and sampler tests, written with atlas_fast's own writer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from atlas_fast import AtlasDatasetWriter, CompressionStrategy
+
+
+def example(i: int) -> dict:
+    return {"id": i, "text": f"document {i} " + "abcdefgh"[i % 8] * (i % 41)}
+
+
+def write_dataset(
+    path: Path,
+    n: int,
+    shard_size: int,
+    block_size: int,
+    strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+) -> Path:
+    """A dataset of ``example(0) .. example(n - 1)``."""
+    with AtlasDatasetWriter(path, shard_size, block_size, compression_strategy=strategy) as w:
+        for i in range(n):
+            w.add_example(example(i))
+    return path
+
+
+def keep_shards(root: Path, dest: Path, numbers: list) -> Path:
+    """A copy of ``root`` holding only the shards ``numbers`` (as on one node of many)."""
+    dest.mkdir()
+    for item in root.iterdir():
+        if item.is_dir():
+            if int(item.name) in numbers:
+                shutil.copytree(item, dest / item.name)
+        else:
+            shutil.copy(item, dest / item.name)
+    return dest

@@ -1,0 +1,398 @@
+"""Batched reads, read-ahead iteration, the block cache, and PyTorch's DataLoader."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import threading
+
+import pytest
+from helpers import FIXTURES, assert_same, load_expected
+from loader_helpers import example, keep_shards, write_dataset
+
+import atlas_fast
+from atlas_fast import BlockShuffleSampler, CompressionStrategy
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+
+N = 300  # shards of 64 examples (the last 44), blocks of 8: 38 blocks over 5 shards
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("loader") / "ds", N, 64, 8)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return [example(i) for i in range(N)]
+
+
+@pytest.fixture
+def decodes(atlas, monkeypatch):
+    """Counts the blocks decoded, as (shard folder, block) pairs."""
+    seen = []
+    lock = threading.Lock()
+    original = atlas.AtlasDatasetShard._block_bytes
+
+    def counting(self, b):
+        with lock:
+            seen.append((self.root.name, b))
+        return original(self, b)
+
+    monkeypatch.setattr(atlas.AtlasDatasetShard, "_block_bytes", counting)
+    return seen
+
+
+# -- __getitems__ ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache_blocks", [1, 5])
+def test_getitems_equals_getitem(atlas, root, cache_blocks):
+    ds = atlas.AtlasDataset(root, cache_blocks=cache_blocks)
+    rng = random.Random(7)
+    batches = [
+        [],
+        [0],
+        [-1, -N, N - 1, 0],
+        [5, 5, 5, 4, 5],  # repeated indices
+        [63, 64, 127, 128, 299, 0],  # across shards
+        [rng.randrange(-N, N) for _ in range(200)],
+        list(range(N))[::-7],
+    ]
+    for batch in batches:
+        want = [ds[i] for i in batch]
+        assert ds.__getitems__(batch) == want
+        assert ds.__getitems__(tuple(batch)) == want
+    shard = ds.shards[1]
+    local = [3, -1, 0, 63, 3, -64, 17]
+    assert shard.__getitems__(local) == [shard[i] for i in local]
+    assert shard.__getitems__([]) == []
+
+
+def test_getitems_on_reference_fixtures(atlas, reference_case):
+    expected = load_expected(reference_case)
+    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset")
+    n = len(expected)
+    rng = random.Random(reference_case)
+    indices = [rng.randrange(-n, n) for _ in range(3 * n)]
+    for got, i in zip(ds.__getitems__(indices), indices):
+        assert_same(got, expected[i], f"{reference_case}[{i}]")
+
+
+def test_getitems_numpy_and_tensor_indices(atlas, root, expected):
+    import numpy as np
+
+    ds = atlas.AtlasDataset(root)
+    idx = [4, 290, -3, 100]
+    assert ds.__getitems__(np.array(idx)) == [expected[i] for i in idx]
+    assert ds.__getitems__(torch.tensor(idx)) == [expected[i] for i in idx]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(N, IndexError), (-N - 1, IndexError), (1.0, TypeError), ("3", TypeError), (None, TypeError)],
+)
+def test_getitems_bad_index_decodes_nothing(atlas, root, decodes, bad, error):
+    ds = atlas.AtlasDataset(root)
+    with pytest.raises(error):
+        ds[bad]
+    with pytest.raises(error):
+        ds.__getitems__([0, 100, 200, bad, 5])
+    shard = ds.shards[0]
+    with pytest.raises(error):
+        shard.__getitems__([0, 10, bad if error is TypeError else len(shard)])
+    assert decodes == []
+
+
+def test_getitems_decodes_each_block_once(atlas, root, decodes):
+    ds = atlas.AtlasDataset(root)
+    batch = [70, 3, 71, 65, 2, 299, 298, 0, 7, 64, 299]  # blocks (0,0) (1,0) (1,0) (4,5)
+    assert ds.__getitems__(batch) == [ds[i] for i in batch]
+    assert sorted(decodes[:3]) == [("0", 0), ("1", 0), ("4", 5)]
+
+
+def test_getitems_serves_cached_blocks(atlas, root, expected, decodes):
+    ds = atlas.AtlasDataset(root, cache_blocks=8)
+    batch = list(range(0, 40, 3))  # blocks 0..4 of shard 0
+    assert ds.__getitems__(batch) == [expected[i] for i in batch]
+    assert len(decodes) == 5
+    assert ds.__getitems__(batch[::-1]) == [expected[i] for i in batch[::-1]]
+    assert [ds[i] for i in range(40)] == expected[:40]
+    assert len(decodes) == 5
+
+
+# -- the block cache ------------------------------------------------------------------------
+
+
+def test_default_cache_is_the_last_block(atlas, root, decodes):
+    ds = atlas.AtlasDataset(root)
+    for _ in range(3):
+        ds[0]
+        ds[8]
+    assert len(decodes) == 6
+    for i in range(8, 24):  # in order: each block once (block 1 is the cached one)
+        ds[i]
+    assert len(decodes) == 7
+
+
+def test_cache_blocks_bounds_an_lru(atlas, root, expected, decodes):
+    ds = atlas.AtlasDataset(root, cache_blocks=4)
+    for b in range(4):
+        assert ds[8 * b] == expected[8 * b]
+    for b in (3, 2, 1, 0, 2):
+        assert ds[8 * b + 1] == expected[8 * b + 1]
+    assert len(decodes) == 4
+    ds[8 * 4]  # a fifth block evicts the least recently used: block 3
+    assert len(decodes) == 5
+    for b in (0, 1, 2, 4):
+        ds[8 * b + 2]
+    assert len(decodes) == 5
+    ds[8 * 3]
+    assert decodes[-1] == ("0", 3)
+    assert len(ds._block_cache) == 4
+
+
+def test_cache_is_shared_by_the_shards_of_a_dataset(atlas, root, decodes):
+    ds = atlas.AtlasDataset(root, cache_blocks=3)
+    for i in (0, 64, 128, 0, 64, 128):
+        ds[i]
+    assert len(decodes) == 3
+    ds[192]
+    assert len(ds._block_cache) == 3
+
+
+def test_cache_bytes_bounds_the_decoded_size(atlas, root, decodes):
+    probe = atlas.AtlasDataset(root)
+    sizes = [len(probe.shards[0]._block_bytes(b)) for b in range(8)]
+    limit = sizes[0] + sizes[1] + sizes[2]
+    ds = atlas.AtlasDataset(root, cache_blocks=None, cache_bytes=limit)
+    decodes.clear()
+    for b in range(8):
+        ds[8 * b]
+        assert ds._block_cache.nbytes <= max(limit, sizes[b])
+    assert 1 <= len(ds._block_cache) <= 3
+    ds[8 * 7 + 1]
+    assert len(decodes) == 8
+    tiny = atlas.AtlasDataset(root, cache_bytes=0, cache_blocks=10)
+    tiny[0], tiny[8], tiny[9]
+    assert len(tiny._block_cache) == 1  # the most recent block is always kept
+
+
+def test_close_drops_cached_blocks(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=10)
+    ds.__getitems__([0, 64, 128])
+    ds.shards[1].close()
+    assert sorted(k[0] for k in ds._block_cache.keys()) == [0, 2]
+    ds.close()
+    assert len(ds._block_cache) == 0
+    assert ds[64] == expected[64]
+
+
+def test_cache_settings_pickle_and_are_checked(atlas, root):
+    ds = atlas.AtlasDataset(root, cache_blocks=7, cache_bytes=1 << 20)
+    again = pickle.loads(pickle.dumps(ds))
+    assert (again.cache_blocks, again.cache_bytes) == (7, 1 << 20)
+    assert again.shards[2]._block_cache is again._block_cache
+    shard = atlas.AtlasDatasetShard(
+        ds.shards[0].root,
+        compression_dict_bytes=ds.shards[0].compression_dict_bytes,
+        cache_blocks=3,
+    )
+    assert pickle.loads(pickle.dumps(shard)).cache_blocks == 3
+    for kwargs, error in [
+        ({"cache_blocks": 0}, ValueError),
+        ({"cache_blocks": -1}, ValueError),
+        ({"cache_blocks": 2.0}, TypeError),
+        ({"cache_blocks": True}, TypeError),
+        ({"cache_bytes": -5}, ValueError),
+        ({"cache_blocks": None}, ValueError),
+    ]:
+        with pytest.raises(error):
+            atlas.AtlasDataset(root, **kwargs)
+    with pytest.raises(TypeError):
+        atlas.AtlasDataset(root, True, 4)  # keyword-only
+
+
+# -- __iter__ -------------------------------------------------------------------------------
+
+
+def test_iter_reads_everything_in_order(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    assert list(ds) == expected
+    assert list(ds.shards[4]) == expected[256:]
+    assert list(iter(ds)) == expected  # again, after a full pass
+
+
+def test_iter_on_reference_fixtures(atlas, reference_case):
+    expected = load_expected(reference_case)
+    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset")
+    got = list(ds)
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert_same(a, b, f"{reference_case}[{i}]")
+
+
+def test_iter_stops_cleanly_when_closed_or_dropped(atlas, root, expected, decodes):
+    ds = atlas.AtlasDataset(root)
+    it = iter(ds)
+    assert [next(it) for _ in range(10)] == expected[:10]
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    read = len(decodes)
+    assert read <= 2 + atlas_fast._batch.READ_AHEAD  # bounded read-ahead
+    it = iter(ds)
+    next(it)
+    del it
+    unstarted = iter(ds)  # never started: nothing read
+    del unstarted
+    assert list(ds) == expected
+
+
+def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, monkeypatch):
+    def refuse():
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(atlas_fast._batch, "_thread_pool", refuse)
+    ds = atlas.AtlasDataset(root)
+    batch = [299, 0, 150, 7, 64]
+    assert ds.__getitems__(batch) == [expected[i] for i in batch]
+    assert list(ds) == expected
+
+
+def test_empty_batch_and_empty_iteration(atlas, tmp_path):
+    root = write_dataset(tmp_path / "empty", 0, 10, 4, CompressionStrategy.STANDARD_COMPRESSION)
+    ds = atlas.AtlasDataset(root)
+    assert ds.__getitems__([]) == []
+    assert list(ds) == []
+    with pytest.raises(IndexError):
+        ds.__getitems__([0])
+
+
+def test_threads_read_concurrently(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=3)
+    failures = []
+
+    def batches(seed):
+        rng = random.Random(seed)
+        for _ in range(20):
+            batch = [rng.randrange(-N, N) for _ in range(rng.randrange(1, 60))]
+            if ds.__getitems__(batch) != [expected[i] for i in batch]:
+                failures.append(("batch", seed))
+
+    def passes(seed):
+        for _ in range(3):
+            if list(ds) != expected:
+                failures.append(("iter", seed))
+            if list(ds.shards[seed % 5]) != expected[64 * (seed % 5) : 64 * (seed % 5 + 1)]:
+                failures.append(("shard iter", seed))
+
+    threads = [threading.Thread(target=(batches, passes)[k % 2], args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+# -- DataLoader -----------------------------------------------------------------------------
+
+
+def _epoch(loader) -> list:
+    return [x for batch in loader for x in batch]
+
+
+def test_dataloader_without_workers(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=16)
+    sampler = BlockShuffleSampler(ds, window_blocks=4, seed=3)
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, collate_fn=list)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        order = sampler.epoch_indices()
+        assert _epoch(loader) == [expected[i] for i in order]
+
+
+def test_dataloader_fork_workers(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=16)
+    ds.__getitems__([0, 100, 200])  # the parent has read (and started its thread pool)
+    ds[299]
+    sampler = BlockShuffleSampler(ds, window_blocks=2, seed=1)
+    loader = DataLoader(
+        ds,
+        batch_size=20,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        collate_fn=list,
+    )
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        order = sampler.epoch_indices()
+        assert sorted(order.tolist()) == list(range(N))
+        assert _epoch(loader) == [expected[i] for i in order]
+
+
+def test_dataloader_spawn_workers(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    ds[5]  # read before pickling to the workers
+    sampler = BlockShuffleSampler(ds, window_blocks=8, seed=2)
+    loader = DataLoader(
+        ds,
+        batch_size=50,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=list,
+    )
+    assert _epoch(loader) == [expected[i] for i in sampler.epoch_indices()]
+
+
+class _ShardStream(IterableDataset):
+    """Each worker streams its own shards with ``iter(shard)``."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        for shard in self.ds.shards[k::n]:
+            yield from shard
+
+
+def test_iter_in_fork_workers(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    assert next(iter(ds)) == expected[0]
+    loader = DataLoader(
+        _ShardStream(ds),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
+    got = list(loader)
+    assert sorted(got, key=lambda x: x["id"]) == expected
+
+
+def test_dataloader_on_a_node_holding_some_shards(atlas, root, tmp_path, expected):
+    part = keep_shards(root, tmp_path / "node", [1, 3, 4])
+    ds = atlas.AtlasDataset(part)
+    present = expected[64:128] + expected[192:]
+    assert len(ds) == len(present)
+    assert [ds[i] for i in range(len(ds))] == present
+    sampler = BlockShuffleSampler(ds, window_blocks=3, num_replicas=2, rank=1)
+    loader = DataLoader(ds, batch_size=16, sampler=sampler, collate_fn=list)
+    assert _epoch(loader) == [present[i] for i in sampler.epoch_indices()]
+    assert list(ds) == present
+
+
+def test_uncompressed_and_plain_zstd(atlas, tmp_path):
+    for strategy in (CompressionStrategy.NO_COMPRESSION, CompressionStrategy.STANDARD_COMPRESSION):
+        root = write_dataset(tmp_path / f"s{int(strategy)}", 50, 20, 3, strategy)
+        ds = atlas.AtlasDataset(root, cache_blocks=2)
+        want = [example(i) for i in range(50)]
+        assert list(ds) == want
+        idx = list(range(49, -51, -3))
+        assert ds.__getitems__(idx) == [want[i] for i in idx]
