@@ -14,7 +14,9 @@ import sys
 
 from ._version import __version__
 
-COMMANDS: dict = {}
+COMMANDS: dict = {
+    "bench": (".bench", "time atlas_fast side by side with the peers, on the same data"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:

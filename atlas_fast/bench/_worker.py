@@ -1,0 +1,120 @@
+"""One reader's worker process: ``python -m atlas_fast.bench._worker READER``.
+
+Each reader runs in its own process, so a peer's imports (torch, its workarounds, its
+threads) never touch the others, and a crash is that reader's alone. The parent speaks JSON
+lines on stdin and on the worker's original stdout; whatever libraries print goes to stderr
+(the parent sends it to a log file).
+
+``ATLAS_FAST_BENCH_HIDE=name,name`` makes those top-level packages fail to import, as if not
+installed (for tests of the skipped-peer path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from time import perf_counter
+
+
+class _Hide:
+    """A meta-path finder that refuses to import the named top-level packages."""
+
+    def __init__(self, names) -> None:
+        self.names = set(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.names:
+            raise ImportError(f"{fullname} hidden by ATLAS_FAST_BENCH_HIDE")
+        return None
+
+
+def _hide_packages() -> None:
+    names = [n.strip() for n in os.environ.get("ATLAS_FAST_BENCH_HIDE", "").split(",")]
+    names = [n for n in names if n]
+    if names:
+        import importlib.util
+
+        sys.meta_path.insert(0, _Hide(names))
+        real_find_spec = importlib.util.find_spec
+
+        def find_spec(name, package=None):
+            if name.split(".")[0] in names:
+                return None
+            return real_find_spec(name, package)
+
+        importlib.util.find_spec = find_spec
+
+
+def main(argv) -> int:
+    name = argv[0]
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # library output on stdout would corrupt the protocol: send it to the log
+    sys.stdout = sys.stderr
+
+    def send(obj) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    _hide_packages()
+    from .readers import Skip, make_reader
+
+    reader = make_reader(name)
+    t0 = perf_counter()
+    try:
+        version = reader.load()
+    except Skip as exc:
+        send({"skip": str(exc)})
+        return 0
+    except Exception as exc:
+        send({"skip": f"failed to load: {type(exc).__name__}: {exc}"})
+        traceback.print_exc()
+        return 0
+    notes = reader.notes() if hasattr(reader, "notes") else {}
+    send(
+        {
+            "ready": True,
+            "version": version,
+            "label": reader.label,
+            "import_seconds": perf_counter() - t0,
+            "notes": notes,
+        }
+    )
+
+    from . import measure
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "quit":
+            break
+        try:
+            if op == "prepare":
+                t = perf_counter()
+                info = reader.prepare(req["target"])
+                build_seconds = perf_counter() - t
+                if req.get("checks"):
+                    measure.check_examples(reader, req["target"], req["checks"], req["corpus"])
+                # Warm up (first touch of files, lazy set-up) outside any timing.
+                measure.run_patterns(reader, req["target"], req["patterns"], 0.01, 0)
+                send({"ok": True, "info": info, "build_seconds": build_seconds})
+            elif op == "measure":
+                res = measure.run_patterns(
+                    reader, req["target"], req["patterns"], req["budget"], req["seed"]
+                )
+                send({"ok": True, "results": res})
+            else:
+                send({"error": f"unknown op {op!r}"})
+        except Skip as exc:
+            send({"skip": str(exc)})
+        except Exception as exc:
+            traceback.print_exc()
+            send({"error": f"{type(exc).__name__}: {exc}"})
+    return 0
+
+
+if __name__ == "__main__":  # a guard LitData needs: it starts worker processes
+    sys.exit(main(sys.argv[1:]))
