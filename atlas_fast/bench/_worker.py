@@ -1,6 +1,7 @@
-"""One reader's worker process: ``python -m atlas_fast.bench._worker READER``.
+"""A worker process: ``python -m atlas_fast.bench._worker READER [READER ...]``.
 
-Each reader runs in its own process, so a peer's imports (torch, its workarounds, its
+Each reader runs in a process of its own (or shared with a sibling reader of the same
+package, such as LitData raw and zstd), so a peer's imports (torch, its workarounds, its
 threads) never touch the others, and a crash is that reader's alone. The parent speaks JSON
 lines on stdin and on the worker's original stdout; whatever libraries print goes to stderr
 (the parent sends it to a log file).
@@ -47,8 +48,30 @@ def _hide_packages() -> None:
         importlib.util.find_spec = find_spec
 
 
+def _load(name: str):
+    """(reader, hello message) for one reader; the reader is None when it is skipped."""
+    from .readers import Skip, make_reader
+
+    reader = make_reader(name)
+    t0 = perf_counter()
+    try:
+        version = reader.load()
+    except Skip as exc:
+        return None, {"skip": str(exc)}
+    except Exception as exc:
+        traceback.print_exc()
+        return None, {"skip": f"failed to load: {type(exc).__name__}: {exc}"}
+    return reader, {
+        "ready": True,
+        "version": version,
+        "label": reader.label,
+        "import_seconds": perf_counter() - t0,
+        "notes": reader.notes() if hasattr(reader, "notes") else {},
+    }
+
+
 def main(argv) -> int:
-    name = argv[0]
+    """Serve the readers named in ``argv`` (one process may host related readers)."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # library output on stdout would corrupt the protocol: send it to the log
     sys.stdout = sys.stderr
@@ -58,31 +81,14 @@ def main(argv) -> int:
         out.flush()
 
     _hide_packages()
-    from .readers import Skip, make_reader
-
-    reader = make_reader(name)
-    t0 = perf_counter()
-    try:
-        version = reader.load()
-    except Skip as exc:
-        send({"skip": str(exc)})
-        return 0
-    except Exception as exc:
-        send({"skip": f"failed to load: {type(exc).__name__}: {exc}"})
-        traceback.print_exc()
-        return 0
-    notes = reader.notes() if hasattr(reader, "notes") else {}
-    send(
-        {
-            "ready": True,
-            "version": version,
-            "label": reader.label,
-            "import_seconds": perf_counter() - t0,
-            "notes": notes,
-        }
-    )
-
     from . import measure
+    from .readers import Skip
+
+    readers = {}
+    hello = {}
+    for name in argv:
+        readers[name], hello[name] = _load(name)
+    send({"readers": hello})
 
     for line in sys.stdin:
         if not line.strip():
@@ -91,8 +97,11 @@ def main(argv) -> int:
         op = req.get("op")
         if op == "quit":
             break
+        reader = readers.get(req.get("reader"))
         try:
-            if op == "prepare":
+            if reader is None:
+                send({"error": f"reader {req.get('reader')!r} is not served here"})
+            elif op == "prepare":
                 t = perf_counter()
                 info = reader.prepare(req["target"])
                 build_seconds = perf_counter() - t

@@ -227,17 +227,23 @@ class Progress:
         self.stream = stream or sys.stderr
         self._last = 0.0
         self._start = time.perf_counter()
+        self.tty = enabled and self.stream.isatty()
 
     def set(self, label: str) -> None:
         self.label = label
-        self._draw(force=True)
+        if self.tty:
+            self._draw(force=True)
+        elif self.enabled:
+            elapsed = time.perf_counter() - self._start
+            self.stream.write(f"[{self.done}/{self.total}] {elapsed:6.1f}s {label}\n")
+            self.stream.flush()
 
     def step(self, n: int = 1) -> None:
         self.done += n
         self._draw()
 
     def _draw(self, force: bool = False) -> None:
-        if not self.enabled:
+        if not self.tty:
             return
         now = time.perf_counter()
         if not force and now - self._last < 0.1 and self.done < self.total:
@@ -252,9 +258,11 @@ class Progress:
         self.stream.flush()
 
     def close(self, message: str = "") -> None:
-        if self.enabled:
+        if self.tty:
             self._draw(force=True)
-            self.stream.write(f"\n{message}\n" if message else "\n")
+            self.stream.write("\n")
+        if self.enabled and message:
+            self.stream.write(message + "\n")
             self.stream.flush()
 
 

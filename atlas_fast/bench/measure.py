@@ -16,8 +16,8 @@ __all__ = ["PATTERNS", "BATCH", "CACHED_RUN", "run_patterns", "check_examples"]
 PATTERNS = ("open", "sequential", "random", "batch", "shuffled", "cached")
 BATCH = 256
 CACHED_RUN = 16  # the cached pattern reads these many consecutive examples over and over
-_RANDOM_DRAWS = 1 << 18
-_BATCHES = 1024
+_RANDOM_DRAWS = 1 << 16
+_BATCHES = 256
 _MAX_OPENS = 30
 
 
@@ -34,6 +34,22 @@ def _run_indices(fetch, indices, budget: float, chunk: int):
         if perf_counter() >= deadline:
             break
     return pos, perf_counter() - t0
+
+
+def _run_cycle(fetch, indices, budget: float):
+    """Call ``fetch`` over ``indices`` again and again until past the budget."""
+    rounds = 0
+    per_check = max(1, 64 // len(indices))
+    t0 = perf_counter()
+    deadline = t0 + budget
+    while True:
+        for _ in range(per_check):
+            for i in indices:
+                fetch(i)
+        rounds += per_check
+        if perf_counter() >= deadline:
+            break
+    return rounds * len(indices), perf_counter() - t0
 
 
 def _run_iter(it, budget: float, chunk: int, t0=None):
@@ -190,8 +206,7 @@ def run_patterns(reader, target, patterns, budget: float, seed: int) -> dict:
             starts = list(range(0, n - run + 1, 400)) or [0]
             start = starts[int(rng.integers(0, len(starts)))]
             fetch(start)
-            indices = [start + (j % run) for j in range(_RANDOM_DRAWS)]
-            count, secs = _run_indices(fetch, indices, budget, 64)
+            count, secs = _run_cycle(fetch, range(start, start + run), budget)
             total = int(sizes[start : start + run].sum()) * (count // run)
             total += int(sizes[start : start + count % run].sum())
             results["cached"] = {

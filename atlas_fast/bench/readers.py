@@ -329,6 +329,8 @@ def _install_torchvision_placeholder() -> str | None:
     def unusable(*args, **kwargs):
         raise RuntimeError("torchvision placeholder (atlas_fast bench): not usable")
 
+    from importlib.machinery import ModuleSpec
+
     mods = {}
     for name in (
         "torchvision",
@@ -337,6 +339,8 @@ def _install_torchvision_placeholder() -> str | None:
         "torchvision.transforms.functional",
     ):
         mods[name] = types.ModuleType(name)
+        mods[name].__spec__ = ModuleSpec(name, None, is_package=True)
+        mods[name].__version__ = "0+atlas_fast.bench.placeholder"
     mods["torchvision"].datasets = mods["torchvision.datasets"]
     mods["torchvision"].transforms = mods["torchvision.transforms"]
     mods["torchvision.transforms"].functional = mods["torchvision.transforms.functional"]
@@ -347,14 +351,32 @@ def _install_torchvision_placeholder() -> str | None:
     return reason
 
 
-def _clean_streaming_leftovers() -> None:
-    """MDS StreamingDataset leaves shared-memory segments and lock files: remove them."""
+def _streaming_lock_files() -> set:
+    import glob
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    return {
+        p
+        for pattern in ("*_barrier_filelock", "*_cache_filelock")
+        for p in glob.glob(os.path.join(tmp, pattern))
+    }
+
+
+def _clean_streaming_leftovers(keep=frozenset()) -> None:
+    """MDS StreamingDataset leaves shared-memory segments and lock files in the temporary
+    directory: remove the segments, and the lock files that were not there before us."""
     try:
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
     except Exception:
         pass
+    for path in _streaming_lock_files() - set(keep):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 MDS_COLUMNS = {"id": "str", "text": "str", "source": "str", "added": "str", "metadata": "json"}
@@ -374,6 +396,10 @@ class MDSReader(_Base):
         except Exception as exc:
             raise Skip(f"import streaming failed: {type(exc).__name__}: {exc}") from exc
         self.streaming = streaming
+        self._locks_before = _streaming_lock_files()
+        import atexit
+
+        atexit.register(_clean_streaming_leftovers, self._locks_before)
         version = getattr(streaming, "__version__", "?")
         self.label = f"MDS (mosaicml-streaming {version})"
         return version
@@ -402,7 +428,7 @@ class MDSReader(_Base):
         return _loop_batch(self, h, indices), "loop of ds[i] (LocalDataset has no __getitems__)"
 
     def shuffled(self, h, seed):
-        _clean_streaming_leftovers()
+        _clean_streaming_leftovers(self._locks_before)
         ds = self.streaming.StreamingDataset(
             local=self.local, shuffle=True, shuffle_seed=seed, batch_size=256
         )
@@ -414,7 +440,7 @@ class MDSReader(_Base):
         if ds is not None:
             self._streaming_ds = None
             del ds
-            _clean_streaming_leftovers()
+            _clean_streaming_leftovers(self._locks_before)
 
 
 def _litdata_item(floor, offsets_path, i):

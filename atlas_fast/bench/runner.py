@@ -26,6 +26,16 @@ from .readers import PER_CONFIG, READER_CORPORA, READER_KIND, REFERENCE
 __all__ = ["Options", "run_benchmark", "compute_ratios"]
 
 ALL_READERS = tuple(READER_KIND)
+# Readers sharing a process: siblings of one package (one import instead of two).
+PROCESS_GROUPS = {
+    "atlas_fast": ("atlas_fast",),
+    "atlas_fast-python": ("atlas_fast-python",),
+    "floors": ("pickle-floor", "zstd-floor"),
+    "mds": ("mds",),
+    "litdata": ("litdata", "litdata-zstd"),
+    "hf": ("hf",),
+    "zarr": ("zarr",),
+}
 ZSTD_FLOOR_PATTERNS = ("sequential", "random")
 
 
@@ -73,14 +83,15 @@ sys.exit(main(sys.argv[2:]))
 class Worker:
     """A reader's process, spoken to in JSON lines."""
 
-    def __init__(self, name: str, log_path: Path, env: dict) -> None:
+    def __init__(self, name: str, readers, log_path: Path, env: dict) -> None:
         self.name = name
+        self.readers = list(readers)
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        if READER_KIND[name] == "atlas":
-            argv = ["-m", "atlas_fast.bench._worker", name]
+        if any(READER_KIND[r] == "atlas" for r in self.readers):
+            argv = ["-m", "atlas_fast.bench._worker", *self.readers]
         else:
-            argv = ["-c", _LAUNCHER, str(Path(__file__).resolve().parents[1]), name]
+            argv = ["-c", _LAUNCHER, str(Path(__file__).resolve().parents[1]), *self.readers]
         self.proc = subprocess.Popen(
             [sys.executable, *argv],
             stdin=subprocess.PIPE,
@@ -89,7 +100,6 @@ class Worker:
             env=env,
         )
         self._buf = b""
-        self.hello = None
 
     def send(self, obj) -> None:
         try:
@@ -287,31 +297,33 @@ def run_benchmark(opts: Options) -> dict:
             readers[name]["reason"] = "reads none of the selected corpora"
 
     env = _worker_env()
-    workers = {}
+    processes = {}
+    workers = {}  # reader name -> its Worker
     try:
-        status(f"starting {len(needed)} reader processes ...", force=True)
-        for name in needed:
-            workers[name] = Worker(name, logs / f"{name}.log", env)
-        for name in needed:
-            w = workers[name]
+        status(f"starting the reader processes for {', '.join(needed)} ...", force=True)
+        for group, members in PROCESS_GROUPS.items():
+            members = [m for m in members if m in needed]
+            if members:
+                processes[group] = Worker(group, members, logs / f"{group}.log", env)
+        for w in processes.values():
             try:
-                hello = w.receive(600)
+                hello = w.receive(900)["readers"]
             except WorkerError as exc:
-                hello = {"skip": f"failed to start: {exc}"}
-            if "skip" in hello:
-                readers[name].update(status="skipped", reason=hello["skip"])
-                w.stop()
-                del workers[name]
-                continue
-            w.hello = hello
-            readers[name].update(
-                status="ok",
-                reason=None,
-                version=hello["version"],
-                label=hello["label"],
-                import_seconds=hello["import_seconds"],
-                notes=hello.get("notes") or {},
-            )
+                hello = {name: {"skip": f"failed to start: {exc}"} for name in w.readers}
+            for name in w.readers:
+                h = hello.get(name) or {"skip": "no answer from its worker"}
+                if "skip" in h:
+                    readers[name].update(status="skipped", reason=h["skip"])
+                    continue
+                workers[name] = w
+                readers[name].update(
+                    status="ok",
+                    reason=None,
+                    version=h["version"],
+                    label=h["label"],
+                    import_seconds=h["import_seconds"],
+                    notes=h.get("notes") or {},
+                )
         jobs = [j for j in jobs if j.reader in workers]
         phases["start_readers"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
@@ -327,6 +339,7 @@ def run_benchmark(opts: Options) -> dict:
                 resp = workers[job.reader].request(
                     {
                         "op": "prepare",
+                        "reader": job.reader,
                         "target": job.target,
                         "corpus": job.corpus,
                         "checks": checks,
@@ -367,6 +380,7 @@ def run_benchmark(opts: Options) -> dict:
                     resp = workers[job.reader].request(
                         {
                             "op": "measure",
+                            "reader": job.reader,
                             "target": job.target,
                             "patterns": list(job.patterns),
                             "budget": opts.budget,
@@ -383,7 +397,7 @@ def run_benchmark(opts: Options) -> dict:
         status.done()
         phases["measure"] = time.perf_counter() - t_phase
     finally:
-        for w in workers.values():
+        for w in processes.values():
             w.stop()
 
     report = {
