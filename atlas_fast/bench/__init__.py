@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
         "--budget",
         type=float,
         metavar="SECONDS",
-        help="time bound of each measurement (default 0.2; --quick 0.03)",
+        help="time bound of each measurement (default 0.15; --quick 0.03)",
     )
     parser.add_argument(
         "--configs",
@@ -135,7 +135,7 @@ def options_from_args(args):
             if p not in PATTERNS:
                 raise ValueError(f"--patterns: unknown pattern {p!r} (one of {PATTERNS})")
     reps = args.reps if args.reps is not None else (3 if quick else 5)
-    budget = args.budget if args.budget is not None else (0.03 if quick else 0.2)
+    budget = args.budget if args.budget is not None else (0.03 if quick else 0.15)
     if reps < 1 or budget <= 0:
         raise ValueError("--reps must be at least 1 and --budget positive")
     return Options(

@@ -266,7 +266,7 @@ class Progress:
             self.stream.flush()
 
 
-def _shard_size(n: int) -> int:
+def shard_size(n: int) -> int:
     # Three shards or so, but at least 700 examples a shard, so block size 100 still has the
     # 7 blocks that dictionary training needs (smaller corpora fall back to strategy 1).
     return max(-(-n // 3), min(n, 700), 1)
@@ -296,7 +296,7 @@ def _write_atlas(examples, path: Path, strategy: int, block_size: int) -> dict:
         warnings.simplefilter("ignore", RuntimeWarning)  # dictionary fallback: recorded below
         writer = AtlasDatasetWriter(
             path,
-            shard_size=_shard_size(len(examples)),
+            shard_size=shard_size(len(examples)),
             block_size=block_size,
             compression_strategy=strategy,
         )

@@ -202,8 +202,10 @@ def run_patterns(reader, target, patterns, budget: float, seed: int) -> dict:
             }
         if "cached" in patterns:
             run = min(CACHED_RUN, n)
-            # Block-aligned for both block sizes benchmarked (16 and 100).
-            starts = list(range(0, n - run + 1, 400)) or [0]
+            # Block-aligned for both block sizes benchmarked (16 and 100), inside the first
+            # shard (later shards start where the previous one ended, not on a block).
+            first = min(n, target.get("first_shard") or n)
+            starts = list(range(0, first - run + 1, 400)) or [0]
             start = starts[int(rng.integers(0, len(starts)))]
             fetch(start)
             count, secs = _run_cycle(fetch, range(start, start + run), budget)

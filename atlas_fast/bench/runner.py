@@ -50,7 +50,7 @@ class Options:
         self.readers = tuple(kw.pop("readers", None) or ALL_READERS)
         self.patterns = tuple(kw.pop("patterns", None) or PATTERNS)
         self.reps = kw.pop("reps", 5)
-        self.budget = kw.pop("budget", 0.2)
+        self.budget = kw.pop("budget", 0.15)
         self.reference_config = kw.pop("reference_config", "s2b100")
         self.progress = kw.pop("progress", True)
         self.rebuild = kw.pop("rebuild", False)
@@ -210,6 +210,7 @@ def _plan(opts: Options, manifest: dict, peer_root: Path) -> list:
             "floor": entry["floor"],
             "floor_offsets": entry["floor_offsets"],
             "peer_dir": str(peer_root / corpus),
+            "first_shard": corpus_mod.shard_size(entry["examples"]),
         }
         for reader in opts.readers:
             if corpus not in READER_CORPORA[reader]:
