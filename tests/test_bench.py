@@ -77,6 +77,9 @@ def test_run_succeeds_and_reports_the_machine(tiny_run):
     assert report["settings"]["configs"] == list(CONFIGS)
     assert report["atlas_fast"]["default_backend"] in ("python", "cython")
     assert report["errors"] == []
+    # Every worker imported this atlas_fast (else its reader is skipped, saying so).
+    assert report["readers"]["atlas_fast-python"]["status"] == "ok"
+    assert report["readers"]["pickle-floor"]["status"] == "ok"
 
 
 def test_absent_peers_are_skipped_with_the_reason(tiny_run):

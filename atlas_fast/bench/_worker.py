@@ -67,6 +67,7 @@ def _load(name: str):
         "label": reader.label,
         "import_seconds": perf_counter() - t0,
         "notes": reader.notes() if hasattr(reader, "notes") else {},
+        "package_dir": os.path.realpath(sys.modules["atlas_fast"].__path__[0]),
     }
 
 

@@ -43,7 +43,8 @@ class Options:
     """What to run; the command line fills it in (defaults: the full run)."""
 
     def __init__(self, **kw) -> None:
-        self.cache_dir = kw.pop("cache_dir", None) or corpus_mod.default_cache_dir()
+        cache_dir = kw.pop("cache_dir", None) or corpus_mod.default_cache_dir()
+        self.cache_dir = Path(cache_dir).expanduser().resolve()
         self.scale = kw.pop("scale", None) or corpus_mod.Scale.full()
         self.configs = kw.pop("configs", None) or corpus_mod.parse_configs("all")
         self.corpora = tuple(kw.pop("corpora", None) or corpus_mod.CORPORA)
@@ -61,6 +62,9 @@ class Options:
 
 
 # -- workers ------------------------------------------------------------------------------------
+
+
+_PACKAGE_DIR = os.path.realpath(Path(__file__).resolve().parents[1])
 
 
 class WorkerError(RuntimeError):
@@ -98,6 +102,9 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=self._log,
             env=env,
+            # Not the caller's directory: "-m"/"-c" put the working directory first on
+            # sys.path, where a source tree would shadow the atlas_fast the caller imported.
+            cwd=log_path.parent,
         )
         self._buf = b""
 
@@ -313,6 +320,11 @@ def run_benchmark(opts: Options) -> dict:
                 hello = {name: {"skip": f"failed to start: {exc}"} for name in w.readers}
             for name in w.readers:
                 h = hello.get(name) or {"skip": "no answer from its worker"}
+                if "skip" not in h and h.get("package_dir") != _PACKAGE_DIR:
+                    h = {
+                        "skip": f"its worker imported atlas_fast from {h.get('package_dir')}, "
+                        f"not {_PACKAGE_DIR}"
+                    }
                 if "skip" in h:
                     readers[name].update(status="skipped", reason=h["skip"])
                     continue
