@@ -301,3 +301,37 @@ def test_plot_needs_matplotlib_or_draws_a_png(tiny_run, tmp_path, capsys):
     else:
         report_mod.plot(report, tmp_path / "b.png")
         assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_shuffled_epoch_uses_block_shuffle_sampler_when_present(tmp_path, monkeypatch, atlas):
+    import atlas_fast
+    from atlas_fast.writer import AtlasDatasetWriter
+
+    with AtlasDatasetWriter(tmp_path / "ds", shard_size=30, block_size=4) as w:
+        for i in range(50):
+            w.add_example({"id": str(i)})
+    reader = readers.AtlasReader("atlas_fast-python", atlas.__name__)
+    reader.module = atlas
+    seen = {}
+
+    class FakeSampler:
+        window_blocks = 3
+
+        def __init__(self, dataset, *, seed=0):
+            seen["seed"] = seed
+            self.n = len(dataset)
+
+        def __iter__(self):
+            return iter(range(self.n - 1, -1, -1))
+
+    with atlas.AtlasDataset(tmp_path / "ds") as ds:
+        monkeypatch.delattr(atlas_fast, "BlockShuffleSampler", raising=False)
+        it, how = reader.shuffled(ds, seed=5)
+        assert sorted(int(x["id"]) for x in it) == list(range(50))
+        assert "block permutation computed by the benchmark" in how
+
+        monkeypatch.setattr(atlas_fast, "BlockShuffleSampler", FakeSampler, raising=False)
+        it, how = reader.shuffled(ds, seed=7)
+        assert [int(x["id"]) for x in it] == list(range(49, -1, -1))
+        assert seen["seed"] == 7
+        assert how.startswith("atlas_fast.BlockShuffleSampler")

@@ -133,11 +133,37 @@ class AtlasReader(_Base):
         if sampler_class is not None:
             sampler = _make_sampler(sampler_class, h, seed)
             if sampler is not None:
-                return (h[i] for i in sampler), "atlas_fast.BlockShuffleSampler"
+                how = "atlas_fast.BlockShuffleSampler"
+                window = getattr(sampler, "window_blocks", None)
+                if window and _accepts(self.module.AtlasDataset, "cache_blocks"):
+                    # As the sampler's documentation recommends: a block cache holding two
+                    # windows, so each block of a window is decoded once.
+                    ds = self.module.AtlasDataset(h.root, cache_blocks=2 * window)
+                    how += f"(window_blocks={window}), AtlasDataset(cache_blocks={2 * window})"
+                    return _read_in_order(ds, sampler, close=True), how
+                return _read_in_order(h, sampler), how
         order = block_permutation(h, seed)
-        return (h[i] for i in order), (
+        return _read_in_order(h, order), (
             "block permutation computed by the benchmark (no atlas_fast.BlockShuffleSampler)"
         )
+
+
+def _read_in_order(ds, order, close=False):
+    try:
+        for i in order:
+            yield ds[i]
+    finally:
+        if close:
+            ds.close()
+
+
+def _accepts(cls, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _make_sampler(sampler_class, dataset, seed):
