@@ -15,6 +15,7 @@ import sys
 from ._version import __version__
 
 COMMANDS: dict = {
+    "bench": (".bench", "time atlas_fast side by side with the peers, on the same data"),
     "verify": ("._verify", "check a dataset completely: metadata, every block, checksums"),
     "info": ("._info", "describe a dataset: shards, examples, strategy, sizes, compression"),
 }
