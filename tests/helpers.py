@@ -9,7 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference"
+
+
+def _default_fixtures() -> Path:
+    """``../shared/fixtures/reference`` beside the checkout (also from a git worktree nested
+    deeper): the nearest ancestor of the repository holding it."""
+    here = Path(__file__).resolve().parents[1]
+    for parent in here.parents:
+        candidate = parent / "shared" / "fixtures" / "reference"
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "shared" / "fixtures" / "reference"
+
+
+_DEFAULT_FIXTURES = _default_fixtures()
 FIXTURES = Path(os.environ.get("ATLAS_FAST_FIXTURES", _DEFAULT_FIXTURES))
 
 
