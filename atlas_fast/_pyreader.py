@@ -80,12 +80,35 @@ def zstd_library() -> dict:
     }
 
 
+def read_at(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes of ``fd`` from ``offset`` (fewer only at the end of the file).
+
+    ``os.pread`` where it exists (no shared file offset); elsewhere (Windows) a seek and a
+    read, which the caller serialises. Loops, since one call returns at most ~2 GiB.
+    """
+    if _pread is None:
+        os.lseek(fd, offset, os.SEEK_SET)
+    parts = []
+    while size > 0:
+        part = os.read(fd, size) if _pread is None else _pread(fd, size, offset)
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+        offset += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+_pread = getattr(os, "pread", None)
+
+
 class _FilePool:
     """Open data.bin descriptors, at most ``limit`` at once, least recently used closed first.
 
-    Reads are ``os.pread`` (no shared file offset, so forked children read correctly).
-    ``_lock`` is held from looking a descriptor up until its pread returns, so a descriptor is
-    never closed (and its number reused for another file) under a reader.
+    Reads are ``os.pread`` (no shared file offset, so forked children read correctly; where
+    there is no pread, a seek and a read). ``_lock`` is held from looking a descriptor up until
+    its read returns, so a descriptor is never closed (and its number reused for another file)
+    under a reader, and no two reads move one file offset.
     """
 
     def __init__(self, limit: int = 64) -> None:
@@ -100,7 +123,7 @@ class _FilePool:
                 fd = self._open_lock_held(path)
             else:
                 self._fds.move_to_end(path)
-            return os.pread(fd, size, offset)
+            return read_at(fd, size, offset)
 
     def _open_lock_held(self, path: str) -> int:
         while len(self._fds) >= self.limit:

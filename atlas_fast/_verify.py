@@ -10,9 +10,11 @@ and ends with a summary. Exit status: 0 clean, 1 problems found, 2 usage error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -169,6 +171,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
         load_offsets,
         read_shard_metadata,
     )
+    from ._pyreader import read_at
 
     path = Path(path)
     problems: list = []
@@ -176,13 +179,16 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
     target = open_target(path, problems)
     totals = {"shards": 0, "blocks": 0, "examples": 0, "blocks_checksummed": 0}
 
+    read_lock = threading.Lock() if not hasattr(os, "pread") else contextlib.nullcontext()
+
     def check_block(shard, data_fd, offsets, checksums, b):
         data_path = shard.root / DATA_FILE
         found = []
         if checksums is not None:
             start, end = int(offsets[b]), int(offsets[b + 1])
             try:
-                raw = os.pread(data_fd, end - start, start)
+                with read_lock:  # only contended where there is no pread (Windows)
+                    raw = read_at(data_fd, end - start, start)
             except OSError as exc:
                 raw = b""
                 found.append(_problem(data_path, b, exc))
