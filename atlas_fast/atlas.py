@@ -26,6 +26,7 @@ from ._errors import AtlasFormatError
 from ._format import (
     DATA_FILE,
     DICT_FILE,
+    META_FILE,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
@@ -66,6 +67,14 @@ def _digested_dict(core, data: bytes, path) -> object:
                 raise AtlasFormatError(f"{path}: not a usable zstd dictionary: {exc}") from exc
             _dicts[key] = zdict
         return zdict
+
+
+class _NeedsSharedDict(AtlasFormatError):
+    """A strategy-2 shard opened without the shared dictionary (the dataset rewords it)."""
+
+    def __init__(self, shard_root, message: str) -> None:
+        super().__init__(message)
+        self.shard_root = shard_root
 
 
 def _rebuild(cls, args, kwargs):
@@ -140,10 +149,11 @@ class _ShardMethods(ShardLoading):
             and self.metadata.stored_examples
             and compression_dict_bytes is None
         ):
-            raise AtlasFormatError(
+            raise _NeedsSharedDict(
+                self.root,
                 f"{self.root}: the shard uses a shared dictionary "
                 "(compression_strategy 2): pass compression_dict_bytes, the bytes of the "
-                "dataset's zstd_dict.bin, or open the dataset with AtlasDataset"
+                "dataset's zstd_dict.bin, or open the dataset with AtlasDataset",
             )
         self._core_init(
             str(self.root),
@@ -239,7 +249,15 @@ class _DatasetMethods(DatasetLoading):
         # Looked up in the module at call time, so patching ``atlas.AtlasDatasetShard`` works.
         shard_class = sys.modules[type(self)._classes_module].AtlasDatasetShard
         trust = _trust_kwargs(self)
-        self.shards = [shard_class(d, mmap_index, dict_bytes, **trust) for d in shard_dirs]
+        try:
+            self.shards = [shard_class(d, mmap_index, dict_bytes, **trust) for d in shard_dirs]
+        except _NeedsSharedDict as exc:
+            strategy = self.metadata.compression_strategy
+            raise AtlasFormatError(
+                f"{self.root / META_FILE}: compression_strategy {int(strategy)}, but shard "
+                f"{exc.shard_root} uses the dataset's shared dictionary "
+                "(compression_strategy 2), which only a strategy-2 dataset has"
+            ) from None
         check_shard_sizes(self.root, self.metadata, [(s.root, s.metadata) for s in self.shards])
         self.actual_shard_sizes = [len(s) for s in self.shards]
         self.cumulative_shard_sizes = np.cumsum(self.actual_shard_sizes, dtype=np.int64)

@@ -229,6 +229,16 @@ def test_shared_dictionary_shard_without_dictionary(atlas, tmp_path):
     _raises(lambda: atlas.AtlasDatasetShard(root / "1"), root / "1", match="compression_dict")
 
 
+@pytest.mark.parametrize("root_strategy", [0, 1, 3])
+def test_shared_dictionary_shard_in_dataset_without_one(atlas, tmp_path, root_strategy):
+    root = tmp_path / "s2"
+    write_dataset(root, 2)
+    _edit_json(root / "meta.json", compression_strategy=root_strategy)
+    message = _raises(lambda: atlas.AtlasDataset(root), root / "meta.json", root / "0")
+    assert f"compression_strategy {root_strategy}" in message
+    assert "shared dictionary" in message
+
+
 # -- missing files ------------------------------------------------------------------------
 
 

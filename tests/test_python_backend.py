@@ -7,7 +7,7 @@ import pytest
 from helpers import assert_same
 
 import atlas_fast
-from atlas_fast import _python, _pyreader
+from atlas_fast import _pyreader, _python
 
 
 def _write(root, n=300, block_size=7, strategy=1):
