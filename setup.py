@@ -5,7 +5,8 @@ package (no compiler needed). ``ATLAS_FAST_DEBUG_BUILD=1`` compiles the reader w
 checks, -O0 and -g (for debuggers and sanitizer runs).
 
 The compiled reader is POSIX-only (mmap(2), dlopen(3)); on Windows the package installs the
-pure-Python backend. On CPython a failed compile is a failed install, never a silent fallback.
+pure-Python backend, which is correct there. On CPython a failed compile is a failed
+install, never a silent fallback.
 """
 
 import os
