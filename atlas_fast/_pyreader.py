@@ -258,7 +258,9 @@ class ShardCore:
         dctx = self._decompressor(zdict)
         try:
             declared = zstandard.frame_content_size(raw)
-            if declared >= 0:
+            # 0 is streamed too: python-zstandard's decompress() returns b"" for a frame
+            # declaring 0 bytes without decoding it (trailing or damaged bytes unchecked).
+            if declared > 0:
                 check_zstd_content_size(declared, len(raw), where)
                 out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:
