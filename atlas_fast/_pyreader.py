@@ -211,6 +211,9 @@ class ShardCore:
             with self._lock():
                 opened = self._opened
                 if opened is None:
+                    # A descriptor pooled by an earlier opening may be of a file since
+                    # replaced at this path: read the file that is validated now.
+                    _files.forget(self._data_path)
                     opened = self._opened = tuple(self._open_files())
         return opened
 

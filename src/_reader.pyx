@@ -7,6 +7,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
+from cpython.object cimport PyObject_GetItem
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -676,25 +677,38 @@ cdef inline bint _limits_allow(unsigned long long declared, size_t src_size) noe
     return declared <= <unsigned long long>src_size * ATLAS_MAX_ZSTD_RATIO + 1024
 
 
-cdef ZSTD_DCtx* _take(ZstdDict zdict) except NULL:
+cdef ZSTD_DCtx* _take(ZstdDict zdict, bint fresh) except NULL:
+    """A context for one decoding: from the pool, or (``fresh``) a new one, see _give."""
     cdef ZSTD_DCtx* dctx
     cdef ZSTD_DCtx** warm = NULL if zdict is None else &zdict.warm
     with nogil:
-        dctx = _dctx_take(warm)
+        dctx = ZSTD_createDCtx() if fresh else _dctx_take(warm)
     if dctx == NULL:
         raise MemoryError("cannot create a zstd decompression context")
     return dctx
+
+
+cdef inline void _give(ZSTD_DCtx* dctx, ZstdDict zdict, bint fresh) noexcept nogil:
+    if fresh:
+        ZSTD_freeDCtx(dctx)
+    else:
+        _dctx_give(dctx, NULL if zdict is None else &zdict.warm)
 
 
 cdef inline const ZSTD_DDict* _ddict(ZstdDict zdict) noexcept:
     return NULL if zdict is None else zdict.ddict
 
 
+# How libzstd fails on a damaged frame can depend on what its context decoded before (a reused
+# context keeps buffers sized for earlier frames). A failure is therefore decided by a fresh
+# context, decoding once more on the error path: the same file fails the same way whatever
+# was read before, as it does on the Python backend's fresh decompressor.
+
+
 cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str data_path,
-                       Py_ssize_t b):
+                       Py_ssize_t b, bint fresh=False):
     """Decode one frame (``zdict``, held by the caller, keeps its dictionary alive)."""
     cdef unsigned long long declared = ZSTD_getFrameContentSize(src, src_size)
-    cdef ZSTD_DCtx** warm = NULL if zdict is None else &zdict.warm
     cdef const ZSTD_DDict* ddict = _ddict(zdict)
     cdef ZSTD_DCtx* dctx
     cdef bytes out
@@ -707,17 +721,19 @@ cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str dat
                         "error when determining content size")
     if declared == ZSTD_CONTENTSIZE_UNKNOWN or declared == 0:
         # No size recorded; or 0, which python-zstandard's decompress() returns unchecked.
-        return _decompress_stream(src, src_size, zdict, data_path, b)
+        return _decompress_stream(src, src_size, zdict, data_path, b, fresh)
     if not _limits_allow(declared, src_size):
         check_zstd_content_size(declared, src_size, f"{data_path}: block {b}")
     out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>declared)
     dst = PyBytes_AS_STRING(out)
-    dctx = _take(zdict)
+    dctx = _take(zdict, fresh)
     # ``out`` is not shared until returned.
     with nogil:
         status = _decode_known_nogil(dctx, ddict, src, src_size, dst, <size_t>declared,
                                      &zresult, &produced)
-        _dctx_give(dctx, warm)
+        _give(dctx, zdict, fresh)
+    if status == _ZSTD_FAILED and not fresh:
+        return _decompress(src, src_size, zdict, data_path, b, True)
     if status == _DONE:
         if produced != declared:
             raise AtlasFormatError(
@@ -736,23 +752,26 @@ cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str dat
 
 
 cdef bytes _decompress_stream(const char* src, size_t src_size, ZstdDict zdict,
-                              str data_path, Py_ssize_t b):
+                              str data_path, Py_ssize_t b, bint fresh):
     """A frame without its size, streamed never past max_block_bytes()."""
     limit = max_block_bytes()
     cdef size_t c_limit = min(limit, <Py_ssize_t>(<size_t>-1 >> 2))
-    cdef ZSTD_DCtx** warm = NULL if zdict is None else &zdict.warm
     cdef const ZSTD_DDict* ddict = _ddict(zdict)
     cdef char* buf = NULL
     cdef size_t size = 0
     cdef size_t consumed = 0
     cdef size_t zresult = 0
     cdef int status
-    cdef ZSTD_DCtx* dctx = _take(zdict)
+    cdef ZSTD_DCtx* dctx = _take(zdict, fresh)
     try:
         with nogil:
             status = _decode_stream_nogil(dctx, ddict, src, src_size, c_limit, &buf, &size,
                                           &consumed, &zresult)
-            _dctx_give(dctx, warm)
+            _give(dctx, zdict, fresh)
+        if status == _ZSTD_FAILED and not fresh:
+            free(buf)
+            buf = NULL
+            return _decompress_stream(src, src_size, zdict, data_path, b, True)
         where = f"{data_path}: block {b}"
         if status == _NO_MEMORY:
             raise MemoryError(f"{where}: out of memory decoding a zstd frame")
@@ -785,7 +804,6 @@ cdef object _diagnose(const char* src, size_t src_size, ZstdDict zdict, str data
     if "corrupt zstd frame" not in str(error):
         return error
     # Truncated or followed by other bytes? Streaming the whole input tells these apart.
-    cdef ZSTD_DCtx** warm = NULL if zdict is None else &zdict.warm
     cdef const ZSTD_DDict* ddict = _ddict(zdict)
     cdef size_t consumed = 0
     cdef size_t zresult = 0
@@ -795,10 +813,10 @@ cdef object _diagnose(const char* src, size_t src_size, ZstdDict zdict, str data
         raise MemoryError()
     cdef ZSTD_DCtx* dctx
     try:
-        dctx = _take(zdict)
+        dctx = _take(zdict, True)
         with nogil:
             status = _restream_nogil(dctx, ddict, src, src_size, scratch, &consumed, &zresult)
-            _dctx_give(dctx, warm)
+            _give(dctx, zdict, True)
     finally:
         PyMem_Free(scratch)
     if status == _ZSTD_FAILED:
@@ -930,16 +948,16 @@ cdef class ShardCore:
             examples = self._cache_list
             if j < PyList_GET_SIZE(examples):
                 return <object>PyList_GET_ITEM(examples, j)
-            return examples[j]
+            return PyObject_GetItem(examples, j)  # checked (boundscheck is off for [j])
         examples = self._load_block(b)
         self._remember(b, examples)
         if type(examples) is list and j < PyList_GET_SIZE(examples):
             return <object>PyList_GET_ITEM(examples, j)
-        return examples[j]
+        return PyObject_GetItem(examples, j)
 
     cdef inline void _remember(self, Py_ssize_t b, object examples) noexcept:
         """Make ``examples`` the cached block ``b`` (only a list: the hit path indexes it)."""
-        cdef object old = self._cache_list  # released only once the cache is consistent
+        cdef object _old = self._cache_list  # released only once the cache is consistent
         if type(examples) is list:
             self._cache_list = examples
             self._cache_block = b

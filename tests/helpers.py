@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 
-
 def _default_fixtures() -> Path:
     """``../shared/fixtures/reference`` beside the checkout (also from a git worktree nested
     deeper): the nearest ancestor of the repository holding it."""
