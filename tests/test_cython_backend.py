@@ -537,11 +537,27 @@ def _many_shards(tmp_path_factory):
 
 
 @needs_compiled
-def test_compiled_shard_holds_no_descriptor(tmp_path):
-    path = write_shard(tmp_path / "0", _examples(20), 4, 0)
+def test_compiled_shard_descriptors_are_bounded_and_released(tmp_path):
+    """A mapped data.bin keeps its descriptor for the size checks: at most 32 in the process
+    (the most recently mapped), each closed with its mapping."""
+    examples = _examples(20)
+    shards = [
+        atlas_fast.atlas.AtlasDatasetShard(write_shard(tmp_path / f"{k}", examples, 4, 0))
+        for k in range(40)
+    ]
     before = open_fd_count()
-    shard = atlas_fast.atlas.AtlasDatasetShard(path)
-    assert_same(shard[7], _examples(20)[7])
+    assert_same(shards[0][7], examples[7])
+    assert open_fd_count() == before + 1
+    shards[0].close()
+    assert open_fd_count() == before
+    for shard in shards:
+        assert_same(shard[19], examples[19])
+    assert open_fd_count() <= before + 32
+    os.truncate(shards[0].root / "data.bin", 10)  # its descriptor was given up: checked by path
+    with pytest.raises(AtlasFormatError, match="block 0 is truncated"):
+        shards[0][0]
+    for shard in shards:
+        shard.close()
     assert open_fd_count() == before
 
 
