@@ -234,6 +234,9 @@ class ShardCore:
             with self._lock():
                 opened = self._opened
                 if opened is None:
+                    # A descriptor pooled by an earlier opening may be of a file since
+                    # replaced at this path: read the file that is validated now.
+                    _files.forget(self._data_path)
                     opened = self._opened = tuple(self._open_files())
         return opened
 
@@ -281,7 +284,9 @@ class ShardCore:
         dctx = self._decompressor(zdict)
         try:
             declared = zstandard.frame_content_size(raw)
-            if declared >= 0:
+            # 0 is streamed too: python-zstandard's decompress() returns b"" for a frame
+            # declaring 0 bytes without decoding it (trailing or damaged bytes unchecked).
+            if declared > 0:
                 check_zstd_content_size(declared, len(raw), where)
                 out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:

@@ -1,18 +1,14 @@
 # Directives are set once, in setup.py.
 """The compiled backend: the hot path of reading blocks, in C (see atlas_fast._pyreader)."""
 
-from cpython.buffer cimport (
-    PyBUF_FORMAT,
-    PyBUF_ND,
-    PyBUF_WRITABLE,
-    PyBuffer_Release,
-    PyObject_GetBuffer,
-)
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
+from cpython.object cimport PyObject_GetItem
+from cpython.ref cimport PyObject
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -25,11 +21,13 @@ from cpython.pythread cimport (
 from libc.errno cimport errno
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, getenv, realloc
+from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
 from posix.stat cimport fstat, struct_stat
+from posix.stat cimport stat as c_stat
 from posix.unistd cimport close as c_close
 
 cimport cython
@@ -47,6 +45,7 @@ from zstd cimport (
     ZSTD_freeDCtx_fn,
     ZSTD_freeDDict_fn,
     ZSTD_getDictID_fromDDict_fn,
+    ZSTD_getDictID_fromFrame_fn,
     ZSTD_getErrorName_fn,
     ZSTD_getFrameContentSize_fn,
     ZSTD_inBuffer,
@@ -61,8 +60,16 @@ import operator
 import os
 import sys
 
-from ._errors import AtlasFormatError, UnsafePickleError
-from ._format import check_zstd_content_size, max_block_bytes
+from ._errors import AtlasFormatError
+from ._format import (
+    check_block_examples,
+    check_zstd_content_size,
+    expected_block_length,
+    max_block_bytes,
+    truncated_block_error,
+    unpickle_error,
+    zstd_frame_error,
+)
 
 cdef extern from "<dlfcn.h>" nogil:
     ctypedef struct Dl_info:
@@ -108,6 +115,7 @@ cdef ZSTD_DCtx_refDDict_fn ZSTD_DCtx_refDDict = NULL
 cdef ZSTD_createDDict_fn ZSTD_createDDict = NULL
 cdef ZSTD_freeDDict_fn ZSTD_freeDDict = NULL
 cdef ZSTD_getDictID_fromDDict_fn ZSTD_getDictID_fromDDict = NULL
+cdef ZSTD_getDictID_fromFrame_fn ZSTD_getDictID_fromFrame = NULL
 cdef ZSTD_decompressStream_fn ZSTD_decompressStream = NULL
 
 cdef bint _zstd_ok = False
@@ -118,7 +126,7 @@ _SYMBOLS = (
     "ZSTD_versionNumber", "ZSTD_versionString", "ZSTD_isError", "ZSTD_getErrorName",
     "ZSTD_getFrameContentSize", "ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_DCtx_reset",
     "ZSTD_DCtx_refDDict", "ZSTD_createDDict", "ZSTD_freeDDict", "ZSTD_getDictID_fromDDict",
-    "ZSTD_decompressStream",
+    "ZSTD_decompressStream", "ZSTD_getDictID_fromFrame",
 )
 _MIN_VERSION = 10400  # ZSTD_DCtx_reset and ZSTD_DCtx_refDDict are stable from 1.4.0
 
@@ -141,10 +149,10 @@ cdef object _bind(str path):
     global ZSTD_versionNumber, ZSTD_versionString, ZSTD_isError, ZSTD_getErrorName
     global ZSTD_getFrameContentSize, ZSTD_createDCtx, ZSTD_freeDCtx, ZSTD_DCtx_reset
     global ZSTD_DCtx_refDDict, ZSTD_createDDict, ZSTD_freeDDict, ZSTD_getDictID_fromDDict
-    global ZSTD_decompressStream
+    global ZSTD_decompressStream, ZSTD_getDictID_fromFrame
     cdef bytes cpath = os.fsencode(path)
     cdef void* handle = dlopen(cpath, RTLD_NOW | RTLD_LOCAL)
-    cdef void* syms[13]
+    cdef void* syms[14]
     cdef Dl_info info
     cdef unsigned version
     if handle == NULL:
@@ -168,6 +176,7 @@ cdef object _bind(str path):
     ZSTD_freeDDict = <ZSTD_freeDDict_fn>syms[10]
     ZSTD_getDictID_fromDDict = <ZSTD_getDictID_fromDDict_fn>syms[11]
     ZSTD_decompressStream = <ZSTD_decompressStream_fn>syms[12]
+    ZSTD_getDictID_fromFrame = <ZSTD_getDictID_fromFrame_fn>syms[13]
     if dladdr(syms[5], &info) and info.dli_fname != NULL:
         return os.path.realpath(os.fsdecode(info.dli_fname))
     return os.path.realpath(path) if os.sep in path else path
@@ -400,6 +409,25 @@ cdef class ZstdDict:
 
 # ---------------------------------------------------------------------------------------------
 # data.bin, memory-mapped
+#
+# A mapped file that shrinks under the mapping turns a read of the lost pages into SIGBUS. So
+# before any block is read from the mapping, the file's size is checked again (one fstat(2)
+# per block decoded, never per cached example): a block past the end is refused with
+# truncated_block_error, as the Python backend's short pread is. The _KEEP_FDS most recently
+# mapped files keep their descriptor for this (process-wide, so descriptors stay bounded
+# whatever the number of shards; closed with the mapping); a mapping whose descriptor was
+# given up is checked by path (stat(2)). What remains: a truncation racing with the read
+# itself, after the check (a file truncated while it is being read is beyond what a reader
+# can make safe without copying it first), and, for a mapping checked by path, a file
+# truncated through another descriptor after data.bin was renamed away or replaced.
+# The descriptors are handed out, used and closed with the GIL held and never released in
+# between, so no other lock is needed.
+
+cdef enum:
+    _KEEP_FDS = 32
+
+cdef PyObject* _fd_keepers[_KEEP_FDS]  # the mappings holding a descriptor (borrowed), a ring
+cdef int _fd_next = 0
 
 
 @cython.auto_pickle(False)
@@ -409,42 +437,47 @@ cdef class _Mapping:
 
     cdef const char* ptr
     cdef size_t size
+    cdef bytes cpath  # the file's path, encoded: its size is checked before each read
+    cdef int fd  # the mapped file, for that check, or -1 (checked by path)
+    cdef int slot  # its place in _fd_keepers, or -1
+
+    def __cinit__(self):
+        self.fd = -1
+        self.slot = -1
 
     def __dealloc__(self):
+        if self.slot >= 0:
+            _fd_keepers[self.slot] = NULL
+        if self.fd >= 0:
+            c_close(self.fd)
         if self.ptr != NULL:
             munmap(<void*>self.ptr, self.size)
 
 
-@cython.auto_pickle(False)
-@cython.final
-cdef class _View:
-    """Exports bytes ``ptr[0:size]`` of a mapping (kept alive) through the buffer protocol."""
+cdef void _keep_fd(_Mapping mapping, int fd) noexcept:
+    """Give ``fd`` to ``mapping``, taking it from the mapping that has held one longest."""
+    global _fd_next
+    cdef int slot = _fd_next
+    cdef _Mapping old
+    _fd_next = (slot + 1) % _KEEP_FDS
+    if _fd_keepers[slot] != NULL:
+        old = <_Mapping>_fd_keepers[slot]
+        c_close(old.fd)
+        old.fd = -1
+        old.slot = -1
+    _fd_keepers[slot] = <PyObject*>mapping
+    mapping.fd = fd
+    mapping.slot = slot
 
-    cdef _Mapping owner
-    cdef const char* ptr
-    cdef Py_ssize_t size
 
-    def __getbuffer__(self, Py_buffer* view, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("the mapping of data.bin is read-only")
-        view.buf = <void*>self.ptr
-        view.obj = self
-        view.len = self.size
-        view.readonly = 1
-        view.itemsize = 1
-        view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
-        view.ndim = 1
-        view.shape = &self.size if flags & PyBUF_ND else NULL
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
-
-    def __releasebuffer__(self, Py_buffer* view):
-        pass
+cdef inline int _file_size(_Mapping mapping, struct_stat* st) noexcept:
+    if mapping.fd >= 0:
+        return fstat(mapping.fd, st)
+    return c_stat(PyBytes_AS_STRING(mapping.cpath), st)
 
 
 cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
-    """Map data.bin whole; its descriptor is closed before returning."""
+    """Map data.bin whole; its descriptor is kept for size checks, or closed (see above)."""
     cdef bytes cpath = os.fsencode(data_path)
     cdef const char* c_path = cpath
     cdef int fd
@@ -452,6 +485,7 @@ cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
     cdef struct_stat st
     cdef void* ptr
     cdef _Mapping mapping = _Mapping.__new__(_Mapping)
+    mapping.cpath = cpath
     with nogil:
         fd = c_open(c_path, O_RDONLY | O_CLOEXEC)
     if fd < 0:
@@ -478,13 +512,47 @@ cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
             raise AtlasFormatError(f"{data_path}: cannot be mapped: {exc}") from exc
         mapping.ptr = <const char*>ptr
         mapping.size = <size_t>expected
+        _keep_fd(mapping, fd)
+        fd = -1
         return mapping
     finally:
-        c_close(fd)
+        if fd >= 0:
+            c_close(fd)
+
+
+cdef inline int _check_extent(_Mapping mapping, str data_path, Py_ssize_t b, uint64_t start,
+                              uint64_t end) except -1:
+    """Refuse block ``b`` (bytes start..end) unless the mapping and the file still hold it."""
+    cdef struct_stat st
+    if start == end:
+        return 0  # nothing is read
+    if end <= mapping.size and _file_size(mapping, &st) == 0:
+        if <uint64_t>st.st_size >= end:
+            return 0
+    return _extent_error(mapping, data_path, b, start, end)
+
+
+cdef int _extent_error(_Mapping mapping, str data_path, Py_ssize_t b, uint64_t start,
+                       uint64_t end) except -1:
+    cdef struct_stat st
+    cdef int err
+    cdef uint64_t size = mapping.size
+    if _file_size(mapping, &st) != 0:
+        err = errno
+        exc = OSError(err, os.strerror(err), data_path)
+        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+    if <uint64_t>st.st_size < size:
+        size = <uint64_t>st.st_size
+    raise truncated_block_error(data_path, b, start, end, size - start if size > start else 0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Decompression
+# Decompression, worded as _pyreader words it
+#
+# The hot path (a frame declaring its size, decoded in one ZSTD_decompressStream call as
+# python-zstandard's decompress() does) runs in C without the GIL. Every failure is then
+# diagnosed in Python, the way _pyreader's _diagnose does it, so both backends build the same
+# message with the same _format helpers.
 
 # Results of the nogil decoding loops.
 cdef enum:
@@ -493,12 +561,17 @@ cdef enum:
     _INCOMPLETE = 2
     _TOO_LARGE = 3
     _NO_MEMORY = 4
+    _TRAILING = 5
+
+cdef enum:
+    _STEP = 4096  # input fed per step to a frame without its size, as _pyreader feeds it
+    _SCRATCH = 65536  # output discarded per call when only the outcome matters
 
 
 cdef int _decode_known_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const char* src,
                              size_t src_size, char* dst, size_t dst_size,
                              size_t* zresult, size_t* produced) noexcept nogil:
-    """One pass, as python-zstandard's decompress(): output sized from the frame header."""
+    """One call, as python-zstandard's decompress(): output sized from the frame header."""
     cdef ZSTD_inBuffer inb
     cdef ZSTD_outBuffer outb
     ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)
@@ -517,6 +590,9 @@ cdef int _decode_known_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const cha
         return _ZSTD_FAILED
     if zresult[0] != 0:
         return _INCOMPLETE
+    if inb.pos != src_size:
+        zresult[0] = src_size - inb.pos
+        return _TRAILING
     return _DONE
 
 
@@ -525,13 +601,18 @@ cdef int _decode_stream_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const ch
                               size_t* consumed, size_t* zresult) noexcept nogil:
     """Stream a frame that does not record its size into a growing malloc'd buffer.
 
-    ``*out`` is owned by the caller afterwards (even on failure). At most ``limit`` bytes are
-    accepted: reaching ``limit + 1`` means the frame decodes to more than the limit.
+    ``*out`` is owned by the caller afterwards (even on failure). Input is fed in steps of
+    _STEP bytes and the limit checked after each, as _pyreader does, so a frame that is both
+    too large and corrupt fails the same way: past ``limit`` bytes, the rest of the step is
+    decoded into a scratch buffer only to see whether zstd fails within it.
     """
     cdef ZSTD_inBuffer inb
     cdef ZSTD_outBuffer outb
     cdef size_t cap = src_size * 4
     cdef char* grown
+    cdef char* scratch = NULL
+    cdef bint too_large = False
+    cdef bint eof = False
     if cap < 65536:
         cap = 65536
     if cap > limit + 1:
@@ -546,35 +627,83 @@ cdef int _decode_stream_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const ch
     if ZSTD_isError(zresult[0]):
         return _ZSTD_FAILED
     inb.src = src
-    inb.size = src_size
+    inb.size = 0
     inb.pos = 0
     outb.dst = out[0]
     outb.size = cap
     outb.pos = 0
+    try:
+        while inb.size < src_size and not eof:
+            inb.size = inb.size + _STEP if src_size - inb.size > _STEP else src_size
+            while True:
+                zresult[0] = ZSTD_decompressStream(dctx, &outb, &inb)
+                consumed[0] = inb.pos
+                if not too_large:
+                    out_size[0] = outb.pos
+                if ZSTD_isError(zresult[0]):
+                    return _ZSTD_FAILED
+                if zresult[0] == 0:
+                    eof = True
+                    break
+                if outb.pos < outb.size:
+                    if inb.pos == inb.size:
+                        break  # the step is consumed: zstd waits for more input
+                    continue
+                # The output is full and the frame goes on.
+                if too_large:
+                    outb.pos = 0
+                elif outb.size > limit:
+                    too_large = True  # over the limit: finish the step, keeping nothing
+                    scratch = <char*>realloc(NULL, _SCRATCH)
+                    if scratch == NULL:
+                        return _NO_MEMORY
+                    outb.dst = scratch
+                    outb.size = _SCRATCH
+                    outb.pos = 0
+                else:
+                    cap = outb.size * 2
+                    if cap > limit + 1 or cap < outb.size:
+                        cap = limit + 1
+                    grown = <char*>realloc(out[0], cap)
+                    if grown == NULL:
+                        return _NO_MEMORY
+                    out[0] = grown
+                    outb.dst = grown
+                    outb.size = cap
+            if too_large:
+                return _TOO_LARGE
+        if not eof:
+            return _INCOMPLETE
+        return _DONE
+    finally:
+        free(scratch)
+
+
+cdef int _restream_nogil(ZSTD_DCtx* dctx, const ZSTD_DDict* ddict, const char* src,
+                         size_t src_size, char* scratch, size_t* consumed,
+                         size_t* zresult) noexcept nogil:
+    """Decode a whole frame keeping nothing: does it fail, end early, or want more input?"""
+    cdef ZSTD_inBuffer inb
+    cdef ZSTD_outBuffer outb
+    ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)
+    zresult[0] = ZSTD_DCtx_refDDict(dctx, ddict)
+    if ZSTD_isError(zresult[0]):
+        return _ZSTD_FAILED
+    inb.src = src
+    inb.size = src_size
+    inb.pos = 0
     while True:
+        outb.dst = scratch
+        outb.size = _SCRATCH
+        outb.pos = 0
         zresult[0] = ZSTD_decompressStream(dctx, &outb, &inb)
-        out_size[0] = outb.pos
         consumed[0] = inb.pos
         if ZSTD_isError(zresult[0]):
             return _ZSTD_FAILED
         if zresult[0] == 0:
             return _DONE
-        if outb.pos < outb.size:
-            if inb.pos == inb.size:
-                return _INCOMPLETE
-            continue
-        # The output is full and the frame goes on.
-        if outb.size > limit:
-            return _TOO_LARGE
-        cap = outb.size * 2
-        if cap > limit + 1 or cap < outb.size:
-            cap = limit + 1
-        grown = <char*>realloc(out[0], cap)
-        if grown == NULL:
-            return _NO_MEMORY
-        out[0] = grown
-        outb.dst = grown
-        outb.size = cap
+        if inb.pos == inb.size and outb.pos < outb.size:
+            return _INCOMPLETE
 
 
 cdef str _zstd_error_name(size_t code):
@@ -594,83 +723,111 @@ cdef inline bint _limits_allow(unsigned long long declared, size_t src_size) noe
     return declared <= <unsigned long long>src_size * ATLAS_MAX_ZSTD_RATIO + 1024
 
 
-cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str data_path,
-                       Py_ssize_t b):
-    """Decode one frame; errors are worded as _pyreader words them."""
-    cdef unsigned long long declared = ZSTD_getFrameContentSize(src, src_size)
-    cdef const ZSTD_DDict* ddict = NULL
-    cdef ZSTD_DCtx** warm = NULL
+cdef ZSTD_DCtx* _take(ZstdDict zdict, bint fresh) except NULL:
+    """A context for one decoding: from the pool, or (``fresh``) a new one, see _give."""
     cdef ZSTD_DCtx* dctx
-    cdef bytes out
-    cdef size_t zresult = 0
-    cdef size_t produced = 0
-    cdef int status = _NO_MEMORY
-    if declared == ZSTD_CONTENTSIZE_ERROR:
-        raise AtlasFormatError(
-            f"{data_path}: block {b}: corrupt zstd frame: error when determining content size"
-        )
-    if zdict is not None:
-        ddict = zdict.ddict
-        warm = &zdict.warm
-    if declared == ZSTD_CONTENTSIZE_UNKNOWN:
-        return _decompress_stream(src, src_size, ddict, warm, data_path, b)
-    if not _limits_allow(declared, src_size):
-        check_zstd_content_size(declared, src_size, f"{data_path}: block {b}")
-    if declared == 0:
-        return b""
-    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>declared)
-    cdef char* dst = PyBytes_AS_STRING(out)
-    # ``out`` is not shared until returned; ``zdict`` (held by the caller) keeps ddict alive.
+    cdef ZSTD_DCtx** warm = NULL if zdict is None else &zdict.warm
     with nogil:
-        dctx = _dctx_take(warm)
-        if dctx != NULL:
-            status = _decode_known_nogil(dctx, ddict, src, src_size, dst,
-                                         <size_t>declared, &zresult, &produced)
-            _dctx_give(dctx, warm)
+        dctx = ZSTD_createDCtx() if fresh else _dctx_take(warm)
     if dctx == NULL:
         raise MemoryError("cannot create a zstd decompression context")
+    return dctx
+
+
+cdef inline void _give(ZSTD_DCtx* dctx, ZstdDict zdict, bint fresh) noexcept nogil:
+    if fresh:
+        ZSTD_freeDCtx(dctx)
+    else:
+        _dctx_give(dctx, NULL if zdict is None else &zdict.warm)
+
+
+cdef inline const ZSTD_DDict* _ddict(ZstdDict zdict) noexcept:
+    return NULL if zdict is None else zdict.ddict
+
+
+# How libzstd fails on a damaged frame can depend on what its context decoded before (a reused
+# context keeps buffers sized for earlier frames). A failure is therefore decided by a fresh
+# context, decoding once more on the error path: the same file fails the same way whatever
+# was read before, as it does on the Python backend's fresh decompressor.
+
+
+cdef bytes _decompress(const char* src, size_t src_size, ZstdDict zdict, str data_path,
+                       Py_ssize_t b, bint fresh=False):
+    """Decode one frame (``zdict``, held by the caller, keeps its dictionary alive)."""
+    cdef unsigned long long declared = ZSTD_getFrameContentSize(src, src_size)
+    cdef const ZSTD_DDict* ddict = _ddict(zdict)
+    cdef ZSTD_DCtx* dctx
+    cdef bytes out
+    cdef char* dst
+    cdef size_t zresult = 0
+    cdef size_t produced = 0
+    cdef int status
+    if declared == ZSTD_CONTENTSIZE_ERROR:
+        raise _diagnose(src, src_size, zdict, data_path, b,
+                        "error when determining content size")
+    if declared == ZSTD_CONTENTSIZE_UNKNOWN or declared == 0:
+        # No size recorded; or 0, which python-zstandard's decompress() returns unchecked.
+        return _decompress_stream(src, src_size, zdict, data_path, b, fresh)
+    if not _limits_allow(declared, src_size):
+        check_zstd_content_size(declared, src_size, f"{data_path}: block {b}")
+    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>declared)
+    dst = PyBytes_AS_STRING(out)
+    dctx = _take(zdict, fresh)
+    # ``out`` is not shared until returned.
+    with nogil:
+        status = _decode_known_nogil(dctx, ddict, src, src_size, dst, <size_t>declared,
+                                     &zresult, &produced)
+        _give(dctx, zdict, fresh)
+    if status == _ZSTD_FAILED and not fresh:
+        return _decompress(src, src_size, zdict, data_path, b, True)
     if status == _DONE:
         if produced != declared:
             raise AtlasFormatError(
-                f"{data_path}: block {b}: corrupt zstd frame: decompression error: "
-                f"decompressed {produced} bytes; expected {declared}"
+                f"{data_path}: block {b}: decoded {produced} bytes, the frame says {declared}"
             )
         return out
+    out = None
     if status == _ZSTD_FAILED:
         detail = f"decompression error: {_zstd_error_name(zresult)}"
-    else:
+    elif status == _INCOMPLETE:
         detail = "decompression error: did not decompress full frame"
-    raise AtlasFormatError(f"{data_path}: block {b}: corrupt zstd frame: {detail}")
+    else:
+        detail = (f"compressed input contains {zresult} bytes of unused data, "
+                  "which is disallowed")
+    raise _diagnose(src, src_size, zdict, data_path, b, detail)
 
 
-cdef bytes _decompress_stream(const char* src, size_t src_size, const ZSTD_DDict* ddict,
-                              ZSTD_DCtx** warm, str data_path, Py_ssize_t b):
-    cdef size_t limit = min(max_block_bytes(), <Py_ssize_t>(<size_t>-1 >> 2))
+cdef bytes _decompress_stream(const char* src, size_t src_size, ZstdDict zdict,
+                              str data_path, Py_ssize_t b, bint fresh):
+    """A frame without its size, streamed never past max_block_bytes()."""
+    limit = max_block_bytes()
+    cdef size_t c_limit = min(limit, <Py_ssize_t>(<size_t>-1 >> 2))
+    cdef const ZSTD_DDict* ddict = _ddict(zdict)
     cdef char* buf = NULL
     cdef size_t size = 0
     cdef size_t consumed = 0
     cdef size_t zresult = 0
-    cdef int status = _NO_MEMORY
-    cdef ZSTD_DCtx* dctx
-    where = f"{data_path}: block {b}"
+    cdef int status
+    cdef ZSTD_DCtx* dctx = _take(zdict, fresh)
     try:
         with nogil:
-            dctx = _dctx_take(warm)
-            if dctx != NULL:
-                status = _decode_stream_nogil(dctx, ddict, src, src_size, limit, &buf, &size,
-                                              &consumed, &zresult)
-                _dctx_give(dctx, warm)
+            status = _decode_stream_nogil(dctx, ddict, src, src_size, c_limit, &buf, &size,
+                                          &consumed, &zresult)
+            _give(dctx, zdict, fresh)
+        if status == _ZSTD_FAILED and not fresh:
+            free(buf)
+            buf = NULL
+            return _decompress_stream(src, src_size, zdict, data_path, b, True)
+        where = f"{data_path}: block {b}"
         if status == _NO_MEMORY:
             raise MemoryError(f"{where}: out of memory decoding a zstd frame")
         if status == _ZSTD_FAILED:
-            raise AtlasFormatError(
-                f"{where}: corrupt zstd frame: zstd decompressor error: "
-                f"{_zstd_error_name(zresult)}"
-            )
+            raise _diagnose(src, src_size, zdict, data_path, b,
+                            f"zstd decompressor error: {_zstd_error_name(zresult)}")
         if status == _TOO_LARGE:
             raise AtlasFormatError(
-                f"{where}: the zstd frame decodes to more than {limit} bytes "
-                "(ATLAS_FAST_MAX_BLOCK_BYTES)"
+                f"{where}: the zstd frame decodes to more than {limit} bytes, the "
+                "limit (ATLAS_FAST_MAX_BLOCK_BYTES)"
             )
         if status == _INCOMPLETE:
             raise AtlasFormatError(f"{where}: the zstd frame is truncated")
@@ -679,6 +836,42 @@ cdef bytes _decompress_stream(const char* src, size_t src_size, const ZSTD_DDict
         return PyBytes_FromStringAndSize(buf, <Py_ssize_t>size)
     finally:
         free(buf)
+
+
+cdef object _diagnose(const char* src, size_t src_size, ZstdDict zdict, str data_path,
+                      Py_ssize_t b, str detail):
+    """The error for a frame that did not decode (error path only, as _pyreader's)."""
+    where = f"{data_path}: block {b}"
+    frame_dict_id = ZSTD_getDictID_fromFrame(src, src_size)
+    dict_id = None if zdict is None else ZSTD_getDictID_fromDDict(zdict.ddict)
+    error = zstd_frame_error(
+        where, detail, frame_dict_id, dict_id, None if zdict is None else zdict.path
+    )
+    if "corrupt zstd frame" not in str(error):
+        return error
+    # Truncated or followed by other bytes? Streaming the whole input tells these apart.
+    cdef const ZSTD_DDict* ddict = _ddict(zdict)
+    cdef size_t consumed = 0
+    cdef size_t zresult = 0
+    cdef int status
+    cdef char* scratch = <char*>PyMem_Malloc(_SCRATCH)
+    if scratch == NULL:
+        raise MemoryError()
+    cdef ZSTD_DCtx* dctx
+    try:
+        dctx = _take(zdict, True)
+        with nogil:
+            status = _restream_nogil(dctx, ddict, src, src_size, scratch, &consumed, &zresult)
+            _give(dctx, zdict, True)
+    finally:
+        PyMem_Free(scratch)
+    if status == _ZSTD_FAILED:
+        return error
+    if status == _INCOMPLETE:
+        return AtlasFormatError(f"{where}: the zstd frame is truncated")
+    if consumed != src_size:
+        return AtlasFormatError(f"{where}: {src_size - consumed} bytes follow the zstd frame")
+    return error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,13 +902,41 @@ cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
     return _index_error(i, n)
 
 
+cdef inline Py_ssize_t _block_of(object b, Py_ssize_t n_blocks) noexcept:
+    """``b`` if it is an int in [0, n_blocks), else -1 (never raises)."""
+    cdef int overflow = 0
+    cdef long long k
+    if not PyLong_CheckExact(b):
+        return -1
+    k = PyLong_AsLongLongAndOverflow(b, &overflow)
+    if overflow or k < 0 or k >= n_blocks:
+        return -1
+    return <Py_ssize_t>k
+
+
+cdef Py_ssize_t _block_index(object b, Py_ssize_t n_blocks) except -1:
+    """``b`` as a block number, IndexError outside [0, n_blocks) (however large ``b`` is)."""
+    cdef int overflow = 0
+    cdef long long k = PyLong_AsLongLongAndOverflow(
+        b if PyLong_CheckExact(b) else PyNumber_Index(b), &overflow
+    )
+    if overflow == 0 and 0 <= k < n_blocks:
+        return <Py_ssize_t>k
+    raise IndexError(f"block {b} out of range for {n_blocks} blocks")
+
+
 # ---------------------------------------------------------------------------------------------
 # Shards
 
 
 @cython.auto_pickle(False)
 cdef class ShardCore:
-    """Reads the blocks of one shard: mmap'd data.bin, C index math, libzstd, cached block."""
+    """Reads the blocks of one shard: mmap'd data.bin, C index math, libzstd, cached block.
+
+    On a miss of its one cached block, ``__getitem__`` and ``_read_block`` call
+    ``self._load_block(b)`` by attribute lookup, so the public class's block cache sits
+    behind the C fast path (see atlas_fast._pyreader for the contract).
+    """
 
     cdef readonly str _path
     cdef readonly str _data_path
@@ -730,7 +951,8 @@ cdef class ShardCore:
     cdef const uint64_t* _offs  # its data
     cdef _Mapping _mapping
     cdef ZstdDict _zdict
-    # The last decoded block: read and replaced under the GIL, never mutated.
+    # The last block loaded: read and replaced under the GIL. It is a list handed out by
+    # _read_block too, so a hit checks its length (a caller may have emptied it).
     cdef Py_ssize_t _cache_block
     cdef object _cache_list
     cdef PyThread_type_lock _lock
@@ -766,12 +988,25 @@ cdef class ShardCore:
     cdef inline object _get(self, Py_ssize_t k):
         """Example ``k``, 0 <= k < _n."""
         cdef Py_ssize_t b = k // self._block_size
+        cdef Py_ssize_t j = k - b * self._block_size
         cdef object examples
         if b == self._cache_block:
             examples = self._cache_list
-        else:
-            examples = self._read_block_c(b)
-        return <object>PyList_GET_ITEM(examples, k - b * self._block_size)
+            if j < PyList_GET_SIZE(examples):
+                return <object>PyList_GET_ITEM(examples, j)
+            return PyObject_GetItem(examples, j)  # checked (boundscheck is off for [j])
+        examples = self._load_block(b)
+        self._remember(b, examples)
+        if type(examples) is list and j < PyList_GET_SIZE(examples):
+            return <object>PyList_GET_ITEM(examples, j)
+        return PyObject_GetItem(examples, j)
+
+    cdef inline void _remember(self, Py_ssize_t b, object examples) noexcept:
+        """Make ``examples`` the cached block ``b`` (only a list: the hit path indexes it)."""
+        cdef object _old = self._cache_list  # released only once the cache is consistent
+        if type(examples) is list:
+            self._cache_list = examples
+            self._cache_block = b
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -817,106 +1052,88 @@ cdef class ShardCore:
 
     def _ensure_open(self):
         """The validated offsets (opening the shard's files on first use)."""
-        if self._offsets is None:
+        while self._offsets is None:
             self._open()
         return self._offsets
 
     # -- blocks -----------------------------------------------------------------------------
 
-    cdef object _decoded(self, Py_ssize_t b, bint copy):
-        """Block ``b``'s pickle bytes: bytes, or (copy false, uncompressed) a memoryview."""
-        if self._offsets is None:
+    cdef bytes _decoded(self, Py_ssize_t b, bint decode):
+        """Block ``b``'s pickle bytes (``decode`` false: its stored bytes); 0 <= b < blocks."""
+        cdef object offsets = self._offsets
+        while offsets is None:
             self._open()
-        # Locals keep the mapping and dictionary alive whatever another thread does.
+            offsets = self._offsets
+        # Locals keep the offsets, mapping and dictionary alive whatever another thread does.
         cdef _Mapping mapping = self._mapping
         cdef ZstdDict zdict = self._zdict
-        cdef const uint64_t* offs = self._offs
-        cdef uint64_t start = offs[b]
-        cdef uint64_t end = offs[b + 1]
-        cdef _View view
-        if end < start or mapping is None or end > mapping.size:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} is truncated (expected bytes {start}..{end}, "
-                f"the file ends at {0 if mapping is None else mapping.size})"
-            )
-        if self._compressed:
-            return _decompress(mapping.ptr + start, <size_t>(end - start), zdict,
-                               self._data_path, b)
-        if copy:
-            return PyBytes_FromStringAndSize(mapping.ptr + start, <Py_ssize_t>(end - start))
-        view = _View.__new__(_View)
-        view.owner = mapping
-        view.ptr = mapping.ptr + start
-        view.size = <Py_ssize_t>(end - start)
-        return memoryview(view)
+        cdef uint64_t start = self._offs[b]
+        cdef uint64_t end = self._offs[b + 1]
+        cdef bytes out
+        cdef char* dst
+        cdef size_t size = <size_t>(end - start)
+        _check_extent(mapping, self._data_path, b, start, end)
+        if decode and self._compressed:
+            return _decompress(mapping.ptr + start, size, zdict, self._data_path, b)
+        if size < (1 << 20):
+            return PyBytes_FromStringAndSize(mapping.ptr + start, <Py_ssize_t>size)
+        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
+        dst = PyBytes_AS_STRING(out)
+        with nogil:
+            memcpy(dst, mapping.ptr + start, size)
+        return out
 
-    cdef object _read_block_c(self, Py_ssize_t b):
-        cdef object _old
-        if b == self._cache_block:
-            return self._cache_list
-        if not 0 <= b < self._n_blocks:
-            raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
-        examples = self._unpickle_c(self._decoded(b, False), b)
-        _old = self._cache_list  # released only after the cache is consistent again
-        self._cache_list = examples
-        self._cache_block = b
-        return examples
-
-    cdef list _unpickle_c(self, data, Py_ssize_t b):
+    cdef object _unpickle_c(self, data, object b):
+        cdef Py_ssize_t k
+        cdef Py_ssize_t expected
         try:
             examples = self._loads(data)
-        except UnsafePickleError as exc:
-            raise UnsafePickleError(f"{exc} (in {self._data_path}, block {b})") from None
         except Exception as exc:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} does not unpickle: {type(exc).__name__}: {exc}"
-            ) from exc
-        cdef Py_ssize_t expected = min(self._block_size, self._n - b * self._block_size)
-        if type(examples) is not list:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds a {type(examples).__name__}, not a list"
-            )
-        if PyList_GET_SIZE(examples) != expected:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} holds {len(examples)} examples, "
-                f"expected {expected}"
-            )
+            raise unpickle_error(exc, self._data_path, b) from exc
+        k = _block_of(b, self._n_blocks)
+        if k >= 0:
+            expected = min(self._block_size, self._n - k * self._block_size)
+            if type(examples) is list and PyList_GET_SIZE(examples) == expected:
+                return examples
+            check_block_examples(examples, expected, self._data_path, b)
+            return examples
+        expected_any = expected_block_length(self._n, self._block_size, b)
+        if type(examples) is not list or len(examples) != expected_any:
+            check_block_examples(examples, expected_any, self._data_path, b)
         return examples
 
     def _read_block(self, b):
         """The examples of block ``b`` (decoded once, then served from the cache)."""
-        cdef Py_ssize_t k = b
-        return self._read_block_c(k)
+        cdef Py_ssize_t k = _block_of(b, self._n_blocks)
+        if k >= 0 and k == self._cache_block:
+            return self._cache_list
+        examples = self._load_block(b)
+        if k >= 0:
+            self._remember(k, examples)
+        return examples
+
+    def _load_block(self, b):
+        """The miss path of ``_read_block``: decode block ``b`` (the public class overrides
+        it to consult its block cache first)."""
+        return self._unpickle_c(self._decoded(_block_index(b, self._n_blocks), True), b)
 
     def _block_bytes(self, b):
         """The decoded pickle bytes of block ``b``."""
-        cdef Py_ssize_t k = b
-        if not 0 <= k < self._n_blocks:
-            raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
-        return self._decoded(k, True)
+        return self._decoded(_block_index(b, self._n_blocks), True)
 
     def _raw_block(self, b):
         """The stored (possibly compressed) bytes of block ``b``."""
-        offsets = self._ensure_open()
-        start = int(offsets[b])
-        end = int(offsets[b + 1])
-        cdef _Mapping mapping = self._mapping
-        cdef size_t size = 0 if mapping is None else mapping.size
-        if end < start or end > size:
-            raise AtlasFormatError(
-                f"{self._data_path}: block {b} is truncated "
-                f"(expected bytes {start}..{end}, the file ends at {size})"
-            )
-        return PyBytes_FromStringAndSize(mapping.ptr + <size_t>start, end - start)
+        return self._decoded(_block_index(b, self._n_blocks), False)
 
     def _decompress(self, raw, b):
-        """Decode the stored bytes ``raw`` of block ``b``."""
+        """Decode ``raw``, stored bytes of block ``b``, with the shard's dictionary."""
         cdef Py_buffer buf
+        cdef Py_ssize_t k = _block_index(b, self._n_blocks)
         self._ensure_open()
         cdef ZstdDict zdict = self._zdict
         PyObject_GetBuffer(raw, &buf, 0)
         try:
-            return _decompress(<const char*>buf.buf, <size_t>buf.len, zdict, self._data_path, b)
+            return _decompress(<const char*>buf.buf, <size_t>buf.len, zdict, self._data_path, k)
         finally:
             PyBuffer_Release(&buf)
 

@@ -49,5 +49,6 @@ ctypedef size_t (*ZSTD_DCtx_refDDict_fn)(ZSTD_DCtx* dctx, const ZSTD_DDict* ddic
 ctypedef ZSTD_DDict* (*ZSTD_createDDict_fn)(const void* dictBuffer, size_t dictSize) noexcept nogil
 ctypedef size_t (*ZSTD_freeDDict_fn)(ZSTD_DDict* ddict) noexcept nogil
 ctypedef unsigned (*ZSTD_getDictID_fromDDict_fn)(const ZSTD_DDict* ddict) noexcept nogil
+ctypedef unsigned (*ZSTD_getDictID_fromFrame_fn)(const void* src, size_t srcSize) noexcept nogil
 ctypedef size_t (*ZSTD_decompressStream_fn)(
     ZSTD_DCtx* zds, ZSTD_outBuffer* output, ZSTD_inBuffer* input) noexcept nogil

@@ -181,6 +181,11 @@ def _dictionary(examples):
     return zstandard.train_dictionary(4096, samples * 4)
 
 
+# A frame that declares 0 decoded bytes (python-zstandard's decompress() returns b"" for it
+# without decoding anything, so both backends stream such a frame and check it).
+ZERO_FRAME = zstandard.ZstdCompressor().compress(b"")
+
+
 def _corrupt_cases(tmp_path):
     """(name, shard path, dictionary bytes or None, index) of shards whose block 1 is bad."""
     examples = _examples(40)
@@ -200,6 +205,9 @@ def _corrupt_cases(tmp_path):
         "flipped": lambda c: c[:12] + bytes(b ^ 0x5A for b in c[12:40]) + c[40:],
         "not_zstd": lambda c: b"definitely not a zstd frame" + c,
         "trailing": lambda c: c + b"\x00\x01\x02",
+        "two_frames": lambda c: c + c,
+        "empty_frame_then_data": lambda c: ZERO_FRAME + c,
+        "empty_frame_truncated": lambda c: ZERO_FRAME[:-1],
     }
     for name, fn in variants.items():
         for label, cctx in (("sized", plain), ("sizeless", sizeless)):
@@ -235,30 +243,107 @@ def test_corrupt_frames_fail_alike_on_both_backends(tmp_path):
             if "dict" not in name:  # the shard stays usable: other blocks still read
                 assert shard[len(shard) - 1]["id"] == len(shard) - 1
         (cy_type, cy_msg), (py_type, py_msg) = errors
-        if name == "trailing_sized":  # python-zstandard ignores data after a sized frame
-            assert cy_type is py_type is None, (name, errors)
-            continue
         assert cy_type is not None and issubclass(cy_type, AtlasFormatError), (name, errors)
         assert (cy_type, cy_msg) == (py_type, py_msg), name
         assert str(path / "data.bin") in cy_msg
 
 
 def test_corrupt_frames_raise_format_errors(atlas, tmp_path):
+    expected = {
+        "truncated": "the zstd frame is truncated",
+        "truncated_header": "the zstd frame is truncated",
+        "flipped": "corrupt zstd frame",
+        "not_zstd": "corrupt zstd frame",
+        "trailing": "3 bytes follow the zstd frame",
+        "empty_frame_truncated": "the zstd frame is truncated",
+    }
     for name, path, _dict, index in _corrupt_cases(tmp_path):
         shard = atlas.AtlasDatasetShard(path)
-        if name == "trailing_sized":
-            assert shard[index]["id"] == index
-            continue
-        with pytest.raises(AtlasFormatError, match=rf"data\.bin: block {index // 4}\b"):
+        match = expected.get(name.rsplit("_", 1)[0], "")
+        with pytest.raises(AtlasFormatError, match=rf"data\.bin: block {index // 4}\b.*{match}"):
             shard[index]
+    # Bytes after a frame are counted whether the frame records its size or not.
+    cases = {name: path for name, path, *_ in _corrupt_cases(tmp_path / "again")}
+    for label in ("sized", "sizeless"):
+        stored = atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])._raw_block(1)
+        with pytest.raises(AtlasFormatError, match=rf"block 1: {len(stored) // 2} bytes follow"):
+            atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])[5]
 
 
 def test_wrong_dictionary_message(atlas, tmp_path):
     cases = {name: path for name, path, *_ in _corrupt_cases(tmp_path)}
-    with pytest.raises(AtlasFormatError, match="Dictionary mismatch"):
+    dict_path = cases["wrong_dict"] / "zstd_dict.bin"
+    with pytest.raises(
+        AtlasFormatError,
+        match=rf"block 0: the zstd frame needs dictionary \d+ but {dict_path} is dictionary "
+        r"\d+: wrong dictionary",
+    ):
         atlas.AtlasDatasetShard(cases["wrong_dict"])[0]
-    with pytest.raises(AtlasFormatError, match="Dictionary mismatch"):
+    with pytest.raises(
+        AtlasFormatError,
+        match=r"block 0: the zstd frame needs dictionary \d+ but the shard's "
+        "compression_strategy uses no dictionary",
+    ):
         atlas.AtlasDatasetShard(cases["missing_dict"])[3]
+
+
+def _mutants(rng, block: bytes) -> list:
+    """Damaged copies of one stored block: flips, cuts, overwrites, appended bytes."""
+    out = []
+    for _ in range(6):
+        damaged = bytearray(block)
+        for _ in range(rng.randint(1, 4)):
+            damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+        out.append(bytes(damaged))
+    out.append(block[: rng.randrange(len(block))])
+    out.append(block + rng.randbytes(rng.randint(1, 9)))
+    at = rng.randrange(4, len(block))
+    out.append(block[:at] + rng.randbytes(min(8, len(block) - at)) + block[at + 8 :])
+    out.append(block[:4] + rng.randbytes(len(block) - 4))  # the magic number kept
+    return out
+
+
+@needs_compiled
+@pytest.mark.parametrize("limit", [None, "3000"])
+def test_damaged_frames_fail_alike_on_both_backends(tmp_path, monkeypatch, limit):
+    """Seeded random damage to one block: both backends raise the same error, word for word."""
+    import random
+
+    if limit:  # small enough that some damaged frames decode past it
+        monkeypatch.setenv("ATLAS_FAST_MAX_BLOCK_BYTES", limit)
+    rng = random.Random(20240611)
+    examples = _examples(16)
+    zd = _dictionary(_examples(40))
+    compressors = {
+        "sized": (1, zstandard.ZstdCompressor(), None),
+        "sizeless": (1, zstandard.ZstdCompressor(write_content_size=False), None),
+        "dict": (3, zstandard.ZstdCompressor(dict_data=zd), zd.as_bytes()),
+        "dict_sizeless": (
+            3,
+            zstandard.ZstdCompressor(dict_data=zd, write_content_size=False),
+            zd.as_bytes(),
+        ),
+    }
+    compared = 0
+    for label, (strategy, cctx, zdict) in compressors.items():
+        base = write_shard(tmp_path / label, examples, 4, strategy, cctx.compress, zdict)
+        blocks = [atlas_fast._python.AtlasDatasetShard(base)._raw_block(b) for b in range(4)]
+        for k in range(12):
+            for n, mutant in enumerate(_mutants(rng, blocks[2])):
+                path = write_shard(tmp_path / f"{label}_{k}_{n}", [], 4, strategy, zdict=zdict)
+                damaged = [*blocks[:2], mutant, *blocks[3:]]
+                offsets = np.cumsum([0] + [len(x) for x in damaged])
+                (path / "data.bin").write_bytes(b"".join(damaged))
+                np.save(path / "index.npy", offsets.astype(index_dtype(int(offsets[-1]))))
+                meta = json.loads((path / "meta.json").read_text())
+                dump_meta(path / "meta.json", {**meta, "stored_examples": len(examples)})
+                errors = [
+                    _error_of(lambda m=module, p=path: m.AtlasDatasetShard(p)._read_block(2))
+                    for module in BOTH
+                ]
+                assert errors[0] == errors[1], (label, mutant)
+                compared += errors[0][0] is not None
+    assert compared > 100  # most damage is detected (the rest decodes to a valid block)
 
 
 def test_block_level_methods_agree(tmp_path):
@@ -452,11 +537,27 @@ def _many_shards(tmp_path_factory):
 
 
 @needs_compiled
-def test_compiled_shard_holds_no_descriptor(tmp_path):
-    path = write_shard(tmp_path / "0", _examples(20), 4, 0)
+def test_compiled_shard_descriptors_are_bounded_and_released(tmp_path):
+    """A mapped data.bin keeps its descriptor for the size checks: at most 32 in the process
+    (the most recently mapped), each closed with its mapping."""
+    examples = _examples(20)
+    shards = [
+        atlas_fast.atlas.AtlasDatasetShard(write_shard(tmp_path / f"{k}", examples, 4, 0))
+        for k in range(40)
+    ]
     before = open_fd_count()
-    shard = atlas_fast.atlas.AtlasDatasetShard(path)
-    assert_same(shard[7], _examples(20)[7])
+    assert_same(shards[0][7], examples[7])
+    assert open_fd_count() == before + 1
+    shards[0].close()
+    assert open_fd_count() == before
+    for shard in shards:
+        assert_same(shard[19], examples[19])
+    assert open_fd_count() <= before + 32
+    os.truncate(shards[0].root / "data.bin", 10)  # its descriptor was given up: checked by path
+    with pytest.raises(AtlasFormatError, match="block 0 is truncated"):
+        shards[0][0]
+    for shard in shards:
+        shard.close()
     assert open_fd_count() == before
 
 
@@ -489,3 +590,162 @@ def test_public_classes_are_built_on_the_compiled_cores(tmp_path):
     clone = pickle.loads(pickle.dumps(shard))
     assert_same(clone[8], shard[8])
     assert type(clone) is type(shard) and not hasattr(clone, "anything")
+
+
+# -- the backend contract: loader hook, loads, files changing under a reader -------------------
+
+
+def _counting(monkeypatch, atlas):
+    """Count the core's misses (``_load_block`` calls) and the blocks actually decoded."""
+    counts = {"load": 0, "decode": 0}
+    load = atlas.AtlasDatasetShard._load_block
+    block_bytes = atlas.AtlasDatasetShard._block_bytes
+
+    def counted_load(self, b):
+        counts["load"] += 1
+        return load(self, b)
+
+    def counted_bytes(self, b):
+        counts["decode"] += 1
+        return block_bytes(self, b)
+
+    monkeypatch.setattr(atlas.AtlasDatasetShard, "_load_block", counted_load)
+    monkeypatch.setattr(atlas.AtlasDatasetShard, "_block_bytes", counted_bytes)
+    return counts
+
+
+@pytest.mark.parametrize("strategy", [0, 1])
+def test_misses_go_through_the_load_block_hook(atlas, tmp_path, monkeypatch, strategy):
+    examples = _examples(40)
+    compress = zstandard.ZstdCompressor().compress if strategy else None
+    path = write_shard(tmp_path / "0", examples, 4, strategy, compress=compress)
+    counts = _counting(monkeypatch, atlas)
+    shard = atlas.AtlasDatasetShard(path, cache_blocks=2)
+    for i in [0, 1, 3, 2]:  # block 0: one miss, then hits in the core
+        assert_same(shard[i], examples[i])
+    assert counts == {"load": 1, "decode": 1}
+    for i in [4, 0, 5, 1, 6]:  # blocks 1 and 0 alternate: the core misses, the LRU holds both
+        assert_same(shard[i], examples[i])
+    assert counts == {"load": 6, "decode": 2}
+    assert_same(shard._read_block(0), examples[:4])  # a miss too, from the LRU
+    assert counts == {"load": 7, "decode": 2}
+    assert_same(shard._read_block(0), examples[:4])  # now the core's own block
+    assert counts == {"load": 7, "decode": 2}
+    assert_same(shard[-1], examples[-1])
+    assert counts == {"load": 8, "decode": 3}
+
+
+def test_dataset_misses_go_through_the_load_block_hook(atlas, tmp_path, monkeypatch):
+    examples = _examples(24)
+    for k in range(2):
+        write_shard(tmp_path / f"{k}", examples[k * 12 : k * 12 + 12], 4, 0)
+    dump_meta(
+        tmp_path / "meta.json",
+        {"version": 1, "shard_sizes": [12, 12], "compression_strategy": 0},
+    )
+    counts = _counting(monkeypatch, atlas)
+    ds = atlas.AtlasDataset(tmp_path, cache_blocks=8)
+    order = [0, 12, 4, 16, 0, 12, 4, 16, 1, 13]  # every read a miss of its shard's core
+    assert [ds[i]["id"] for i in order] == order
+    assert counts == {"load": 10, "decode": 4}
+    assert [ds[i]["id"] for i in [13, 14, 15]] == [13, 14, 15]  # hits
+    assert counts == {"load": 10, "decode": 4}
+
+
+def test_load_block_override_returning_anything(atlas, tmp_path):
+    """The hook's result is indexed safely whatever it is (no cache of a non-list)."""
+    path = write_shard(tmp_path / "0", _examples(8), 4, 0)
+
+    class Odd(atlas.AtlasDatasetShard):
+        def _load_block(self, b):
+            return ("a", "b") if b == 0 else ["only one"]
+
+    shard = Odd(path)
+    assert shard[1] == "b" and shard[0] == "a"
+    assert shard[4] == "only one"
+    with pytest.raises(IndexError):
+        shard[5]
+    assert shard._read_block(0) == ("a", "b")
+
+
+def test_emptied_cached_block_is_not_read_past(atlas, tmp_path):
+    path = write_shard(tmp_path / "0", _examples(8), 4, 0)
+    shard = atlas.AtlasDatasetShard(path)
+    shard._read_block(1).clear()  # the core's cached list, emptied by a caller
+    with pytest.raises(IndexError):
+        shard[6]
+    shard.close()
+    assert shard[6]["id"] == 6
+
+
+def test_huge_block_numbers_are_index_errors(tmp_path):
+    path = write_shard(tmp_path / "0", _examples(8), 4, 1, zstandard.ZstdCompressor().compress)
+    shards = [module.AtlasDatasetShard(path) for module in BOTH]
+    for s in shards:
+        assert s[0]["id"] == 0  # (the Python core's empty cache is block -1)
+    for bad in (2, -1, 2**63, 2**64, 2**70, -(2**70)):
+        for method in ("_read_block", "_block_bytes", "_load_block"):
+            errors = {_error_of(lambda s=s, m=method, b=bad: getattr(s, m)(b)) for s in shards}
+            assert len(errors) == 1, (bad, method, errors)
+            kind, message = next(iter(errors))
+            assert kind is IndexError and message == f"block {bad} out of range for 2 blocks"
+
+
+def test_untrusted_reading_calls_the_restricted_loads(atlas, tmp_path):
+    examples = [{"where": Path("/x")}, {"x": np.arange(3)}, 3, "four"]
+    path = write_shard(tmp_path / "0", examples, 1, 1, zstandard.ZstdCompressor().compress)
+    shard = atlas.AtlasDatasetShard(path, trusted=False)
+    assert shard._loads is not pickle.loads
+    with pytest.raises(atlas_fast.UnsafePickleError, match=r"data\.bin, block 0\)"):
+        shard[0]
+    assert shard[3] == "four" and shard[2] == 3
+    assert_same(shard[1], examples[1])
+    allowed = atlas.AtlasDatasetShard(path, trusted=False, allowed_globals=[type(Path("/x"))])
+    assert_same(allowed[0], examples[0])
+    assert atlas.AtlasDatasetShard(path)._loads is pickle.loads
+
+
+@pytest.mark.parametrize("strategy", [0, 1])
+def test_data_shrinking_under_a_reader(tmp_path, strategy):
+    """Truncated after opening (mapped by the compiled core): the Python backend's error."""
+    examples = _examples(40)
+    compress = zstandard.ZstdCompressor().compress if strategy else None
+    path = write_shard(tmp_path / "0", examples, 4, strategy, compress=compress)
+    data = (path / "data.bin").read_bytes()
+    shards = [module.AtlasDatasetShard(path) for module in BOTH]
+    for s in shards:
+        assert_same(s[0], examples[0])  # opened (mapped), block 0 cached
+    offsets = shards[0]._ensure_open().tolist()
+    os.truncate(path / "data.bin", offsets[5] + 3)
+    for i in (39, 21, 20):  # past the end, then the block cut in two
+        errors = {_error_of(lambda s=s, i=i: s[i]) for s in shards}
+        assert len(errors) == 1, errors
+        kind, message = next(iter(errors))
+        assert kind is AtlasFormatError and "is truncated" in message, message
+        assert f"the file ends at {offsets[5] + 3}" in message or "ends at" in message
+    for s in shards:
+        for method in ("_block_bytes", "_raw_block", "_read_block"):
+            with pytest.raises(AtlasFormatError, match=r"block 9 is truncated"):
+                getattr(s, method)(9)
+        assert_same(s[19], examples[19])  # blocks still inside the file read
+        assert_same(s[0], examples[0])
+    (path / "data.bin").write_bytes(data)  # back to full size: the same mapping reads again
+    for s in shards:
+        assert_same(s[39], examples[39])
+
+
+@pytest.mark.parametrize("strategy", [0, 3])
+def test_dataset_rewritten_at_the_same_path(atlas, tmp_path, strategy):
+    """A new reader of a dataset written again where it was reads the new one (not a file
+    descriptor or mapping of the old, deleted file)."""
+    import shutil
+
+    path = tmp_path / "ds"
+    for version in range(3):
+        if path.exists():
+            shutil.rmtree(path)
+        with atlas_fast.AtlasDatasetWriter(path, 50, 5, strategy) as writer:
+            for i in range(100):
+                writer.add_example(i * 1000 + version)  # same pickled sizes in each version
+        ds = atlas.AtlasDataset(path)
+        assert [ds[i] for i in range(0, 100, 7)] == [i * 1000 + version for i in range(0, 100, 7)]
