@@ -313,6 +313,24 @@ def _block_count(shard) -> int:
 # -- the mixins -----------------------------------------------------------------------------
 
 
+def _decodes_directly(cls, cache: BlockCache) -> bool:
+    """Whether the core may decode its misses itself, skipping the ``_load_block`` hook.
+
+    Only when that changes nothing: a one-block cache keeps no block the core's own last
+    block does not (so the default costs no Python call per block decoded), and the class
+    overrides none of the hook, ``_block_bytes`` and ``_unpickle`` (checked when the reader
+    is made: a class patched later is seen by readers made later).
+    """
+    if cache.max_blocks != 1 or cache.max_bytes is not None:
+        return False
+    core = next(c for c in cls.__mro__ if "_core_init" in vars(c))
+    return (
+        cls._load_block is ShardLoading._load_block
+        and cls._block_bytes is core._block_bytes
+        and cls._unpickle is core._unpickle
+    )
+
+
 class ShardLoading:
     """Batched reads, read-ahead iteration and the bounded block cache of a shard."""
 
@@ -321,6 +339,7 @@ class ShardLoading:
         self.cache_bytes = cache_bytes
         self._block_cache = BlockCache(cache_blocks, cache_bytes)
         self._block_tag = 0
+        self._direct_load = _decodes_directly(type(self), self._block_cache)
 
     def _share_block_cache(self, cache: BlockCache, tag) -> None:
         """Use ``cache`` (a dataset's, shared by its shards) under key prefix ``tag``."""
@@ -328,6 +347,7 @@ class ShardLoading:
         self.cache_bytes = cache.max_bytes
         self._block_cache = cache
         self._block_tag = tag
+        self._direct_load = _decodes_directly(type(self), cache)
 
     def _load_block(self, b: int) -> list:
         # The core's miss path (its last block was not ``b``): the LRU, then decode.

@@ -19,7 +19,9 @@ The contract a backend implements:
     ``_close()`` releasing files and caches. The core caches only the last block it decoded;
     on a miss, ``__getitem__`` and ``_read_block`` call ``self._load_block(b)`` through normal
     attribute lookup (the core's own version is ``_unpickle(_block_bytes(b), b)``), so the
-    public classes can put a larger cache behind the one-block fast path.
+    public classes can put a larger cache behind the one-block fast path. ``_direct_load``
+    (an attribute, False at ``_core_init``) set true skips the hook: a miss then decodes
+    with the core's own ``_block_bytes`` and ``_unpickle``, whatever the class overrides.
 ``DatasetCore``
     ``_core_init(shards, sizes)``; ``__len__``; ``__getitem__`` mapping a global index to its
     shard; ``_locate(i)`` the (shard number, local index) pair.
@@ -197,6 +199,9 @@ class ShardCore:
         # never pairs one opening's offsets with another's dictionary.
         self._opened = None
         self._cache = (-1, None)  # (block number, list): replaced whole, never mutated
+        # True: a miss decodes here without calling the _load_block hook. Set by the public
+        # class when its block cache adds nothing to this one (see _batch.ShardLoading).
+        self._direct_load = False
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
         self._tls = _ThreadState()
@@ -357,7 +362,10 @@ class ShardCore:
         cached_block, examples = self._cache
         if cached_block == b:
             return examples
-        examples = self._load_block(b)
+        if self._direct_load:
+            examples = self._unpickle(self._block_bytes(b), b)
+        else:
+            examples = self._load_block(b)
         self._cache = (b, examples)
         return examples
 

@@ -935,7 +935,8 @@ cdef class ShardCore:
 
     On a miss of its one cached block, ``__getitem__`` and ``_read_block`` call
     ``self._load_block(b)`` by attribute lookup, so the public class's block cache sits
-    behind the C fast path (see atlas_fast._pyreader for the contract).
+    behind the C fast path (see atlas_fast._pyreader for the contract), unless
+    ``_direct_load`` is set: then a miss decodes in C.
     """
 
     cdef readonly str _path
@@ -955,6 +956,9 @@ cdef class ShardCore:
     # _read_block too, so a hit checks its length (a caller may have emptied it).
     cdef Py_ssize_t _cache_block
     cdef object _cache_list
+    # True: a miss decodes in C without calling the _load_block hook. Set by the public
+    # class when its block cache adds nothing to this one (see _batch.ShardLoading).
+    cdef public bint _direct_load
     cdef PyThread_type_lock _lock
     cdef unsigned long _lock_generation
 
@@ -995,7 +999,10 @@ cdef class ShardCore:
             if j < PyList_GET_SIZE(examples):
                 return <object>PyList_GET_ITEM(examples, j)
             return PyObject_GetItem(examples, j)  # checked (boundscheck is off for [j])
-        examples = self._load_block(b)
+        if self._direct_load:
+            examples = self._unpickle_c(self._decoded(b, True), b)
+        else:
+            examples = self._load_block(b)
         self._remember(b, examples)
         if type(examples) is list and j < PyList_GET_SIZE(examples):
             return <object>PyList_GET_ITEM(examples, j)
@@ -1107,7 +1114,10 @@ cdef class ShardCore:
         cdef Py_ssize_t k = _block_of(b, self._n_blocks)
         if k >= 0 and k == self._cache_block:
             return self._cache_list
-        examples = self._load_block(b)
+        if self._direct_load and k >= 0:
+            examples = self._unpickle_c(self._decoded(k, True), b)
+        else:
+            examples = self._load_block(b)
         if k >= 0:
             self._remember(k, examples)
         return examples

@@ -137,6 +137,38 @@ def test_default_cache_is_the_last_block(atlas, root, decodes):
     assert len(decodes) == 7
 
 
+def test_default_cache_decodes_misses_without_the_hook(atlas, root, expected, monkeypatch):
+    """With a one-block cache the core decodes its own misses (no Python call per block);
+    a larger cache, or a class overriding the hook or what it calls, goes through the hook."""
+    plain = atlas.AtlasDataset(root)
+    lru = atlas.AtlasDataset(root, cache_blocks=4)
+    assert all(s._direct_load for s in plain.shards)
+    assert not any(s._direct_load for s in lru.shards)
+
+    def broken(self, b):
+        raise RuntimeError("hook called")
+
+    monkeypatch.setattr(atlas.AtlasDatasetShard, "_load_block", broken)
+    for i in (0, 9, 100, 299, 17):
+        assert_same(plain[i], expected[i])
+        assert_same(plain.shards[0]._read_block(1), expected[8:16])
+    with pytest.raises(RuntimeError, match="hook called"):
+        lru[9]
+    monkeypatch.undo()
+
+    seen = []
+
+    class Counting(atlas.AtlasDatasetShard):
+        def _unpickle(self, data, b):
+            seen.append(b)
+            return super()._unpickle(data, b)
+
+    shard = Counting(root / "0", compression_dict_bytes=(root / "zstd_dict.bin").read_bytes())
+    assert not shard._direct_load
+    assert [shard[i] == expected[i] for i in (0, 8, 0)] == [True] * 3
+    assert seen == [0, 1, 0]
+
+
 def test_cache_blocks_bounds_an_lru(atlas, root, expected, decodes):
     ds = atlas.AtlasDataset(root, cache_blocks=4)
     for b in range(4):
