@@ -1,7 +1,13 @@
 # Directives are set once, in setup.py.
 """The compiled backend: the hot path of reading blocks, in C (see atlas_fast._pyreader)."""
 
-from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_FORMAT,
+    PyBUF_ND,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
@@ -452,6 +458,38 @@ cdef class _Mapping:
             c_close(self.fd)
         if self.ptr != NULL:
             munmap(<void*>self.ptr, self.size)
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class _BlockView:
+    """Bytes ``ptr[0:size]`` of a mapping, exported read-only through the buffer protocol.
+
+    What an uncompressed block is unpickled from: no copy of the block. It holds the mapping,
+    so a ``close()`` on another thread cannot unmap the bytes while they are being read.
+    """
+
+    cdef _Mapping owner
+    cdef const char* ptr
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a block of data.bin is read-only")
+        view.buf = <void*>self.ptr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = &self.size if flags & PyBUF_ND else NULL
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
 
 
 cdef void _keep_fd(_Mapping mapping, int fd) noexcept:
@@ -1000,7 +1038,7 @@ cdef class ShardCore:
                 return <object>PyList_GET_ITEM(examples, j)
             return PyObject_GetItem(examples, j)  # checked (boundscheck is off for [j])
         if self._direct_load:
-            examples = self._unpickle_c(self._decoded(b, True), b)
+            examples = self._load_c(b)
         else:
             examples = self._load_block(b)
         self._remember(b, examples)
@@ -1090,6 +1128,29 @@ cdef class ShardCore:
             memcpy(dst, mapping.ptr + start, size)
         return out
 
+    cdef object _load_c(self, Py_ssize_t b):
+        """The core's own miss path: block ``b`` decoded and unpickled; 0 <= b < blocks.
+
+        An uncompressed block is unpickled straight from the mapping (its size checked first,
+        as for every read; see the data.bin notes above).
+        """
+        cdef object offsets = self._offsets
+        cdef _BlockView view
+        if self._compressed:
+            return self._unpickle_c(self._decoded(b, True), b)
+        while offsets is None:
+            self._open()
+            offsets = self._offsets
+        cdef _Mapping mapping = self._mapping
+        cdef uint64_t start = self._offs[b]
+        cdef uint64_t end = self._offs[b + 1]
+        _check_extent(mapping, self._data_path, b, start, end)
+        view = _BlockView.__new__(_BlockView)
+        view.owner = mapping
+        view.ptr = mapping.ptr + start if end > start else mapping.ptr
+        view.size = <Py_ssize_t>(end - start)
+        return self._unpickle_c(view, b)
+
     cdef object _unpickle_c(self, data, object b):
         cdef Py_ssize_t k
         cdef Py_ssize_t expected
@@ -1115,7 +1176,7 @@ cdef class ShardCore:
         if k >= 0 and k == self._cache_block:
             return self._cache_list
         if self._direct_load and k >= 0:
-            examples = self._unpickle_c(self._decoded(k, True), b)
+            examples = self._load_c(k)
         else:
             examples = self._load_block(b)
         if k >= 0:
@@ -1125,7 +1186,7 @@ cdef class ShardCore:
     def _load_block(self, b):
         """The miss path of ``_read_block``: decode block ``b`` (the public class overrides
         it to consult its block cache first)."""
-        return self._unpickle_c(self._decoded(_block_index(b, self._n_blocks), True), b)
+        return self._load_c(_block_index(b, self._n_blocks))
 
     def _block_bytes(self, b):
         """The decoded pickle bytes of block ``b``."""
