@@ -79,6 +79,8 @@ def _error_of(call) -> tuple:
 def test_default_import_selects_the_compiled_backend():
     if os.environ.get("ATLAS_FAST_NO_EXTENSIONS", "").strip().lower() not in ("", "0", "false"):
         pytest.skip("ATLAS_FAST_NO_EXTENSIONS is set: the pure-Python backend was asked for")
+    if os.name == "nt":
+        pytest.skip("no compiled core on Windows: tests/test_install.py checks the Python one")
     env = {k: v for k, v in os.environ.items() if k not in ("ATLAS_FAST_LIBZSTD",)}
     code = (
         "import warnings; warnings.simplefilter('error');"
