@@ -193,8 +193,9 @@ def _check_index(i, n: int) -> int:
 def _gather(shards: list, located: list) -> list:
     """The examples at ``located`` ((shard number, local index) pairs, already checked).
 
-    Each block needed is decoded once: cached ones come from the cache, the others are
-    decompressed in parallel, unpickled here and remembered in the cache.
+    Each block needed is decoded once: cached ones come from the cache, uncompressed ones are
+    read here, compressed ones are decompressed in parallel, unpickled here and remembered
+    in the cache.
     """
     sizes: dict = {}  # shard number -> block size, for the shards involved
     wanted: dict = {}  # (shard number, block) -> examples or None; insertion ordered
@@ -205,11 +206,16 @@ def _gather(shards: list, located: list) -> list:
         wanted[(s, j // size)] = None
     todo = []
     for key in wanted:
-        examples = shards[key[0]]._cached_block(key[1])
-        if examples is None:
-            todo.append(key)
-        else:
+        shard = shards[key[0]]
+        examples = shard._cached_block(key[1])
+        if examples is not None:
             wanted[key] = examples
+        elif not shard.metadata.compression_strategy:
+            # Nothing to decompress: a thread would only add hand-offs (and the compiled
+            # core unpickles straight from the mapping on this path).
+            wanted[key] = shard._read_block(key[1])
+        else:
+            todo.append(key)
     if len(todo) == 1:
         s, b = todo[0]
         wanted[(s, b)] = _decoded(shards[s], b, shards[s]._block_bytes(b))
@@ -259,7 +265,9 @@ class _Ahead:
         self.shard = shard
         self.b = b
         self.data = None
-        self.future = _submit(shard._block_bytes, b)
+        # An uncompressed block has nothing to decompress: read it when it is needed.
+        compressed = shard.metadata.compression_strategy
+        self.future = _submit(shard._block_bytes, b) if compressed else _INLINE
 
     def steal(self) -> bool:
         """Decode here if the pool has not started; False if it has (or it is done)."""
