@@ -194,34 +194,48 @@ def _gather(shards: list, located: list) -> list:
     """The examples at ``located`` ((shard number, local index) pairs, already checked).
 
     Each block needed is decoded once: cached ones come from the cache, uncompressed ones are
-    read here, compressed ones are decompressed in parallel, unpickled here and remembered
-    in the cache.
+    read here, compressed ones are decompressed in parallel and unpickled here. A decoded
+    block gives its examples to the batch at once and is then let go (the cache keeps what
+    it is sized for), so a batch of random indices holds only its own examples, not every
+    block it touched.
     """
+    out: list = [None] * len(located)
     sizes: dict = {}  # shard number -> block size, for the shards involved
-    wanted: dict = {}  # (shard number, block) -> examples or None; insertion ordered
-    for s, j in located:
+    wanted: dict = {}  # (shard number, block) -> [(position in out, index in block)]
+    for pos, (s, j) in enumerate(located):
         size = sizes.get(s)
         if size is None:
             size = sizes[s] = shards[s].metadata.block_size
-        wanted[(s, j // size)] = None
+        key = (s, j // size)
+        places = wanted.get(key)
+        if places is None:
+            wanted[key] = [(pos, j % size)]
+        else:
+            places.append((pos, j % size))
     todo = []
-    for key in wanted:
+    for key, places in wanted.items():
         shard = shards[key[0]]
         examples = shard._cached_block(key[1])
-        if examples is not None:
-            wanted[key] = examples
-        elif not shard.metadata.compression_strategy:
+        if examples is None and not shard.metadata.compression_strategy:
             # Nothing to decompress: a thread would only add hand-offs (and the compiled
             # core unpickles straight from the mapping on this path).
-            wanted[key] = shard._read_block(key[1])
-        else:
+            examples = shard._read_block(key[1])
+        if examples is None:
             todo.append(key)
+        else:
+            for pos, k in places:
+                out[pos] = examples[k]
     if len(todo) == 1:
         s, b = todo[0]
-        wanted[(s, b)] = _decoded(shards[s], b, shards[s]._block_bytes(b))
+        _place(_decoded(shards[s], b, shards[s]._block_bytes(b)), wanted[todo[0]], out)
     elif todo:
-        _decode_in_parallel(shards, todo, wanted)
-    return [wanted[(s, j // sizes[s])][j % sizes[s]] for s, j in located]
+        _decode_in_parallel(shards, todo, wanted, out)
+    return out
+
+
+def _place(examples: list, places: list, out: list) -> None:
+    for pos, k in places:
+        out[pos] = examples[k]
 
 
 def _decoded(shard, b: int, data) -> list:
@@ -230,8 +244,9 @@ def _decoded(shard, b: int, data) -> list:
     return examples
 
 
-def _decode_in_parallel(shards: list, todo: list, out: dict) -> None:
-    """Decode the blocks ``todo`` into ``out``: decompress them all, then unpickle in order.
+def _decode_in_parallel(shards: list, todo: list, wanted: dict, out: list) -> None:
+    """Decode the blocks ``todo`` and place their examples: decompress them all, then
+    unpickle in order.
 
     The pool takes blocks from the front while this thread decompresses from the back, so
     every thread spends this phase mostly without the GIL. Unpickling while the pool still
@@ -252,7 +267,7 @@ def _decode_in_parallel(shards: list, todo: list, out: dict) -> None:
         for future in futures:
             future.cancel()
     for k, (s, b) in enumerate(todo):
-        out[(s, b)] = _decoded(shards[s], b, data[k])
+        _place(_decoded(shards[s], b, data[k]), wanted[(s, b)], out)
         data[k] = None
 
 
