@@ -1,4 +1,5 @@
-"""Batched reads, read-ahead iteration, the block cache, and PyTorch's DataLoader."""
+"""Batched reads, read-ahead iteration and the block cache (no torch needed; DataLoader
+runs are in test_dataloader.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,10 @@ import threading
 
 import pytest
 from helpers import FIXTURES, assert_same, load_expected
-from loader_helpers import example, keep_shards, write_dataset
+from loader_helpers import example, write_dataset
 
 import atlas_fast
-from atlas_fast import BlockShuffleSampler, CompressionStrategy
-
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+from atlas_fast import CompressionStrategy
 
 N = 300  # shards of 64 examples (the last 44), blocks of 8: 38 blocks over 5 shards
 
@@ -87,6 +85,7 @@ def test_getitems_numpy_and_tensor_indices(atlas, root, expected):
     ds = atlas.AtlasDataset(root)
     idx = [4, 290, -3, 100]
     assert ds.__getitems__(np.array(idx)) == [expected[i] for i in idx]
+    torch = pytest.importorskip("torch")
     assert ds.__getitems__(torch.tensor(idx)) == [expected[i] for i in idx]
 
 
@@ -327,97 +326,6 @@ def test_threads_read_concurrently(atlas, root, expected):
     for t in threads:
         t.join()
     assert failures == []
-
-
-# -- DataLoader -----------------------------------------------------------------------------
-
-
-def _epoch(loader) -> list:
-    return [x for batch in loader for x in batch]
-
-
-def test_dataloader_without_workers(atlas, root, expected):
-    ds = atlas.AtlasDataset(root, cache_blocks=16)
-    sampler = BlockShuffleSampler(ds, window_blocks=4, seed=3)
-    loader = DataLoader(ds, batch_size=32, sampler=sampler, collate_fn=list)
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        order = sampler.epoch_indices()
-        assert _epoch(loader) == [expected[i] for i in order]
-
-
-def test_dataloader_fork_workers(atlas, root, expected):
-    ds = atlas.AtlasDataset(root, cache_blocks=16)
-    ds.__getitems__([0, 100, 200])  # the parent has read (and started its thread pool)
-    ds[299]
-    sampler = BlockShuffleSampler(ds, window_blocks=2, seed=1)
-    loader = DataLoader(
-        ds,
-        batch_size=20,
-        sampler=sampler,
-        num_workers=2,
-        multiprocessing_context="fork",
-        persistent_workers=True,
-        collate_fn=list,
-    )
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        order = sampler.epoch_indices()
-        assert sorted(order.tolist()) == list(range(N))
-        assert _epoch(loader) == [expected[i] for i in order]
-
-
-def test_dataloader_spawn_workers(atlas, root, expected):
-    ds = atlas.AtlasDataset(root)
-    ds[5]  # read before pickling to the workers
-    sampler = BlockShuffleSampler(ds, window_blocks=8, seed=2)
-    loader = DataLoader(
-        ds,
-        batch_size=50,
-        sampler=sampler,
-        num_workers=2,
-        multiprocessing_context="spawn",
-        collate_fn=list,
-    )
-    assert _epoch(loader) == [expected[i] for i in sampler.epoch_indices()]
-
-
-class _ShardStream(IterableDataset):
-    """Each worker streams its own shards with ``iter(shard)``."""
-
-    def __init__(self, ds):
-        self.ds = ds
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        k, n = (0, 1) if info is None else (info.id, info.num_workers)
-        for shard in self.ds.shards[k::n]:
-            yield from shard
-
-
-def test_iter_in_fork_workers(atlas, root, expected):
-    ds = atlas.AtlasDataset(root)
-    assert next(iter(ds)) == expected[0]
-    loader = DataLoader(
-        _ShardStream(ds),
-        batch_size=None,
-        num_workers=2,
-        multiprocessing_context="fork",
-    )
-    got = list(loader)
-    assert sorted(got, key=lambda x: x["id"]) == expected
-
-
-def test_dataloader_on_a_node_holding_some_shards(atlas, root, tmp_path, expected):
-    part = keep_shards(root, tmp_path / "node", [1, 3, 4])
-    ds = atlas.AtlasDataset(part)
-    present = expected[64:128] + expected[192:]
-    assert len(ds) == len(present)
-    assert [ds[i] for i in range(len(ds))] == present
-    sampler = BlockShuffleSampler(ds, window_blocks=3, num_replicas=2, rank=1)
-    loader = DataLoader(ds, batch_size=16, sampler=sampler, collate_fn=list)
-    assert _epoch(loader) == [present[i] for i in sampler.epoch_indices()]
-    assert list(ds) == present
 
 
 def test_uncompressed_and_plain_zstd(atlas, tmp_path):
