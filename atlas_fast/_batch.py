@@ -24,7 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BlockCache", "ShardLoading", "DatasetLoading", "pool_size", "READ_AHEAD"]
 
-READ_AHEAD = 2  # blocks decompressed ahead of the one being unpickled by ``__iter__``
+# Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
+# READ_AHEAD + 1 decoded blocks are held per iterator). Enough that the pool never runs dry
+# while this thread unpickles: with 2 cores, 100-document compressed blocks read 1.44x the
+# sequential ``ds[i]`` loop with 8 ahead, 1.32x with 4, 1.18x with 2.
+READ_AHEAD = 8
 
 
 def pool_size() -> int:
@@ -276,13 +280,11 @@ class _Ahead:
 
     __slots__ = ("shard", "b", "future", "data")
 
-    def __init__(self, shard, b: int) -> None:
+    def __init__(self, shard, b: int, on_pool: bool) -> None:
         self.shard = shard
         self.b = b
         self.data = None
-        # An uncompressed block has nothing to decompress: read it when it is needed.
-        compressed = shard.metadata.compression_strategy
-        self.future = _submit(shard._block_bytes, b) if compressed else _INLINE
+        self.future = _submit(shard._block_bytes, b) if on_pool else _INLINE
 
     def steal(self) -> bool:
         """Decode here if the pool has not started; False if it has (or it is done)."""
@@ -298,15 +300,36 @@ class _Ahead:
         return data
 
 
+# Below this many stored bytes per block (on average), a pool hand-off costs about as much as
+# the decompression it moves (measured: 8-document zstd blocks of ~4 KB read at 0.66x the
+# ds[i] loop through the pool); such blocks are decoded on the calling thread.
+POOL_MIN_BLOCK_BYTES = 16 * 1024
+
+
+def _worth_the_pool(shard) -> bool:
+    """Whether ``shard``'s blocks are worth decompressing on the pool: compressed, and large
+    enough on average."""
+    if not shard.metadata.compression_strategy:
+        return False  # nothing to decompress
+    blocks = _block_count(shard)
+    try:
+        stored = os.stat(shard.root / "data.bin").st_size
+    except OSError:
+        return True  # reading will report the problem
+    return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES
+
+
 def _read_ahead(blocks):
     """Every example of ``blocks`` ((shard, block number) pairs), in order.
 
     The next ``READ_AHEAD`` blocks are decompressed on the pool while one is unpickled and
-    handed out; when the block needed is still being decompressed, this thread decompresses
-    the furthest one not started instead of waiting idle. Closing or dropping the generator
-    cancels what has not started; nothing else outlives it.
+    handed out. When the block needed has not started, this thread decodes it; when it is
+    being decompressed, this thread waits (decompressing a later block here instead was
+    measured slower: it leaves the pool short of work and the cores oversubscribed).
+    Closing or dropping the generator cancels what has not started; nothing else outlives it.
     """
     pending: deque = deque()
+    pooled: dict = {}  # id(shard) -> whether its blocks go to the pool
     blocks = iter(blocks)
     try:
         while True:
@@ -314,14 +337,14 @@ def _read_ahead(blocks):
                 nxt = next(blocks, None)
                 if nxt is None:
                     break
-                pending.append(_Ahead(*nxt))
+                shard = nxt[0]
+                on_pool = pooled.get(id(shard))
+                if on_pool is None:
+                    on_pool = pooled[id(shard)] = _worth_the_pool(shard)
+                pending.append(_Ahead(shard, nxt[1], on_pool))
             if not pending:
                 return
             current = pending.popleft()
-            if not current.future.done():
-                for later in reversed(pending):
-                    if later.steal():
-                        break
             examples = current.shard._unpickle(current.result(), current.b)
             yield from examples
     finally:

@@ -17,6 +17,13 @@ from atlas_fast import CompressionStrategy
 N = 300  # shards of 64 examples (the last 44), blocks of 8: 38 blocks over 5 shards
 
 
+@pytest.fixture(autouse=True)
+def small_blocks_use_the_pool(monkeypatch):
+    """This module's blocks are small: send them to the pool anyway, so read-ahead through
+    the pool is what these tests exercise (test_small_blocks_are_read_ahead_inline aside)."""
+    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 0)
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("loader") / "ds", N, 64, 8)
@@ -291,6 +298,26 @@ def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, m
     batch = [299, 0, 150, 7, 64]
     assert ds.__getitems__(batch) == [expected[i] for i in batch]
     assert list(ds) == expected
+
+
+def test_small_blocks_are_read_ahead_inline(atlas, root, expected, monkeypatch):
+    """Blocks smaller than POOL_MIN_BLOCK_BYTES stored are decoded by the iterating thread:
+    a pool hand-off would cost what it saves. Large ones go to the pool."""
+    submitted = []
+    submit = atlas_fast._batch._submit
+
+    def counting(fn, *args):
+        submitted.append(args)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(atlas_fast._batch, "_submit", counting)
+    ds = atlas.AtlasDataset(root)
+    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 1 << 30)
+    assert list(ds) == expected
+    assert submitted == []
+    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 1)
+    assert list(ds) == expected
+    assert len(submitted) == sum(-(-len(s) // 8) for s in ds.shards)
 
 
 def test_empty_batch_and_empty_iteration(atlas, tmp_path):
