@@ -22,6 +22,8 @@ import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 
+from ._format import DATA_FILE
+
 __all__ = ["BlockCache", "ShardLoading", "DatasetLoading", "pool_size", "READ_AHEAD"]
 
 # Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
@@ -313,7 +315,7 @@ def _worth_the_pool(shard) -> bool:
         return False  # nothing to decompress
     blocks = _block_count(shard)
     try:
-        stored = os.stat(shard.root / "data.bin").st_size
+        stored = os.stat(shard.root / DATA_FILE).st_size
     except OSError:
         return True  # reading will report the problem
     return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES

@@ -97,6 +97,15 @@ def _trust_kwargs(reader) -> dict:
     return {"trusted": reader.trusted, "allowed_globals": reader.allowed_globals}
 
 
+def _settings_kwargs(reader) -> dict:
+    """The keyword arguments a reader pickles with: its cache and trust settings."""
+    return {
+        "cache_blocks": reader.cache_blocks,
+        "cache_bytes": reader.cache_bytes,
+        **_trust_kwargs(reader),
+    }
+
+
 def _block_loads(trusted: bool, allowed_globals: tuple):
     """The ``loads`` a shard core calls on each block's pickle bytes."""
     if trusted:
@@ -195,11 +204,7 @@ class _ShardMethods(ShardLoading):
         return _rebuild, (
             type(self),
             (self.root, self.mmap_index, self.compression_dict_bytes),
-            {
-                "cache_blocks": self.cache_blocks,
-                "cache_bytes": self.cache_bytes,
-                **_trust_kwargs(self),
-            },
+            _settings_kwargs(self),
         )
 
     def __repr__(self):
@@ -279,11 +284,7 @@ class _DatasetMethods(DatasetLoading):
         return _rebuild, (
             type(self),
             (self.root, self.mmap_index),
-            {
-                "cache_blocks": self.cache_blocks,
-                "cache_bytes": self.cache_bytes,
-                **_trust_kwargs(self),
-            },
+            _settings_kwargs(self),
         )
 
     def __repr__(self):

@@ -1103,8 +1103,12 @@ cdef class ShardCore:
 
     # -- blocks -----------------------------------------------------------------------------
 
-    cdef bytes _decoded(self, Py_ssize_t b, bint decode):
-        """Block ``b``'s pickle bytes (``decode`` false: its stored bytes); 0 <= b < blocks."""
+    cdef object _decoded(self, Py_ssize_t b, bint decode, bint view=False):
+        """Block ``b``'s pickle bytes (``decode`` false: its stored bytes); 0 <= b < blocks.
+
+        ``view`` true: an uncompressed block comes as a _BlockView of the mapping (no copy);
+        otherwise always bytes.
+        """
         cdef object offsets = self._offsets
         while offsets is None:
             self._open()
@@ -1116,10 +1120,17 @@ cdef class ShardCore:
         cdef uint64_t end = self._offs[b + 1]
         cdef bytes out
         cdef char* dst
+        cdef _BlockView block_view
         cdef size_t size = <size_t>(end - start)
         _check_extent(mapping, self._data_path, b, start, end)
         if decode and self._compressed:
             return _decompress(mapping.ptr + start, size, zdict, self._data_path, b)
+        if view:
+            block_view = _BlockView.__new__(_BlockView)
+            block_view.owner = mapping
+            block_view.ptr = mapping.ptr + start if end > start else mapping.ptr
+            block_view.size = <Py_ssize_t>size
+            return block_view
         if size < (1 << 20):
             return PyBytes_FromStringAndSize(mapping.ptr + start, <Py_ssize_t>size)
         out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
@@ -1134,22 +1145,7 @@ cdef class ShardCore:
         An uncompressed block is unpickled straight from the mapping (its size checked first,
         as for every read; see the data.bin notes above).
         """
-        cdef object offsets = self._offsets
-        cdef _BlockView view
-        if self._compressed:
-            return self._unpickle_c(self._decoded(b, True), b)
-        while offsets is None:
-            self._open()
-            offsets = self._offsets
-        cdef _Mapping mapping = self._mapping
-        cdef uint64_t start = self._offs[b]
-        cdef uint64_t end = self._offs[b + 1]
-        _check_extent(mapping, self._data_path, b, start, end)
-        view = _BlockView.__new__(_BlockView)
-        view.owner = mapping
-        view.ptr = mapping.ptr + start if end > start else mapping.ptr
-        view.size = <Py_ssize_t>(end - start)
-        return self._unpickle_c(view, b)
+        return self._unpickle_c(self._decoded(b, True, True), b)
 
     cdef object _unpickle_c(self, data, object b):
         cdef Py_ssize_t k
