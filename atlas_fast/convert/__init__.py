@@ -1,0 +1,1 @@
+"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md)."""
