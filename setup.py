@@ -44,7 +44,15 @@ def _extensions() -> list:
         # Elsewhere than CPython the pure-Python backend is a fine fallback.
         optional=platform.python_implementation() != "CPython",
     )
-    return cythonize([reader], compiler_directives=directives, include_path=["src"])
+    # The pickle scanner: its own module, whose C API (_pickle_scan.pxd) the reader cimports.
+    scanner = Extension(
+        "atlas_fast._pickle_scan",
+        ["src/_pickle_scan.pyx"],
+        extra_compile_args=reader.extra_compile_args,
+        extra_link_args=reader.extra_link_args,
+        optional=reader.optional,
+    )
+    return cythonize([reader, scanner], compiler_directives=directives, include_path=["src"])
 
 
 class _PlatformWheel(Distribution):

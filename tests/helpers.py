@@ -77,6 +77,14 @@ def reference_read(root) -> list:
     decompressed one-shot by python-zstandard (which needs the frame's content size), the
     shared dictionary from the root for strategy 2. What this reads, the reference reads.
     """
+    examples = []
+    for block in reference_blocks(root):
+        examples.extend(pickle.loads(block))
+    return examples
+
+
+def reference_blocks(root):
+    """Each block of a dataset, decompressed (pickled lists), as reference_read finds them."""
     import json
 
     import zstandard
@@ -87,7 +95,6 @@ def reference_read(root) -> list:
     shared = None
     if meta["compression_strategy"] == 2:
         shared = zstandard.ZstdCompressionDict((root / "zstd_dict.bin").read_bytes())
-    examples = []
     for shard in sorted(p for p in root.iterdir() if p.is_dir()):
         smeta = json.loads((shard / "meta.json").read_text())
         assert smeta["version"] == 1
@@ -105,7 +112,4 @@ def reference_read(root) -> list:
             dctx = zstandard.ZstdDecompressor()
         for b in range(len(index) - 1):
             block = data[int(index[b]) : int(index[b + 1])]
-            if strategy != 0:
-                block = dctx.decompress(block)
-            examples.extend(pickle.loads(block))
-    return examples
+            yield dctx.decompress(block) if strategy != 0 else block

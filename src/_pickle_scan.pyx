@@ -1,0 +1,992 @@
+# Directives are set once, in setup.py.
+"""Partial decoding of a block: a scanner of pickle opcodes, one element unpickled alone.
+
+A block is ``pickle.dumps(list_of_examples)``. The scanner walks the block's opcodes
+(protocols 0-5) simulating the unpickler's stack without building any object. For each
+top-level element it records the byte span of its construction; for each memo entry, the span
+of the object stored there (from where its stack slot was created to where that slot was last
+on top of the stack: a memoized list or dict filled by later APPENDS or SETITEMS is included
+whole); for each GET, the entry it reads. Element ``i`` is then unpickled from a synthetic
+pickle: PROTO, the spans of every memo entry it reads that was built before it (recursively,
+in block order, each followed by POP), its own span, STOP; MEMOIZE opcodes are rewritten as
+explicit puts at their original index and FRAME headers are dropped. The caller's ``loads``
+(``pickle.loads`` or the restricted unpickler) loads it: whatever the block refers to reaches
+that ``loads`` unchanged.
+
+Anything the scanner does not fully understand makes the whole scan a fallback (the caller
+unpickles the whole block): unknown opcodes, persistent ids, the extension registry,
+out-of-band buffers, DUP, a top level that is not a list built by the pickle itself, an object
+changed after it was built through a GET (APPEND/SETITEM/BUILD on a fetched object), a memo
+index stored twice or out of range, a GET of an unset index, a stack underflow, truncation.
+A single element falls back when it needs an object whose construction was not over when the
+element read it (a recursive structure reaching outside the element).
+
+Elements are final only once the pickle's STOP has been scanned: a prefix of a pickle does not
+determine its top-level elements (``MARK K1 K2`` starts both ``[1, 2]`` and ``[(1, 2)]``), so
+the scan of a prefix reports PS_MORE and no element.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, qsort, realloc
+from libc.string cimport memchr, memcpy
+
+cimport cython
+
+import pickle
+
+__all__ = ["PickleScanner", "scan", "MAX_PROTOCOL"]
+
+cdef enum:
+    PS_MAX_PROTOCOL = 5  # pickle.HIGHEST_PROTOCOL of every CPython this builds for
+
+MAX_PROTOCOL = PS_MAX_PROTOCOL
+
+cdef extern from *:
+    """
+    #define PS_OPEN 0xFFFFFFFFu
+    #define PS_FRAME_EDIT 0xFFFFFFFFu
+    #define PS_LIMIT 0xFFFFFFF0u
+    #define PS_MEMO_SLACK 256u
+    """
+    # ps_def.end while the object is being built; ps_edit.memo of a FRAME header
+    const uint32_t PS_OPEN
+    const uint32_t PS_FRAME_EDIT
+    # Blocks this long or longer are not scanned (offsets are 32-bit).
+    const uint32_t PS_LIMIT
+    # An explicit memo index may exceed its opcode's offset by this much.
+    const uint32_t PS_MEMO_SLACK
+
+# Slot flags.
+cdef enum:
+    F_LIST = 1  # built by EMPTY_LIST or LIST
+    F_GET = 2  # pushed by a GET: an object built elsewhere
+
+# Fallback reasons; their text is in _REASONS, in the same order.
+cdef enum:
+    R_NONE = 0
+    R_UNKNOWN_OPCODE
+    R_UNSUPPORTED_OPCODE
+    R_TRUNCATED
+    R_TOO_LARGE
+    R_PROTO
+    R_UNDERFLOW
+    R_MEMO_RANGE
+    R_MEMO_TWICE
+    R_MEMO_UNSET
+    R_MUTATION
+    R_NOT_LIST
+    R_STOP
+    R_BAD_ARGUMENT
+    R_NO_MEMORY
+    R_RECURSIVE
+    R_NO_ELEMENT
+    R_NOT_DONE
+
+cdef const char* _REASONS[18]
+_REASONS[R_NONE] = b"none"
+_REASONS[R_UNKNOWN_OPCODE] = b"unknown opcode"
+_REASONS[R_UNSUPPORTED_OPCODE] = (
+    b"unsupported opcode (DUP, persistent id, extension registry or out-of-band buffer)")
+_REASONS[R_TRUNCATED] = b"truncated pickle"
+_REASONS[R_TOO_LARGE] = b"block too large to scan"
+_REASONS[R_PROTO] = b"unsupported or misplaced PROTO"
+_REASONS[R_UNDERFLOW] = b"stack underflow or misplaced mark"
+_REASONS[R_MEMO_RANGE] = b"memo index out of range"
+_REASONS[R_MEMO_TWICE] = b"memo index stored twice"
+_REASONS[R_MEMO_UNSET] = b"GET of a memo index never stored"
+_REASONS[R_MUTATION] = b"an object is changed after it was built"
+_REASONS[R_NOT_LIST] = b"the top level is not a list"
+_REASONS[R_STOP] = b"STOP with a stack other than one list, or a frame past STOP"
+_REASONS[R_BAD_ARGUMENT] = b"malformed opcode argument"
+_REASONS[R_NO_MEMORY] = b"out of memory"
+_REASONS[R_RECURSIVE] = b"refers to an object whose construction is not over (recursive)"
+_REASONS[R_NO_ELEMENT] = b"no such element"
+_REASONS[R_NOT_DONE] = b"the scan is not complete"
+
+# Opcodes (pickletools' names).
+cdef enum:
+    OP_MARK = 0x28  # (
+    OP_STOP = 0x2E  # .
+    OP_POP = 0x30  # 0
+    OP_POP_MARK = 0x31  # 1
+    OP_DUP = 0x32  # 2
+    OP_FLOAT = 0x46  # F
+    OP_INT = 0x49  # I
+    OP_BININT = 0x4A  # J
+    OP_BININT1 = 0x4B  # K
+    OP_LONG = 0x4C  # L
+    OP_BININT2 = 0x4D  # M
+    OP_NONE = 0x4E  # N
+    OP_PERSID = 0x50  # P
+    OP_BINPERSID = 0x51  # Q
+    OP_REDUCE = 0x52  # R
+    OP_STRING = 0x53  # S
+    OP_BINSTRING = 0x54  # T
+    OP_SHORT_BINSTRING = 0x55  # U
+    OP_UNICODE = 0x56  # V
+    OP_BINUNICODE = 0x58  # X
+    OP_APPEND = 0x61  # a
+    OP_BUILD = 0x62  # b
+    OP_GLOBAL = 0x63  # c
+    OP_DICT = 0x64  # d
+    OP_EMPTY_DICT = 0x7D  # }
+    OP_APPENDS = 0x65  # e
+    OP_GET = 0x67  # g
+    OP_BINGET = 0x68  # h
+    OP_INST = 0x69  # i
+    OP_LONG_BINGET = 0x6A  # j
+    OP_LIST = 0x6C  # l
+    OP_EMPTY_LIST = 0x5D  # ]
+    OP_OBJ = 0x6F  # o
+    OP_PUT = 0x70  # p
+    OP_BINPUT = 0x71  # q
+    OP_LONG_BINPUT = 0x72  # r
+    OP_SETITEM = 0x73  # s
+    OP_TUPLE = 0x74  # t
+    OP_EMPTY_TUPLE = 0x29  # )
+    OP_SETITEMS = 0x75  # u
+    OP_BINFLOAT = 0x47  # G
+    OP_BINBYTES = 0x42  # B
+    OP_SHORT_BINBYTES = 0x43  # C
+    OP_PROTO = 0x80
+    OP_NEWOBJ = 0x81
+    OP_EXT1 = 0x82
+    OP_EXT2 = 0x83
+    OP_EXT4 = 0x84
+    OP_TUPLE1 = 0x85
+    OP_TUPLE2 = 0x86
+    OP_TUPLE3 = 0x87
+    OP_NEWTRUE = 0x88
+    OP_NEWFALSE = 0x89
+    OP_LONG1 = 0x8A
+    OP_LONG4 = 0x8B
+    OP_SHORT_BINUNICODE = 0x8C
+    OP_BINUNICODE8 = 0x8D
+    OP_BINBYTES8 = 0x8E
+    OP_EMPTY_SET = 0x8F
+    OP_ADDITEMS = 0x90
+    OP_FROZENSET = 0x91
+    OP_NEWOBJ_EX = 0x92
+    OP_STACK_GLOBAL = 0x93
+    OP_MEMOIZE = 0x94
+    OP_FRAME = 0x95
+    OP_BYTEARRAY8 = 0x96
+    OP_NEXT_BUFFER = 0x97
+    OP_READONLY_BUFFER = 0x98
+
+# What an opcode does to the stack, once its argument is read.
+cdef enum:
+    A_PUSH
+    A_PUSH_LIST
+    A_GET
+    A_PUT
+    A_MEMOIZE
+    A_MARK
+    A_POP
+    A_POP_MARK
+    A_FROM_MARK  # TUPLE, DICT, FROZENSET, INST, OBJ: items above the mark -> one object
+    A_LIST_FROM_MARK  # LIST
+    A_MERGE  # TUPLE1-3, REDUCE, NEWOBJ, NEWOBJ_EX, STACK_GLOBAL: the top n -> one object
+    A_APPEND
+    A_APPENDS  # APPENDS, SETITEMS, ADDITEMS: items above the mark into the object below it
+    A_SETITEM
+    A_BUILD
+    A_FRAME
+    A_PROTO
+    A_STOP
+
+
+# ---------------------------------------------------------------------------------------------
+# Growing arrays (malloc'd; every failure is reported, never fatal)
+
+cdef int _grow(void** arr, uint32_t* cap, uint32_t need, size_t item) noexcept nogil:
+    """Make ``*arr`` hold at least ``need`` items; 0, or -1 when out of memory."""
+    cdef uint64_t new_cap
+    cdef void* grown
+    if need <= cap[0]:
+        return 0
+    new_cap = cap[0] * 2 if cap[0] >= 16 else 16
+    if new_cap < need:
+        new_cap = need
+    if new_cap > PS_LIMIT:
+        new_cap = PS_LIMIT
+        if new_cap < need:
+            return -1
+    grown = realloc(arr[0], <size_t>new_cap * item)
+    if grown == NULL:
+        return -1
+    arr[0] = grown
+    cap[0] = <uint32_t>new_cap
+    return 0
+
+
+cdef inline uint32_t _le32(const unsigned char* p) noexcept nogil:
+    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef inline uint64_t _le64(const unsigned char* p) noexcept nogil:
+    return _le32(p) | (<uint64_t>_le32(p + 4) << 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scan
+
+cdef PickleScan* ps_new() noexcept nogil:
+    """A fresh scan (all zero), or NULL when out of memory."""
+    cdef PickleScan* s = <PickleScan*>calloc(1, sizeof(PickleScan))
+    if s != NULL:
+        s.proto = -1
+        s.status = PS_MORE
+    return s
+
+
+cdef void _free_scanning_state(PickleScan* s) noexcept nogil:
+    free(s.stack)
+    free(s.marks)
+    free(s.open_defs)
+    free(s.memo)
+    s.stack = NULL
+    s.marks = NULL
+    s.open_defs = NULL
+    s.memo = NULL
+    s.cap_stack = s.cap_marks = s.cap_open = s.cap_memo = 0
+    s.height = s.n_marks = s.n_open = 0
+
+
+cdef void ps_free(PickleScan* s) noexcept nogil:
+    if s == NULL:
+        return
+    _free_scanning_state(s)
+    free(s.elems)
+    free(s.defs)
+    free(s.uses)
+    free(s.edits)
+    free(s)
+
+
+cdef size_t ps_nbytes(const PickleScan* s) noexcept nogil:
+    """Bytes the scan holds (for a cache's accounting)."""
+    return (sizeof(PickleScan) + s.cap_elems * sizeof(ps_span) + s.cap_defs * sizeof(ps_def)
+            + s.cap_uses * sizeof(ps_use) + s.cap_edits * sizeof(ps_edit)
+            + s.cap_stack * sizeof(ps_slot) + s.cap_marks * sizeof(ps_mark)
+            + s.cap_open * sizeof(int32_t) + s.cap_memo * sizeof(int32_t))
+
+
+cdef const char* ps_reason(int reason) noexcept nogil:
+    if reason < 0 or reason > R_NOT_DONE:
+        return b"?"
+    return _REASONS[reason]
+
+
+cdef int _fail(PickleScan* s, int reason) noexcept nogil:
+    s.status = PS_FALLBACK
+    s.reason = reason
+    _free_scanning_state(s)
+    return PS_FALLBACK
+
+
+cdef int _more(PickleScan* s, uint64_t need, bint final) noexcept nogil:
+    """Stop before an opcode that ends at ``need``: past the data given."""
+    if final:
+        return _fail(s, R_TRUNCATED)
+    if need >= PS_LIMIT:
+        return _fail(s, R_TOO_LARGE)
+    s.need = <uint32_t>need
+    return PS_MORE
+
+
+cdef inline uint32_t _fence(const PickleScan* s) noexcept nogil:
+    """The stack height below which the current mark hides the stack."""
+    return s.marks[s.n_marks - 1].height if s.n_marks else 0
+
+
+cdef int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
+    cdef ps_slot* slot
+    if _grow(<void**>&s.stack, &s.cap_stack, s.height + 1, sizeof(ps_slot)) < 0:
+        return -1
+    slot = &s.stack[s.height]
+    slot.start = start
+    slot.last_end = start
+    slot.flags = flags
+    if s.height == 0:
+        s.root_list = (flags & F_LIST) != 0
+    s.height += 1
+    return 0
+
+
+cdef void _consume(PickleScan* s, uint32_t height) noexcept nogil:
+    """Drop the stack slots from ``height`` up: the objects there are built."""
+    cdef ps_def* d
+    while s.n_open and s.defs[s.open_defs[s.n_open - 1]].slot >= <int32_t>height:
+        d = &s.defs[s.open_defs[s.n_open - 1]]
+        d.end = s.stack[d.slot].last_end
+        s.n_open -= 1
+    if height == 0:
+        s.n_elems = 0
+        s.root_list = 0
+    s.height = height
+
+
+cdef int _add_elements(PickleScan* s, uint32_t first, uint32_t last) noexcept nogil:
+    """The slots first..last-1 go into the top-level list: they are its next elements."""
+    cdef uint32_t k
+    if _grow(<void**>&s.elems, &s.cap_elems, s.n_elems + last - first, sizeof(ps_span)) < 0:
+        return -1
+    for k in range(first, last):
+        s.elems[s.n_elems].start = s.stack[k].start
+        s.elems[s.n_elems].end = s.stack[k].last_end
+        s.n_elems += 1
+    return 0
+
+
+cdef int _add_edit(PickleScan* s, uint32_t pos, uint32_t memo) noexcept nogil:
+    if _grow(<void**>&s.edits, &s.cap_edits, s.n_edits + 1, sizeof(ps_edit)) < 0:
+        return -1
+    s.edits[s.n_edits].pos = pos
+    s.edits[s.n_edits].memo = memo
+    s.n_edits += 1
+    return 0
+
+
+cdef int _put(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
+    """The top object is stored at memo index ``idx``; returns a reason, or 0."""
+    cdef uint32_t k
+    cdef uint32_t old_cap
+    cdef ps_def* d
+    if s.height <= _fence(s):
+        return R_UNDERFLOW
+    if idx > <uint64_t>pos + PS_MEMO_SLACK:
+        return R_MEMO_RANGE
+    if idx < s.cap_memo and s.memo[idx] >= 0:
+        return R_MEMO_TWICE
+    if idx >= s.cap_memo:
+        old_cap = s.cap_memo
+        if _grow(<void**>&s.memo, &s.cap_memo, <uint32_t>idx + 1, sizeof(int32_t)) < 0:
+            return R_NO_MEMORY
+        for k in range(old_cap, s.cap_memo):
+            s.memo[k] = -1
+    if (_grow(<void**>&s.defs, &s.cap_defs, s.n_defs + 1, sizeof(ps_def)) < 0
+            or _grow(<void**>&s.open_defs, &s.cap_open, s.n_open + 1, sizeof(int32_t)) < 0):
+        return R_NO_MEMORY
+    d = &s.defs[s.n_defs]
+    d.start = s.stack[s.height - 1].start
+    d.end = PS_OPEN
+    d.memo = <uint32_t>idx
+    d.slot = <int32_t>(s.height - 1)
+    s.memo[idx] = <int32_t>s.n_defs
+    s.open_defs[s.n_open] = <int32_t>s.n_defs
+    s.n_open += 1
+    s.n_defs += 1
+    return 0
+
+
+cdef int _get(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
+    """A GET of memo index ``idx`` at ``pos``; returns a reason, or 0."""
+    if idx >= s.cap_memo or s.memo[idx] < 0:
+        return R_MEMO_UNSET
+    if _grow(<void**>&s.uses, &s.cap_uses, s.n_uses + 1, sizeof(ps_use)) < 0:
+        return R_NO_MEMORY
+    s.uses[s.n_uses].pos = pos
+    s.uses[s.n_uses].def_ = <uint32_t>s.memo[idx]
+    s.n_uses += 1
+    if _push(s, pos, F_GET) < 0:
+        return R_NO_MEMORY
+    return 0
+
+
+cdef int _decimal(const unsigned char* p, const unsigned char* end, uint64_t* out) noexcept nogil:
+    """A text opcode's memo index: 1-10 ASCII digits, nothing else; 0 or -1."""
+    cdef uint64_t v = 0
+    if end <= p or end - p > 10:
+        return -1
+    while p < end:
+        if p[0] < 48 or p[0] > 57:
+            return -1
+        v = v * 10 + (p[0] - 48)
+        p += 1
+    out[0] = v
+    return 0
+
+
+cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final) noexcept nogil:
+    """Scan on from where the last call stopped, over ``d[0:avail]`` (a prefix of the block
+    when not ``final``; the same bytes as before, extended). Returns the scan's status."""
+    cdef uint32_t p, fence, k, target, start
+    cdef uint64_t q, n, idx
+    cdef unsigned char op
+    cdef int action, arity, reason
+    cdef const unsigned char* nl
+    if s.status != PS_MORE:
+        return s.status
+    if avail >= PS_LIMIT:
+        return _fail(s, R_TOO_LARGE)
+    while True:
+        p = s.pos
+        if p >= avail:
+            return _more(s, <uint64_t>p + 1, final)
+        op = d[p]
+        q = <uint64_t>p + 1
+        arity = 0
+        idx = 0
+        # 1. The argument: where the opcode ends (q), and what it does.
+        if op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT, OP_EMPTY_SET):
+            action = A_PUSH
+        elif op == OP_EMPTY_LIST:
+            action = A_PUSH_LIST
+        elif op == OP_BININT1:
+            action = A_PUSH
+            q += 1
+        elif op == OP_BININT2:
+            action = A_PUSH
+            q += 2
+        elif op == OP_BININT:
+            action = A_PUSH
+            q += 4
+        elif op == OP_BINFLOAT:
+            action = A_PUSH
+            q += 8
+        elif op in (OP_SHORT_BINUNICODE, OP_SHORT_BINBYTES, OP_SHORT_BINSTRING, OP_LONG1):
+            action = A_PUSH
+            if q + 1 > avail:
+                return _more(s, q + 1, final)
+            q += 1 + d[p + 1]
+        elif op in (OP_BINUNICODE, OP_BINBYTES, OP_BINSTRING, OP_LONG4):
+            action = A_PUSH
+            if q + 4 > avail:
+                return _more(s, q + 4, final)
+            n = _le32(d + p + 1)
+            if op in (OP_BINSTRING, OP_LONG4) and n > 0x7FFFFFFF:
+                return _fail(s, R_BAD_ARGUMENT)  # a negative count: the unpickler refuses it
+            q += 4 + n
+        elif op in (OP_BINUNICODE8, OP_BINBYTES8, OP_BYTEARRAY8, OP_FRAME):
+            action = A_FRAME if op == OP_FRAME else A_PUSH
+            if q + 8 > avail:
+                return _more(s, q + 8, final)
+            n = _le64(d + p + 1)
+            if n >= PS_LIMIT:
+                return _more(s, PS_LIMIT, final)  # past any block scanned
+            q += 8
+            if op == OP_FRAME:
+                if q + n > s.frame_end:
+                    if q + n >= PS_LIMIT:
+                        return _fail(s, R_TOO_LARGE)
+                    s.frame_end = <uint32_t>(q + n)
+            else:
+                q += n
+        elif op in (OP_INT, OP_LONG, OP_FLOAT, OP_STRING, OP_UNICODE, OP_PUT, OP_GET,
+                    OP_GLOBAL, OP_INST):
+            nl = <const unsigned char*>memchr(d + q, 10, avail - q)
+            if nl == NULL:
+                return _more(s, <uint64_t>avail + 1, final)
+            if op in (OP_PUT, OP_GET):
+                if _decimal(d + q, nl, &idx) < 0:
+                    return _fail(s, R_BAD_ARGUMENT)
+                action = A_PUT if op == OP_PUT else A_GET
+            elif op == OP_INST:
+                action = A_FROM_MARK
+            else:
+                action = A_PUSH
+            q = <uint64_t>(nl - d) + 1
+            if op in (OP_GLOBAL, OP_INST):
+                nl = <const unsigned char*>memchr(d + q, 10, avail - q) if q < avail else NULL
+                if nl == NULL:
+                    return _more(s, <uint64_t>avail + 1, final)
+                q = <uint64_t>(nl - d) + 1
+        elif op in (OP_BINGET, OP_BINPUT):
+            if q + 1 > avail:
+                return _more(s, q + 1, final)
+            idx = d[p + 1]
+            q += 1
+            action = A_GET if op == OP_BINGET else A_PUT
+        elif op in (OP_LONG_BINGET, OP_LONG_BINPUT):
+            if q + 4 > avail:
+                return _more(s, q + 4, final)
+            idx = _le32(d + p + 1)
+            q += 4
+            action = A_GET if op == OP_LONG_BINGET else A_PUT
+        elif op == OP_MEMOIZE:
+            action = A_MEMOIZE
+            idx = s.n_defs
+        elif op == OP_MARK:
+            action = A_MARK
+        elif op == OP_POP:
+            action = A_POP
+        elif op == OP_POP_MARK:
+            action = A_POP_MARK
+        elif op in (OP_TUPLE, OP_DICT, OP_FROZENSET, OP_OBJ):
+            action = A_FROM_MARK
+        elif op == OP_LIST:
+            action = A_LIST_FROM_MARK
+        elif op in (OP_TUPLE1, OP_TUPLE2, OP_TUPLE3):
+            action = A_MERGE
+            arity = op - OP_TUPLE1 + 1
+        elif op in (OP_REDUCE, OP_NEWOBJ, OP_STACK_GLOBAL):
+            action = A_MERGE
+            arity = 2
+        elif op == OP_NEWOBJ_EX:
+            action = A_MERGE
+            arity = 3
+        elif op == OP_APPEND:
+            action = A_APPEND
+        elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS):
+            action = A_APPENDS
+        elif op == OP_SETITEM:
+            action = A_SETITEM
+        elif op == OP_BUILD:
+            action = A_BUILD
+        elif op == OP_PROTO:
+            action = A_PROTO
+            q += 1
+        elif op == OP_STOP:
+            action = A_STOP
+        elif op in (OP_DUP, OP_PERSID, OP_BINPERSID, OP_EXT1, OP_EXT2, OP_EXT4, OP_NEXT_BUFFER,
+                    OP_READONLY_BUFFER):
+            return _fail(s, R_UNSUPPORTED_OPCODE)
+        else:
+            return _fail(s, R_UNKNOWN_OPCODE)
+        if q > avail:
+            return _more(s, q, final)
+        if q >= PS_LIMIT:
+            return _fail(s, R_TOO_LARGE)
+
+        # 2. Its effect on the simulated stack.
+        fence = _fence(s)
+        reason = 0
+        if action == A_PUSH or action == A_PUSH_LIST:
+            if _push(s, p, F_LIST if action == A_PUSH_LIST else 0) < 0:
+                reason = R_NO_MEMORY
+        elif action == A_GET:
+            reason = _get(s, idx, p)
+        elif action == A_PUT or action == A_MEMOIZE:
+            reason = _put(s, idx, p)
+            if reason == 0 and action == A_MEMOIZE and _add_edit(s, p, <uint32_t>idx) < 0:
+                reason = R_NO_MEMORY
+        elif action == A_MARK:
+            if _grow(<void**>&s.marks, &s.cap_marks, s.n_marks + 1, sizeof(ps_mark)) < 0:
+                reason = R_NO_MEMORY
+            else:
+                s.marks[s.n_marks].height = s.height
+                s.marks[s.n_marks].pos = p
+                s.n_marks += 1
+        elif action == A_POP:
+            if s.n_marks and s.height == fence:
+                s.n_marks -= 1
+            elif s.height > fence:
+                _consume(s, s.height - 1)
+            else:
+                reason = R_UNDERFLOW
+        elif action in (A_POP_MARK, A_FROM_MARK, A_LIST_FROM_MARK, A_APPENDS):
+            if s.n_marks == 0:
+                reason = R_UNDERFLOW
+            else:
+                k = s.height - fence  # the items above the mark
+                start = s.marks[s.n_marks - 1].pos
+                s.n_marks -= 1
+                if action == A_APPENDS:
+                    # The object the items go into is just below the mark, above the next one.
+                    if fence == 0 or fence <= _fence(s):
+                        reason = R_UNDERFLOW
+                    elif k and s.stack[fence - 1].flags & F_GET:
+                        reason = R_MUTATION
+                    elif op == OP_SETITEMS and k % 2:
+                        reason = R_UNDERFLOW
+                    elif (op == OP_APPENDS and fence == 1 and s.root_list
+                            and _add_elements(s, 1, s.height) < 0):
+                        reason = R_NO_MEMORY
+                    else:
+                        _consume(s, fence)
+                elif action == A_POP_MARK:
+                    _consume(s, fence)
+                elif (op == OP_DICT and k % 2) or (op == OP_OBJ and k == 0):
+                    reason = R_UNDERFLOW
+                else:
+                    _consume(s, fence)
+                    if action == A_LIST_FROM_MARK and fence == 0 and _add_elements(s, 0, k) < 0:
+                        reason = R_NO_MEMORY
+                    elif _push(s, start, F_LIST if action == A_LIST_FROM_MARK else 0) < 0:
+                        reason = R_NO_MEMORY
+        elif action == A_MERGE:
+            if s.height - fence < <uint32_t>arity:
+                reason = R_UNDERFLOW
+            else:
+                start = s.stack[s.height - arity].start
+                _consume(s, s.height - arity)
+                if _push(s, start, 0) < 0:
+                    reason = R_NO_MEMORY
+        elif action in (A_APPEND, A_SETITEM, A_BUILD):
+            arity = 2 if action == A_SETITEM else 1
+            if s.height - fence < <uint32_t>arity + 1:
+                reason = R_UNDERFLOW
+            else:
+                target = s.height - arity - 1
+                if s.stack[target].flags & F_GET:
+                    reason = R_MUTATION
+                elif (action == A_APPEND and target == 0 and s.root_list
+                        and _add_elements(s, 1, 2) < 0):
+                    reason = R_NO_MEMORY
+                else:
+                    _consume(s, target + 1)
+        elif action == A_FRAME:
+            if _add_edit(s, p, PS_FRAME_EDIT) < 0:
+                reason = R_NO_MEMORY
+        elif action == A_PROTO:
+            if p != 0 or d[1] > PS_MAX_PROTOCOL:
+                reason = R_PROTO
+            else:
+                s.proto = d[1]
+        elif action == A_STOP:
+            if s.n_marks or s.height != 1 or s.frame_end > q:
+                reason = R_STOP
+            elif not s.root_list:
+                reason = R_NOT_LIST
+            else:
+                _consume(s, 1)
+                while s.n_open:  # the list's own memo entry
+                    s.defs[s.open_defs[s.n_open - 1]].end = s.stack[0].last_end
+                    s.n_open -= 1
+                s.pos = <uint32_t>q
+                s.status = PS_DONE
+                _free_scanning_state(s)
+                return PS_DONE
+        if reason:
+            return _fail(s, reason)
+        # The object now on top (if any) has been built up to here.
+        if action != A_FRAME and action != A_PROTO and s.height > _fence(s):
+            s.stack[s.height - 1].last_end = <uint32_t>q
+        s.pos = <uint32_t>q
+
+
+# ---------------------------------------------------------------------------------------------
+# One element's synthetic pickle
+
+cdef uint32_t _first_use(const PickleScan* s, uint32_t pos) noexcept nogil:
+    """The first use at or after ``pos`` (uses are in position order)."""
+    cdef uint32_t lo = 0
+    cdef uint32_t hi = s.n_uses
+    cdef uint32_t mid
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        if s.uses[mid].pos < pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef uint32_t _first_edit(const PickleScan* s, uint32_t pos) noexcept nogil:
+    cdef uint32_t lo = 0
+    cdef uint32_t hi = s.n_edits
+    cdef uint32_t mid
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        if s.edits[mid].pos < pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+ctypedef struct _need:
+    ps_span* spans  # the memo entries to re-create (their spans), then the element's
+    uint32_t n, cap
+    unsigned char* seen  # one bit per memo entry
+
+
+cdef int _walk(const PickleScan* s, _need* nd, uint32_t start, uint32_t end) noexcept nogil:
+    """Add the memo entries that ``start:end`` reads from before ``start``; a reason or 0."""
+    cdef uint32_t j = _first_use(s, start)
+    cdef const ps_def* d
+    cdef uint32_t di
+    while j < s.n_uses and s.uses[j].pos < end:
+        di = s.uses[j].def_
+        d = &s.defs[di]
+        if d.start < start:  # built outside the span: before it
+            if d.end > s.uses[j].pos:
+                return R_RECURSIVE
+            if not (nd.seen[di >> 3] & (1 << (di & 7))):
+                nd.seen[di >> 3] |= 1 << (di & 7)
+                if _grow(<void**>&nd.spans, &nd.cap, nd.n + 1, sizeof(ps_span)) < 0:
+                    return R_NO_MEMORY
+                nd.spans[nd.n].start = d.start
+                nd.spans[nd.n].end = d.end
+                nd.n += 1
+        j += 1
+    return 0
+
+
+cdef int _by_start(const void* a, const void* b) noexcept nogil:
+    """Spans in block order; of two starting together, the longer (the enclosing) first."""
+    cdef const ps_span* x = <const ps_span*>a
+    cdef const ps_span* y = <const ps_span*>b
+    if x.start != y.start:
+        return -1 if x.start < y.start else 1
+    return (x.end < y.end) - (x.end > y.end)
+
+
+cdef Py_ssize_t _span_size(const PickleScan* s, uint32_t start, uint32_t end) noexcept nogil:
+    """Bytes ``start:end`` takes once its MEMOIZEs are rewritten and its FRAMEs dropped."""
+    cdef Py_ssize_t size = end - start
+    cdef uint32_t j = _first_edit(s, start)
+    while j < s.n_edits and s.edits[j].pos < end:
+        if s.edits[j].memo == PS_FRAME_EDIT:
+            size -= 9
+        else:
+            size += 1 if s.edits[j].memo < 256 else 4
+        j += 1
+    return size
+
+
+cdef int ps_plan(const PickleScan* s, uint32_t i, ps_plan_t* plan) noexcept nogil:
+    """What element ``i``'s synthetic pickle holds; 0, or a reason to unpickle the block."""
+    cdef _need nd
+    cdef uint32_t k, kept, n_defs
+    cdef int reason = 0
+    cdef ps_span elem
+    plan.spans = NULL
+    plan.n = 0
+    plan.size = 0
+    if s.status != PS_DONE:
+        return R_NOT_DONE
+    if i >= s.n_elems:
+        return R_NO_ELEMENT
+    elem = s.elems[i]
+    nd.spans = NULL
+    nd.n = nd.cap = 0
+    nd.seen = <unsigned char*>calloc((s.n_defs >> 3) + 1, 1)
+    if nd.seen == NULL:
+        return R_NO_MEMORY
+    reason = _walk(s, &nd, elem.start, elem.end)
+    k = 0
+    while reason == 0 and k < nd.n:  # nd.spans grows as it is walked: the closure
+        reason = _walk(s, &nd, nd.spans[k].start, nd.spans[k].end)
+        k += 1
+    free(nd.seen)
+    if reason == 0 and _grow(<void**>&nd.spans, &nd.cap, nd.n + 1, sizeof(ps_span)) < 0:
+        reason = R_NO_MEMORY
+    if reason:
+        free(nd.spans)
+        return reason
+    # In block order; an entry built inside another one is re-created with it.
+    n_defs = nd.n
+    if n_defs > 1:
+        qsort(nd.spans, n_defs, sizeof(ps_span), _by_start)
+    kept = 0
+    for k in range(n_defs):
+        if kept and nd.spans[k].start < nd.spans[kept - 1].end:
+            continue
+        nd.spans[kept] = nd.spans[k]
+        kept += 1
+    nd.spans[kept] = elem
+    plan.spans = nd.spans
+    plan.n = kept + 1
+    plan.size = (2 if s.proto >= 2 else 0) + kept + 1  # PROTO, a POP after each entry, STOP
+    for k in range(plan.n):
+        plan.size += _span_size(s, plan.spans[k].start, plan.spans[k].end)
+    return 0
+
+
+cdef void ps_plan_release(ps_plan_t* plan) noexcept nogil:
+    free(plan.spans)
+    plan.spans = NULL
+    plan.n = 0
+
+
+cdef unsigned char* _copy_span(const PickleScan* s, const unsigned char* data, uint32_t start,
+                               uint32_t end, unsigned char* out) noexcept nogil:
+    cdef uint32_t j = _first_edit(s, start)
+    cdef uint32_t at = start
+    cdef uint32_t memo
+    while j < s.n_edits and s.edits[j].pos < end:
+        memcpy(out, data + at, s.edits[j].pos - at)
+        out += s.edits[j].pos - at
+        memo = s.edits[j].memo
+        if memo == PS_FRAME_EDIT:
+            at = s.edits[j].pos + 9
+        else:
+            at = s.edits[j].pos + 1
+            if memo < 256:
+                out[0] = OP_BINPUT
+                out[1] = <unsigned char>memo
+                out += 2
+            else:
+                out[0] = OP_LONG_BINPUT
+                out[1] = memo & 0xFF
+                out[2] = (memo >> 8) & 0xFF
+                out[3] = (memo >> 16) & 0xFF
+                out[4] = (memo >> 24) & 0xFF
+                out += 5
+        j += 1
+    memcpy(out, data + at, end - at)
+    return out + (end - at)
+
+
+cdef void ps_plan_write(const PickleScan* s, const unsigned char* data, const ps_plan_t* plan,
+                        unsigned char* out) noexcept nogil:
+    """Write the synthetic pickle (``plan.size`` bytes) into ``out``."""
+    cdef uint32_t k
+    if s.proto >= 2:
+        out[0] = OP_PROTO
+        out[1] = <unsigned char>s.proto
+        out += 2
+    for k in range(plan.n):
+        out = _copy_span(s, data, plan.spans[k].start, plan.spans[k].end, out)
+        out[0] = OP_POP if k + 1 < plan.n else OP_STOP
+        out += 1
+
+
+cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_t i):
+    """Element ``i``'s synthetic pickle as bytes, or its fallback reason as an int."""
+    cdef ps_plan_t plan
+    cdef int reason
+    cdef bytes out
+    cdef unsigned char* dst
+    with nogil:
+        reason = ps_plan(s, i, &plan)
+    if reason:
+        return reason
+    try:
+        out = PyBytes_FromStringAndSize(NULL, plan.size)
+        dst = <unsigned char*>PyBytes_AS_STRING(out)
+        with nogil:
+            ps_plan_write(s, data, &plan, dst)
+    finally:
+        ps_plan_release(&plan)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Python-visible wrapper (tests, the pure-Python twin's parity checks, tools)
+
+_STATUS = {PS_MORE: "more", PS_DONE: "done", PS_FALLBACK: "fallback"}
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class PickleScanner:
+    """The scan of one block, fed its bytes (``feed``), then asked for single elements.
+
+    ``feed(data, final)`` scans ``data`` (the whole block, or with ``final=False`` a prefix of
+    it, each call's data extending the last one's) and returns ``"done"``, ``"more"`` or
+    ``"fallback"``. ``synthetic(i)`` is element ``i``'s synthetic pickle, or None when the
+    element must come from the whole block (``element_reason(i)`` says why).
+    """
+
+    cdef PickleScan* s
+    cdef object data  # the bytes last fed: what synthetic() copies from
+
+    def __cinit__(self):
+        self.s = ps_new()
+        if self.s == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        ps_free(self.s)
+
+    def feed(self, data, bint final=True):
+        """Scan ``data`` on from where the last call stopped; the status."""
+        cdef Py_buffer buf
+        cdef int status
+        PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+        try:
+            if <size_t>buf.len < self.s.pos:
+                raise ValueError("feed() needs the block's bytes from its start")
+            with nogil:
+                status = ps_feed(self.s, <const unsigned char*>buf.buf, <size_t>buf.len, final)
+        finally:
+            PyBuffer_Release(&buf)
+        self.data = data
+        return _STATUS[status]
+
+    @property
+    def status(self):
+        return _STATUS[self.s.status]
+
+    @property
+    def reason(self):
+        """Why the scan fell back, or None."""
+        if self.s.status != PS_FALLBACK:
+            return None
+        return ps_reason(self.s.reason).decode()
+
+    @property
+    def need(self):
+        """With status "more": how many bytes of the block the scan needs to go on."""
+        return self.s.need if self.s.status == PS_MORE else None
+
+    @property
+    def protocol(self):
+        return None if self.s.proto < 0 else self.s.proto
+
+    @property
+    def nbytes(self):
+        return ps_nbytes(self.s)
+
+    def __len__(self):
+        return self.s.n_elems if self.s.status == PS_DONE else 0
+
+    @property
+    def elements(self):
+        """Each element's byte span ``(start, end)``."""
+        return [(self.s.elems[k].start, self.s.elems[k].end) for k in range(len(self))]
+
+    @property
+    def memo_entries(self):
+        """``(memo index, start, end)`` of each memo entry, in the order they were stored."""
+        if self.s.status != PS_DONE:
+            return []
+        return [(self.s.defs[k].memo, self.s.defs[k].start, self.s.defs[k].end)
+                for k in range(self.s.n_defs)]
+
+    @property
+    def gets(self):
+        """``(position, memo index)`` of each GET."""
+        if self.s.status != PS_DONE:
+            return []
+        return [(self.s.uses[k].pos, self.s.defs[self.s.uses[k].def_].memo)
+                for k in range(self.s.n_uses)]
+
+    def element_memo(self, Py_ssize_t i):
+        """Element ``i``'s memo indices: (those it stores, those it reads from before it)."""
+        start, end = self.elements[i]
+        defines = sorted(m for m, a, _ in self.memo_entries if start <= a < end)
+        uses = sorted({m for pos, m in self.gets if start <= pos < end}
+                      - {m for m, a, _ in self.memo_entries if start <= a < end})
+        return defines, uses
+
+    cdef object _synthetic(self, Py_ssize_t i):
+        cdef Py_buffer buf
+        if i < 0 or i >= PS_LIMIT:
+            return R_NO_ELEMENT
+        if self.s.status != PS_DONE:
+            return self.s.reason if self.s.status == PS_FALLBACK else R_NOT_DONE
+        PyObject_GetBuffer(self.data, &buf, PyBUF_SIMPLE)
+        try:
+            return ps_synthetic(self.s, <const unsigned char*>buf.buf, <uint32_t>i)
+        finally:
+            PyBuffer_Release(&buf)
+
+    def synthetic(self, Py_ssize_t i):
+        """Element ``i``'s synthetic pickle (bytes), or None: unpickle the whole block."""
+        out = self._synthetic(i)
+        return out if isinstance(out, bytes) else None
+
+    def element_reason(self, Py_ssize_t i):
+        """Why element ``i`` must come from the whole block, or None."""
+        out = self._synthetic(i)
+        return None if isinstance(out, bytes) else ps_reason(out).decode()
+
+    def load(self, Py_ssize_t i, loads=pickle.loads):
+        """Element ``i`` through ``loads``: from its synthetic pickle, else the whole block."""
+        out = self._synthetic(i)
+        if isinstance(out, bytes):
+            return loads(out)
+        return loads(self.data)[i]
+
+
+def scan(data):
+    """A ``PickleScanner`` fed the whole block ``data``."""
+    scanner = PickleScanner()
+    scanner.feed(data, True)
+    return scanner
