@@ -26,17 +26,53 @@ determine its top-level elements (``MARK K1 K2`` starts both ``[1, 2]`` and ``[(
 the scan of a prefix reports PS_MORE and no element.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_FORMAT,
+    PyBUF_ND,
+    PyBUF_SIMPLE,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from libc.stdint cimport int32_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, qsort, realloc
+from libc.stdlib cimport calloc, free, malloc, qsort, realloc
 from libc.string cimport memchr, memcpy
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlopen, dlsym
 
 cimport cython
 
+from zstd cimport (
+    ZSTD_CONTENTSIZE_ERROR,
+    ZSTD_CONTENTSIZE_UNKNOWN,
+    ZSTD_createDCtx_fn,
+    ZSTD_createDDict_fn,
+    ZSTD_DCtx,
+    ZSTD_DCtx_refDDict_fn,
+    ZSTD_DDict,
+    ZSTD_decompressStream_fn,
+    ZSTD_freeDCtx_fn,
+    ZSTD_freeDDict_fn,
+    ZSTD_getErrorName_fn,
+    ZSTD_getFrameContentSize_fn,
+    ZSTD_inBuffer,
+    ZSTD_isError_fn,
+    ZSTD_outBuffer,
+)
+
+import os
 import pickle
 
-__all__ = ["PickleScanner", "scan", "MAX_PROTOCOL"]
+__all__ = ["PickleScanner", "scan", "MAX_PROTOCOL", "PartialZstd"]
 
 cdef enum:
     PS_MAX_PROTOCOL = 5  # pickle.HIGHEST_PROTOCOL of every CPython this builds for
@@ -176,28 +212,6 @@ cdef enum:
     OP_NEXT_BUFFER = 0x97
     OP_READONLY_BUFFER = 0x98
 
-# What an opcode does to the stack, once its argument is read.
-cdef enum:
-    A_PUSH
-    A_PUSH_LIST
-    A_GET
-    A_PUT
-    A_MEMOIZE
-    A_MARK
-    A_POP
-    A_POP_MARK
-    A_FROM_MARK  # TUPLE, DICT, FROZENSET, INST, OBJ: items above the mark -> one object
-    A_LIST_FROM_MARK  # LIST
-    A_MERGE  # TUPLE1-3, REDUCE, NEWOBJ, NEWOBJ_EX, STACK_GLOBAL: the top n -> one object
-    A_APPEND
-    A_APPENDS  # APPENDS, SETITEMS, ADDITEMS: items above the mark into the object below it
-    A_SETITEM
-    A_BUILD
-    A_FRAME
-    A_PROTO
-    A_STOP
-
-
 # ---------------------------------------------------------------------------------------------
 # Growing arrays (malloc'd; every failure is reported, never fatal)
 
@@ -302,10 +316,12 @@ cdef inline uint32_t _fence(const PickleScan* s) noexcept nogil:
     return s.marks[s.n_marks - 1].height if s.n_marks else 0
 
 
-cdef int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
+cdef inline int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
+    """A new object on top of the stack; 0, or R_NO_MEMORY."""
     cdef ps_slot* slot
-    if _grow(<void**>&s.stack, &s.cap_stack, s.height + 1, sizeof(ps_slot)) < 0:
-        return -1
+    if s.height == s.cap_stack and _grow(
+            <void**>&s.stack, &s.cap_stack, s.height + 1, sizeof(ps_slot)) < 0:
+        return R_NO_MEMORY
     slot = &s.stack[s.height]
     slot.start = start
     slot.last_end = start
@@ -316,7 +332,7 @@ cdef int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
     return 0
 
 
-cdef void _consume(PickleScan* s, uint32_t height) noexcept nogil:
+cdef inline void _consume(PickleScan* s, uint32_t height) noexcept nogil:
     """Drop the stack slots from ``height`` up: the objects there are built."""
     cdef ps_def* d
     while s.n_open and s.defs[s.open_defs[s.n_open - 1]].slot >= <int32_t>height:
@@ -350,7 +366,7 @@ cdef int _add_edit(PickleScan* s, uint32_t pos, uint32_t memo) noexcept nogil:
     return 0
 
 
-cdef int _put(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
+cdef inline int _put(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
     """The top object is stored at memo index ``idx``; returns a reason, or 0."""
     cdef uint32_t k
     cdef uint32_t old_cap
@@ -382,7 +398,7 @@ cdef int _put(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
     return 0
 
 
-cdef int _get(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
+cdef inline int _get(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
     """A GET of memo index ``idx`` at ``pos``; returns a reason, or 0."""
     if idx >= s.cap_memo or s.memo[idx] < 0:
         return R_MEMO_UNSET
@@ -391,9 +407,7 @@ cdef int _get(PickleScan* s, uint64_t idx, uint32_t pos) noexcept nogil:
     s.uses[s.n_uses].pos = pos
     s.uses[s.n_uses].def_ = <uint32_t>s.memo[idx]
     s.n_uses += 1
-    if _push(s, pos, F_GET) < 0:
-        return R_NO_MEMORY
-    return 0
+    return _push(s, pos, F_GET)
 
 
 cdef int _decimal(const unsigned char* p, const unsigned char* end, uint64_t* out) noexcept nogil:
@@ -410,58 +424,192 @@ cdef int _decimal(const unsigned char* p, const unsigned char* end, uint64_t* ou
     return 0
 
 
+cdef int _from_mark(PickleScan* s, unsigned char op) noexcept nogil:
+    """TUPLE, LIST, DICT, FROZENSET, INST, OBJ, POP_MARK, APPENDS, SETITEMS, ADDITEMS: the
+    items above the mark become one object, go into the object below the mark, or go."""
+    cdef uint32_t fence, k, start
+    if s.n_marks == 0:
+        return R_UNDERFLOW
+    fence = s.marks[s.n_marks - 1].height
+    start = s.marks[s.n_marks - 1].pos
+    k = s.height - fence  # the items above the mark
+    s.n_marks -= 1
+    if op == OP_APPENDS or op == OP_SETITEMS or op == OP_ADDITEMS:
+        # The object the items go into is just below the mark, above the next one.
+        if fence <= _fence(s):
+            return R_UNDERFLOW
+        if k and s.stack[fence - 1].flags & F_GET:
+            return R_MUTATION
+        if op == OP_SETITEMS and k % 2:
+            return R_UNDERFLOW
+        if op == OP_APPENDS and fence == 1 and s.root_list and _add_elements(s, 1, s.height) < 0:
+            return R_NO_MEMORY
+        _consume(s, fence)
+        return 0
+    if op == OP_POP_MARK:
+        _consume(s, fence)
+        return 0
+    if (op == OP_DICT and k % 2) or (op == OP_OBJ and k == 0):
+        return R_UNDERFLOW
+    _consume(s, fence)
+    if op == OP_LIST and fence == 0 and _add_elements(s, 0, k) < 0:
+        return R_NO_MEMORY
+    return _push(s, start, F_LIST if op == OP_LIST else 0)
+
+
+cdef int _merge(PickleScan* s, uint32_t arity) noexcept nogil:
+    """TUPLE1-3, REDUCE, NEWOBJ, NEWOBJ_EX, STACK_GLOBAL: the top ``arity`` -> one object."""
+    cdef uint32_t start
+    if s.height - _fence(s) < arity:
+        return R_UNDERFLOW
+    start = s.stack[s.height - arity].start
+    _consume(s, s.height - arity)
+    return _push(s, start, 0)
+
+
+cdef int _into(PickleScan* s, uint32_t arity, bint append) noexcept nogil:
+    """APPEND, SETITEM, BUILD: the top ``arity`` go into the object below them."""
+    cdef uint32_t target
+    if s.height - _fence(s) < arity + 1:
+        return R_UNDERFLOW
+    target = s.height - arity - 1
+    if s.stack[target].flags & F_GET:
+        return R_MUTATION
+    if append and target == 0 and s.root_list and _add_elements(s, 1, 2) < 0:
+        return R_NO_MEMORY
+    _consume(s, target + 1)
+    return 0
+
+
+cdef int _stop(PickleScan* s, uint64_t q) noexcept nogil:
+    if s.n_marks or s.height != 1 or s.frame_end > q:
+        return R_STOP
+    if not s.root_list:
+        return R_NOT_LIST
+    _consume(s, 1)
+    while s.n_open:  # the list's own memo entry
+        s.defs[s.open_defs[s.n_open - 1]].end = s.stack[0].last_end
+        s.n_open -= 1
+    s.pos = <uint32_t>q
+    s.status = PS_DONE
+    _free_scanning_state(s)
+    return 0
+
+
+cdef int _reserve(PickleScan* s, size_t avail) noexcept nogil:
+    """First arrays sized from the block's length (pickles hold about one memo entry, one GET
+    and one MEMOIZE per 30-60 bytes of text documents), to spare most regrowth."""
+    cdef uint32_t guess = <uint32_t>(avail // 48) + 16
+    if guess > 4096:
+        guess = 4096
+    if (_grow(<void**>&s.defs, &s.cap_defs, guess, sizeof(ps_def)) < 0
+            or _grow(<void**>&s.uses, &s.cap_uses, guess, sizeof(ps_use)) < 0
+            or _grow(<void**>&s.edits, &s.cap_edits, guess, sizeof(ps_edit)) < 0
+            or _grow(<void**>&s.open_defs, &s.cap_open, 64, sizeof(int32_t)) < 0
+            or _grow(<void**>&s.stack, &s.cap_stack, 64, sizeof(ps_slot)) < 0
+            or _grow(<void**>&s.marks, &s.cap_marks, 16, sizeof(ps_mark)) < 0):
+        return -1
+    return 0
+
+
 cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final) noexcept nogil:
     """Scan on from where the last call stopped, over ``d[0:avail]`` (a prefix of the block
     when not ``final``; the same bytes as before, extended). Returns the scan's status."""
-    cdef uint32_t p, fence, k, target, start
+    cdef uint32_t p
     cdef uint64_t q, n, idx
     cdef unsigned char op
-    cdef int action, arity, reason
+    cdef int reason
+    cdef bint built  # the opcode leaves an object on top, built as far as q
     cdef const unsigned char* nl
     if s.status != PS_MORE:
         return s.status
     if avail >= PS_LIMIT:
         return _fail(s, R_TOO_LARGE)
+    if s.cap_defs == 0 and _reserve(s, avail) < 0:
+        return _fail(s, R_NO_MEMORY)
     while True:
         p = s.pos
         if p >= avail:
             return _more(s, <uint64_t>p + 1, final)
         op = d[p]
         q = <uint64_t>p + 1
-        arity = 0
-        idx = 0
-        # 1. The argument: where the opcode ends (q), and what it does.
-        if op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT, OP_EMPTY_SET):
-            action = A_PUSH
-        elif op == OP_EMPTY_LIST:
-            action = A_PUSH_LIST
-        elif op == OP_BININT1:
-            action = A_PUSH
+        reason = 0
+        built = True
+        # One dispatch per opcode: read its argument (q: where it ends), then apply it.
+        if op == OP_MEMOIZE:
+            reason = _put(s, s.n_defs, p)
+            if reason == 0 and _add_edit(s, p, s.defs[s.n_defs - 1].memo) < 0:
+                reason = R_NO_MEMORY
+        elif op == OP_BINGET or op == OP_BINPUT:
             q += 1
-        elif op == OP_BININT2:
-            action = A_PUSH
-            q += 2
-        elif op == OP_BININT:
-            action = A_PUSH
+            if q > avail:
+                return _more(s, q, final)
+            reason = _get(s, d[p + 1], p) if op == OP_BINGET else _put(s, d[p + 1], p)
+        elif op == OP_LONG_BINGET or op == OP_LONG_BINPUT:
             q += 4
-        elif op == OP_BINFLOAT:
-            action = A_PUSH
-            q += 8
+            if q > avail:
+                return _more(s, q, final)
+            idx = _le32(d + p + 1)
+            reason = _get(s, idx, p) if op == OP_LONG_BINGET else _put(s, idx, p)
         elif op in (OP_SHORT_BINUNICODE, OP_SHORT_BINBYTES, OP_SHORT_BINSTRING, OP_LONG1):
-            action = A_PUSH
             if q + 1 > avail:
                 return _more(s, q + 1, final)
             q += 1 + d[p + 1]
+            if q > avail:
+                return _more(s, q, final)
+            reason = _push(s, p, 0)
+        elif op in (OP_BININT1, OP_BININT2, OP_BININT, OP_BINFLOAT):
+            q += 1 if op == OP_BININT1 else 2 if op == OP_BININT2 else 4 if op == OP_BININT else 8
+            if q > avail:
+                return _more(s, q, final)
+            reason = _push(s, p, 0)
+        elif op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT,
+                    OP_EMPTY_SET):
+            reason = _push(s, p, 0)
+        elif op == OP_EMPTY_LIST:
+            reason = _push(s, p, F_LIST)
+        elif op == OP_MARK:
+            if _grow(<void**>&s.marks, &s.cap_marks, s.n_marks + 1, sizeof(ps_mark)) < 0:
+                reason = R_NO_MEMORY
+            else:
+                s.marks[s.n_marks].height = s.height
+                s.marks[s.n_marks].pos = p
+                s.n_marks += 1
+                built = False
+        elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS, OP_TUPLE, OP_DICT, OP_FROZENSET,
+                    OP_OBJ, OP_LIST, OP_POP_MARK):
+            reason = _from_mark(s, op)
+        elif op in (OP_TUPLE1, OP_TUPLE2, OP_TUPLE3):
+            reason = _merge(s, op - OP_TUPLE1 + 1)
+        elif op in (OP_REDUCE, OP_NEWOBJ, OP_STACK_GLOBAL):
+            reason = _merge(s, 2)
+        elif op == OP_NEWOBJ_EX:
+            reason = _merge(s, 3)
+        elif op == OP_APPEND:
+            reason = _into(s, 1, True)
+        elif op == OP_SETITEM:
+            reason = _into(s, 2, False)
+        elif op == OP_BUILD:
+            reason = _into(s, 1, False)
+        elif op == OP_POP:
+            if s.n_marks and s.height == _fence(s):
+                s.n_marks -= 1
+            elif s.height > _fence(s):
+                _consume(s, s.height - 1)
+            else:
+                reason = R_UNDERFLOW
         elif op in (OP_BINUNICODE, OP_BINBYTES, OP_BINSTRING, OP_LONG4):
-            action = A_PUSH
             if q + 4 > avail:
                 return _more(s, q + 4, final)
             n = _le32(d + p + 1)
-            if op in (OP_BINSTRING, OP_LONG4) and n > 0x7FFFFFFF:
-                return _fail(s, R_BAD_ARGUMENT)  # a negative count: the unpickler refuses it
-            q += 4 + n
+            if (op == OP_BINSTRING or op == OP_LONG4) and n > 0x7FFFFFFF:
+                reason = R_BAD_ARGUMENT  # a negative count: the unpickler refuses it
+            else:
+                q += 4 + n
+                if q > avail:
+                    return _more(s, q, final)
+                reason = _push(s, p, 0)
         elif op in (OP_BINUNICODE8, OP_BINBYTES8, OP_BYTEARRAY8, OP_FRAME):
-            action = A_FRAME if op == OP_FRAME else A_PUSH
             if q + 8 > avail:
                 return _more(s, q + 8, final)
             n = _le64(d + p + 1)
@@ -469,191 +617,61 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 return _more(s, PS_LIMIT, final)  # past any block scanned
             q += 8
             if op == OP_FRAME:
-                if q + n > s.frame_end:
-                    if q + n >= PS_LIMIT:
-                        return _fail(s, R_TOO_LARGE)
+                built = False
+                if q + n >= PS_LIMIT:
+                    reason = R_TOO_LARGE
+                elif _add_edit(s, p, PS_FRAME_EDIT) < 0:
+                    reason = R_NO_MEMORY
+                elif q + n > s.frame_end:
                     s.frame_end = <uint32_t>(q + n)
             else:
                 q += n
+                if q > avail:
+                    return _more(s, q, final)
+                reason = _push(s, p, 0)
         elif op in (OP_INT, OP_LONG, OP_FLOAT, OP_STRING, OP_UNICODE, OP_PUT, OP_GET,
                     OP_GLOBAL, OP_INST):
             nl = <const unsigned char*>memchr(d + q, 10, avail - q)
             if nl == NULL:
                 return _more(s, <uint64_t>avail + 1, final)
-            if op in (OP_PUT, OP_GET):
-                if _decimal(d + q, nl, &idx) < 0:
-                    return _fail(s, R_BAD_ARGUMENT)
-                action = A_PUT if op == OP_PUT else A_GET
-            elif op == OP_INST:
-                action = A_FROM_MARK
-            else:
-                action = A_PUSH
+            if (op == OP_PUT or op == OP_GET) and _decimal(d + q, nl, &idx) < 0:
+                return _fail(s, R_BAD_ARGUMENT)
             q = <uint64_t>(nl - d) + 1
-            if op in (OP_GLOBAL, OP_INST):
+            if op == OP_GLOBAL or op == OP_INST:
                 nl = <const unsigned char*>memchr(d + q, 10, avail - q) if q < avail else NULL
                 if nl == NULL:
                     return _more(s, <uint64_t>avail + 1, final)
                 q = <uint64_t>(nl - d) + 1
-        elif op in (OP_BINGET, OP_BINPUT):
-            if q + 1 > avail:
-                return _more(s, q + 1, final)
-            idx = d[p + 1]
-            q += 1
-            action = A_GET if op == OP_BINGET else A_PUT
-        elif op in (OP_LONG_BINGET, OP_LONG_BINPUT):
-            if q + 4 > avail:
-                return _more(s, q + 4, final)
-            idx = _le32(d + p + 1)
-            q += 4
-            action = A_GET if op == OP_LONG_BINGET else A_PUT
-        elif op == OP_MEMOIZE:
-            action = A_MEMOIZE
-            idx = s.n_defs
-        elif op == OP_MARK:
-            action = A_MARK
-        elif op == OP_POP:
-            action = A_POP
-        elif op == OP_POP_MARK:
-            action = A_POP_MARK
-        elif op in (OP_TUPLE, OP_DICT, OP_FROZENSET, OP_OBJ):
-            action = A_FROM_MARK
-        elif op == OP_LIST:
-            action = A_LIST_FROM_MARK
-        elif op in (OP_TUPLE1, OP_TUPLE2, OP_TUPLE3):
-            action = A_MERGE
-            arity = op - OP_TUPLE1 + 1
-        elif op in (OP_REDUCE, OP_NEWOBJ, OP_STACK_GLOBAL):
-            action = A_MERGE
-            arity = 2
-        elif op == OP_NEWOBJ_EX:
-            action = A_MERGE
-            arity = 3
-        elif op == OP_APPEND:
-            action = A_APPEND
-        elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS):
-            action = A_APPENDS
-        elif op == OP_SETITEM:
-            action = A_SETITEM
-        elif op == OP_BUILD:
-            action = A_BUILD
+            if op == OP_PUT:
+                reason = _put(s, idx, p)
+            elif op == OP_GET:
+                reason = _get(s, idx, p)
+            elif op == OP_INST:
+                reason = _from_mark(s, op)
+            else:
+                reason = _push(s, p, 0)
         elif op == OP_PROTO:
-            action = A_PROTO
             q += 1
-        elif op == OP_STOP:
-            action = A_STOP
-        elif op in (OP_DUP, OP_PERSID, OP_BINPERSID, OP_EXT1, OP_EXT2, OP_EXT4, OP_NEXT_BUFFER,
-                    OP_READONLY_BUFFER):
-            return _fail(s, R_UNSUPPORTED_OPCODE)
-        else:
-            return _fail(s, R_UNKNOWN_OPCODE)
-        if q > avail:
-            return _more(s, q, final)
-        if q >= PS_LIMIT:
-            return _fail(s, R_TOO_LARGE)
-
-        # 2. Its effect on the simulated stack.
-        fence = _fence(s)
-        reason = 0
-        if action == A_PUSH or action == A_PUSH_LIST:
-            if _push(s, p, F_LIST if action == A_PUSH_LIST else 0) < 0:
-                reason = R_NO_MEMORY
-        elif action == A_GET:
-            reason = _get(s, idx, p)
-        elif action == A_PUT or action == A_MEMOIZE:
-            reason = _put(s, idx, p)
-            if reason == 0 and action == A_MEMOIZE and _add_edit(s, p, <uint32_t>idx) < 0:
-                reason = R_NO_MEMORY
-        elif action == A_MARK:
-            if _grow(<void**>&s.marks, &s.cap_marks, s.n_marks + 1, sizeof(ps_mark)) < 0:
-                reason = R_NO_MEMORY
-            else:
-                s.marks[s.n_marks].height = s.height
-                s.marks[s.n_marks].pos = p
-                s.n_marks += 1
-        elif action == A_POP:
-            if s.n_marks and s.height == fence:
-                s.n_marks -= 1
-            elif s.height > fence:
-                _consume(s, s.height - 1)
-            else:
-                reason = R_UNDERFLOW
-        elif action in (A_POP_MARK, A_FROM_MARK, A_LIST_FROM_MARK, A_APPENDS):
-            if s.n_marks == 0:
-                reason = R_UNDERFLOW
-            else:
-                k = s.height - fence  # the items above the mark
-                start = s.marks[s.n_marks - 1].pos
-                s.n_marks -= 1
-                if action == A_APPENDS:
-                    # The object the items go into is just below the mark, above the next one.
-                    if fence == 0 or fence <= _fence(s):
-                        reason = R_UNDERFLOW
-                    elif k and s.stack[fence - 1].flags & F_GET:
-                        reason = R_MUTATION
-                    elif op == OP_SETITEMS and k % 2:
-                        reason = R_UNDERFLOW
-                    elif (op == OP_APPENDS and fence == 1 and s.root_list
-                            and _add_elements(s, 1, s.height) < 0):
-                        reason = R_NO_MEMORY
-                    else:
-                        _consume(s, fence)
-                elif action == A_POP_MARK:
-                    _consume(s, fence)
-                elif (op == OP_DICT and k % 2) or (op == OP_OBJ and k == 0):
-                    reason = R_UNDERFLOW
-                else:
-                    _consume(s, fence)
-                    if action == A_LIST_FROM_MARK and fence == 0 and _add_elements(s, 0, k) < 0:
-                        reason = R_NO_MEMORY
-                    elif _push(s, start, F_LIST if action == A_LIST_FROM_MARK else 0) < 0:
-                        reason = R_NO_MEMORY
-        elif action == A_MERGE:
-            if s.height - fence < <uint32_t>arity:
-                reason = R_UNDERFLOW
-            else:
-                start = s.stack[s.height - arity].start
-                _consume(s, s.height - arity)
-                if _push(s, start, 0) < 0:
-                    reason = R_NO_MEMORY
-        elif action in (A_APPEND, A_SETITEM, A_BUILD):
-            arity = 2 if action == A_SETITEM else 1
-            if s.height - fence < <uint32_t>arity + 1:
-                reason = R_UNDERFLOW
-            else:
-                target = s.height - arity - 1
-                if s.stack[target].flags & F_GET:
-                    reason = R_MUTATION
-                elif (action == A_APPEND and target == 0 and s.root_list
-                        and _add_elements(s, 1, 2) < 0):
-                    reason = R_NO_MEMORY
-                else:
-                    _consume(s, target + 1)
-        elif action == A_FRAME:
-            if _add_edit(s, p, PS_FRAME_EDIT) < 0:
-                reason = R_NO_MEMORY
-        elif action == A_PROTO:
+            if q > avail:
+                return _more(s, q, final)
             if p != 0 or d[1] > PS_MAX_PROTOCOL:
                 reason = R_PROTO
-            else:
-                s.proto = d[1]
-        elif action == A_STOP:
-            if s.n_marks or s.height != 1 or s.frame_end > q:
-                reason = R_STOP
-            elif not s.root_list:
-                reason = R_NOT_LIST
-            else:
-                _consume(s, 1)
-                while s.n_open:  # the list's own memo entry
-                    s.defs[s.open_defs[s.n_open - 1]].end = s.stack[0].last_end
-                    s.n_open -= 1
-                s.pos = <uint32_t>q
-                s.status = PS_DONE
-                _free_scanning_state(s)
+            s.proto = d[1]
+            built = False
+        elif op == OP_STOP:
+            reason = _stop(s, q)
+            if reason == 0:
                 return PS_DONE
+        elif op in (OP_DUP, OP_PERSID, OP_BINPERSID, OP_EXT1, OP_EXT2, OP_EXT4, OP_NEXT_BUFFER,
+                    OP_READONLY_BUFFER):
+            reason = R_UNSUPPORTED_OPCODE
+        else:
+            reason = R_UNKNOWN_OPCODE
         if reason:
             return _fail(s, reason)
-        # The object now on top (if any) has been built up to here.
-        if action != A_FRAME and action != A_PROTO and s.height > _fence(s):
+        if q >= PS_LIMIT:
+            return _fail(s, R_TOO_LARGE)
+        if built and s.height > _fence(s):
             s.stack[s.height - 1].last_end = <uint32_t>q
         s.pos = <uint32_t>q
 
@@ -990,3 +1008,262 @@ def scan(data):
     scanner = PickleScanner()
     scanner.feed(data, True)
     return scanner
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial decompression: a zstd frame decoded only as far as asked, resumably
+#
+# libzstd is bound from the library atlas_fast._reader reports (the same one, already loaded:
+# dlopen returns its handle), at the first PartialZstd, with the GIL held.
+
+cdef ZSTD_isError_fn _isError = NULL
+cdef ZSTD_getErrorName_fn _getErrorName = NULL
+cdef ZSTD_getFrameContentSize_fn _getFrameContentSize = NULL
+cdef ZSTD_createDCtx_fn _createDCtx = NULL
+cdef ZSTD_freeDCtx_fn _freeDCtx = NULL
+cdef ZSTD_DCtx_refDDict_fn _refDDict = NULL
+cdef ZSTD_createDDict_fn _createDDict = NULL
+cdef ZSTD_freeDDict_fn _freeDDict = NULL
+cdef ZSTD_decompressStream_fn _decompressStream = NULL
+
+
+cdef int _bind_zstd() except -1:
+    global _isError, _getErrorName, _getFrameContentSize, _createDCtx, _freeDCtx, _refDDict
+    global _createDDict, _freeDDict, _decompressStream
+    cdef void* handle
+    cdef void* syms[9]
+    cdef bytes cpath
+    if _decompressStream != NULL:
+        return 0
+    from ._reader import zstd_library
+
+    path = zstd_library()["path"]
+    if path is None:
+        raise RuntimeError(zstd_library().get("error") or "no libzstd")
+    cpath = os.fsencode(path)
+    handle = dlopen(cpath, RTLD_NOW | RTLD_LOCAL)
+    if handle == NULL:
+        raise OSError(f"cannot load {path}")
+    for k, name in enumerate((
+            b"ZSTD_isError", b"ZSTD_getErrorName", b"ZSTD_getFrameContentSize",
+            b"ZSTD_createDCtx", b"ZSTD_freeDCtx", b"ZSTD_DCtx_refDDict", b"ZSTD_createDDict",
+            b"ZSTD_freeDDict", b"ZSTD_decompressStream")):
+        syms[k] = dlsym(handle, name)
+        if syms[k] == NULL:
+            raise OSError(f"{path}: symbol {name.decode()} not found")
+    # The handle stays open for the life of the process: the pointers point into it.
+    _isError = <ZSTD_isError_fn>syms[0]
+    _getErrorName = <ZSTD_getErrorName_fn>syms[1]
+    _getFrameContentSize = <ZSTD_getFrameContentSize_fn>syms[2]
+    _createDCtx = <ZSTD_createDCtx_fn>syms[3]
+    _freeDCtx = <ZSTD_freeDCtx_fn>syms[4]
+    _refDDict = <ZSTD_DCtx_refDDict_fn>syms[5]
+    _createDDict = <ZSTD_createDDict_fn>syms[6]
+    _freeDDict = <ZSTD_freeDDict_fn>syms[7]
+    _decompressStream = <ZSTD_decompressStream_fn>syms[8]
+    return 0
+
+
+cdef enum:
+    _PZ_OK = 0
+    _PZ_ZSTD_ERROR = 1  # libzstd refused the frame (error code in .zresult)
+    _PZ_TRUNCATED = 2  # the input ended before the frame did
+    _PZ_TOO_LARGE = 3  # more output than the declared size or the limit
+    _PZ_NO_MEMORY = 4
+    _PZ_SIZE_MISMATCH = 5  # the frame ended short of its declared size
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class PartialZstd:
+    """One zstd frame, decompressed into a buffer only as far as asked (``advance``).
+
+    A later ``advance`` further into the frame resumes where the last one stopped, never
+    starting over. The frame must declare its size (one that does not is refused: decode it
+    whole): the buffer is allocated once, output never moves, and the object exports the
+    bytes out so far (``available``) read-only through the buffer protocol.
+    Thread-safe: one lock per object, the GIL released while libzstd decodes.
+    """
+
+    # self.lock guards everything below it; taken with the GIL released when contended.
+    cdef PyThread_type_lock lock
+    cdef ZSTD_DCtx* dctx  # NULL before the first advance and once the frame is over
+    cdef ZSTD_DDict* ddict  # owned
+    cdef Py_buffer src
+    cdef bint have_src
+    cdef size_t in_pos
+    cdef unsigned char* out
+    cdef size_t out_len
+    cdef size_t out_cap
+    cdef unsigned char probe  # where a byte past the declared size would land
+    cdef bint finished
+    cdef int status
+    cdef size_t zresult
+    cdef Py_ssize_t exports
+
+    def __cinit__(self, frame, dictionary=None, size_t max_size=1 << 32):
+        cdef Py_buffer dbuf
+        cdef unsigned long long declared
+        _bind_zstd()
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        PyObject_GetBuffer(frame, &self.src, PyBUF_SIMPLE)
+        self.have_src = True
+        declared = _getFrameContentSize(self.src.buf, <size_t>self.src.len)
+        if declared == ZSTD_CONTENTSIZE_ERROR:
+            raise ValueError("not a zstd frame (cannot read its header)")
+        if declared == ZSTD_CONTENTSIZE_UNKNOWN:
+            # Decoded whole, the usual way, by the caller.
+            raise ValueError("the frame does not declare its size")
+        if declared > max_size:
+            raise ValueError(f"the frame declares {declared} bytes, over {max_size}")
+        self.out_cap = <size_t>declared
+        self.out = <unsigned char*>malloc(self.out_cap if self.out_cap else 1)
+        if self.out == NULL:
+            raise MemoryError()
+        if dictionary is not None:
+            PyObject_GetBuffer(dictionary, &dbuf, PyBUF_SIMPLE)
+            try:
+                with nogil:
+                    self.ddict = _createDDict(dbuf.buf, <size_t>dbuf.len)
+            finally:
+                PyBuffer_Release(&dbuf)
+            if self.ddict == NULL:
+                raise ValueError("libzstd cannot load the dictionary")
+
+    def __dealloc__(self):
+        if self.dctx != NULL:
+            _freeDCtx(self.dctx)
+        if self.ddict != NULL:
+            _freeDDict(self.ddict)
+        free(self.out)
+        if self.have_src:
+            PyBuffer_Release(&self.src)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    cdef int advance_lock_held(self, size_t offset) noexcept nogil:
+        """Decode until ``offset`` bytes are out or the frame ends; a _PZ_ status."""
+        cdef ZSTD_inBuffer inb
+        cdef ZSTD_outBuffer outb
+        cdef size_t ret
+        if self.status != _PZ_OK or self.finished or self.out_len >= offset:
+            return self.status
+        if self.dctx == NULL:
+            self.dctx = _createDCtx()
+            if self.dctx == NULL:
+                self.status = _PZ_NO_MEMORY
+                return self.status
+            if self.ddict != NULL:
+                ret = _refDDict(self.dctx, self.ddict)
+                if _isError(ret):
+                    self.zresult = ret
+                    self.status = _PZ_ZSTD_ERROR
+                    return self.status
+        inb.src = self.src.buf
+        inb.size = <size_t>self.src.len
+        while self.out_len < offset and not self.finished:
+            inb.pos = self.in_pos
+            outb.pos = self.out_len
+            if self.out_len < self.out_cap:
+                outb.dst = self.out
+                outb.size = offset if offset < self.out_cap else self.out_cap
+            else:
+                # The declared size is out: only the frame's end may follow, no more bytes.
+                outb.dst = &self.probe
+                outb.size = 1
+                outb.pos = 0
+            ret = _decompressStream(self.dctx, &outb, &inb)
+            if _isError(ret):
+                self.zresult = ret
+                self.status = _PZ_ZSTD_ERROR
+            elif self.out_len == self.out_cap and outb.pos:
+                self.status = _PZ_TOO_LARGE
+            elif ret == 0:
+                self.finished = True
+            elif inb.pos == self.in_pos and (self.out_len == self.out_cap
+                                             or outb.pos == self.out_len):
+                self.status = _PZ_TRUNCATED  # no progress: the input is exhausted
+            if self.out_len < self.out_cap:
+                self.out_len = outb.pos
+            self.in_pos = inb.pos
+            if self.status != _PZ_OK:
+                return self.status
+        if self.finished:
+            if self.out_len != self.out_cap:
+                self.status = _PZ_SIZE_MISMATCH
+            _freeDCtx(self.dctx)
+            self.dctx = NULL
+        return self.status
+
+    cpdef size_t advance(self, size_t offset) except? 0:
+        """Decode until ``offset`` bytes are out (or the frame ends); how many bytes are out.
+
+        Raises ValueError when the frame is damaged or truncated, MemoryError when memory
+        runs out; the object stays in that state.
+        """
+        cdef int status
+        cdef size_t out_len
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            with nogil:
+                status = self.advance_lock_held(offset)
+            out_len = self.out_len
+        finally:
+            PyThread_release_lock(self.lock)
+        if status == _PZ_NO_MEMORY:
+            raise MemoryError("out of memory decompressing a zstd frame")
+        if status == _PZ_ZSTD_ERROR:
+            raise ValueError(f"zstd: {_getErrorName(self.zresult).decode()}")
+        if status == _PZ_TRUNCATED:
+            raise ValueError("zstd: the frame is truncated")
+        if status == _PZ_TOO_LARGE:
+            raise ValueError(f"zstd: the frame decodes to more than {self.out_cap} bytes")
+        if status == _PZ_SIZE_MISMATCH:
+            raise ValueError(
+                f"zstd: the frame decodes to {self.out_len} bytes, its header says "
+                f"{self.out_cap}"
+            )
+        return out_len
+
+    @property
+    def available(self):
+        """Bytes decoded so far."""
+        return self.out_len
+
+    @property
+    def finished(self):
+        """Whether the whole frame is decoded."""
+        return self.finished
+
+    @property
+    def content_size(self):
+        """The size the frame declares."""
+        return self.out_cap
+
+    def finish(self):
+        """Decode the rest of the frame; its size."""
+        return self.advance(self.out_cap + 1)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("decoded bytes are read-only")
+        # A view covers the bytes out at this moment: written once, never changed after.
+        view.buf = <void*>self.out
+        view.obj = self
+        view.len = <Py_ssize_t>self.out_len
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = &view.len if flags & PyBUF_ND else NULL
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self.exports -= 1

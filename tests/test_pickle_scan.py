@@ -555,3 +555,132 @@ def test_bench_corpora_take_the_partial_path(bench_corpora, corpus, block_size):
     fallbacks = sum(check_block(block) for block in blocks)
     assert fallbacks == 0
     assert sum(len(pickle.loads(b)) for b in blocks) == len(examples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial decompression (compiled only: the building block of the compiled core's misses)
+
+needs_compiled = pytest.mark.skipif(_pickle_scan is None, reason="compiled backend not built")
+
+
+def _frame(raw: bytes, **kwargs) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3, **kwargs).compress(raw)
+
+
+@pytest.fixture(scope="module")
+def big_block(bench_corpora):
+    return pickle.dumps(bench_corpora["documents"][:150])  # several zstd blocks of 128 KB
+
+
+@needs_compiled
+def test_partial_zstd_resumes_and_never_restarts(big_block):
+    frame = _frame(big_block)
+    pz = _pickle_scan.PartialZstd(frame)
+    assert pz.content_size == len(big_block) and pz.available == 0 and not pz.finished
+    seen = 0
+    for offset in (1, 10, 10, 5000, 140_000, 140_001, 300_000, len(big_block)):
+        out = pz.advance(offset)
+        assert out >= min(offset, len(big_block)) and out >= seen
+        view = memoryview(pz)
+        assert view.readonly and len(view) == out
+        assert view == big_block[:out]  # what earlier calls wrote is unchanged
+        seen = out
+    assert pz.advance(10) == seen  # asking for less decodes nothing
+    assert pz.finish() == len(big_block) and pz.finished
+    assert bytes(pz) == big_block
+
+
+@needs_compiled
+def test_partial_zstd_stops_early(big_block):
+    pz = _pickle_scan.PartialZstd(_frame(big_block))
+    # libzstd decodes whole 128 KB blocks: asking for the first bytes leaves the rest.
+    assert pz.advance(100) < len(big_block)
+    assert not pz.finished
+
+
+@needs_compiled
+def test_partial_zstd_with_a_dictionary(bench_corpora):
+    import zstandard
+
+    samples = [pickle.dumps(bench_corpora["documents"][k : k + 4]) for k in range(0, 200, 4)]
+    zdict = zstandard.train_dictionary(4096, samples)
+    raw = pickle.dumps(bench_corpora["documents"][:40])
+    frame = zstandard.ZstdCompressor(dict_data=zdict).compress(raw)
+    pz = _pickle_scan.PartialZstd(frame, zdict.as_bytes())
+    assert pz.advance(len(raw) // 2) >= len(raw) // 2
+    assert pz.finish() == len(raw) and bytes(pz) == raw
+    with pytest.raises(ValueError, match="zstd"):
+        _pickle_scan.PartialZstd(frame).finish()  # without its dictionary
+
+
+@needs_compiled
+def test_partial_zstd_refuses_damage(big_block):
+    frame = _frame(big_block)
+    with pytest.raises(ValueError, match="truncated"):
+        _pickle_scan.PartialZstd(frame[: len(frame) // 2]).finish()
+    pz = _pickle_scan.PartialZstd(frame[: len(frame) // 2])
+    pz.advance(100)  # the part that is there decodes
+    with pytest.raises(ValueError, match="truncated"):
+        pz.finish()
+    with pytest.raises(ValueError, match="truncated"):
+        pz.advance(10**9)  # the object stays failed
+    damaged = bytearray(frame)
+    for k in range(40, len(damaged), 97):
+        damaged[k] ^= 0x5A
+    with pytest.raises(ValueError, match="zstd"):
+        _pickle_scan.PartialZstd(bytes(damaged)).finish()
+    with pytest.raises(ValueError, match="header"):
+        _pickle_scan.PartialZstd(b"not zstd at all")
+    import zstandard
+
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(big_block)
+    with pytest.raises(ValueError, match="declare its size"):
+        _pickle_scan.PartialZstd(unsized)
+    with pytest.raises(ValueError, match="over 1000"):
+        _pickle_scan.PartialZstd(frame, max_size=1000)
+
+
+@needs_compiled
+def test_partial_zstd_more_than_declared(big_block):
+    # Two frames back to back: the first one's end is where decoding stops.
+    frame = _frame(b"abc" * 1000)
+    pz = _pickle_scan.PartialZstd(frame + _frame(b"more"))
+    assert pz.finish() == 3000 and bytes(pz) == b"abc" * 1000
+    # A header declaring less than the frame holds.
+    short = bytearray(_frame(b"x" * 200, write_checksum=False))
+    assert short[5] == 200  # single-segment frame: 1-byte content size after the descriptor
+    short[5] = 100
+    with pytest.raises(ValueError, match="zstd"):
+        _pickle_scan.PartialZstd(bytes(short)).finish()
+
+
+@needs_compiled
+def test_partial_zstd_threads(big_block):
+    import random
+    import threading
+
+    frame = _frame(big_block)
+    for _ in range(5):
+        pz = _pickle_scan.PartialZstd(frame)
+        errors = []
+
+        def reader(seed, pz=pz, errors=errors):
+            rng = random.Random(seed)
+            try:
+                for _ in range(30):
+                    offset = rng.randrange(1, len(big_block) + 1)
+                    out = pz.advance(offset)
+                    view = memoryview(pz)
+                    if not (out >= offset and len(view) >= out and view == big_block[: len(view)]):
+                        errors.append((offset, out))
+            except Exception as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
