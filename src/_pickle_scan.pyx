@@ -42,7 +42,6 @@ from cpython.pythread cimport (
     PyThread_allocate_lock,
     PyThread_free_lock,
     PyThread_release_lock,
-    PyThread_type_lock,
 )
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort, realloc
@@ -56,9 +55,7 @@ from zstd cimport (
     ZSTD_CONTENTSIZE_UNKNOWN,
     ZSTD_createDCtx_fn,
     ZSTD_createDDict_fn,
-    ZSTD_DCtx,
     ZSTD_DCtx_refDDict_fn,
-    ZSTD_DDict,
     ZSTD_decompressStream_fn,
     ZSTD_freeDCtx_fn,
     ZSTD_freeDDict_fn,
@@ -234,6 +231,17 @@ cdef int _grow(void** arr, uint32_t* cap, uint32_t need, size_t item) noexcept n
     arr[0] = grown
     cap[0] = <uint32_t>new_cap
     return 0
+
+
+cdef void _shrink(void** arr, uint32_t* cap, uint32_t n, size_t item) noexcept nogil:
+    """Give back what ``*arr`` holds beyond ``n`` items (kept as it is if realloc fails)."""
+    cdef void* shrunk
+    if n == 0 or cap[0] <= n + 16:
+        return
+    shrunk = realloc(arr[0], <size_t>n * item)
+    if shrunk != NULL:
+        arr[0] = shrunk
+        cap[0] = n
 
 
 cdef inline uint32_t _le32(const unsigned char* p) noexcept nogil:
@@ -493,6 +501,11 @@ cdef int _stop(PickleScan* s, uint64_t q) noexcept nogil:
     s.pos = <uint32_t>q
     s.status = PS_DONE
     _free_scanning_state(s)
+    # What a cache entry keeps: no more than it holds.
+    _shrink(<void**>&s.defs, &s.cap_defs, s.n_defs, sizeof(ps_def))
+    _shrink(<void**>&s.uses, &s.cap_uses, s.n_uses, sizeof(ps_use))
+    _shrink(<void**>&s.edits, &s.cap_edits, s.n_edits, sizeof(ps_edit))
+    _shrink(<void**>&s.elems, &s.cap_elems, s.n_elems, sizeof(ps_span))
     return 0
 
 
@@ -1084,22 +1097,6 @@ cdef class PartialZstd:
     bytes out so far (``available``) read-only through the buffer protocol.
     Thread-safe: one lock per object, the GIL released while libzstd decodes.
     """
-
-    # self.lock guards everything below it; taken with the GIL released when contended.
-    cdef PyThread_type_lock lock
-    cdef ZSTD_DCtx* dctx  # NULL before the first advance and once the frame is over
-    cdef ZSTD_DDict* ddict  # owned
-    cdef Py_buffer src
-    cdef bint have_src
-    cdef size_t in_pos
-    cdef unsigned char* out
-    cdef size_t out_len
-    cdef size_t out_cap
-    cdef unsigned char probe  # where a byte past the declared size would land
-    cdef bint finished
-    cdef int status
-    cdef size_t zresult
-    cdef Py_ssize_t exports
 
     def __cinit__(self, frame, dictionary=None, size_t max_size=1 << 32):
         cdef Py_buffer dbuf

@@ -1,0 +1,129 @@
+"""Partial decoding, measured: one element of a block versus the whole block.
+
+For each corpus and block size, side by side in one run (medians of --repeat runs, µs per
+element read at random positions of fresh blocks):
+
+- ``whole``: ``pickle.loads(block)[i]``, what a miss costs without partial decoding;
+- ``cython``: the compiled scan of the block, element ``i``'s synthetic pickle, its loads;
+- ``python``: the same with the pure-Python scanner (``atlas_fast._pyscan``);
+- with ``--zstd``: libzstd decoding the whole frame against decoding it only as far as the
+  middle of the block (``PartialZstd``; libzstd decodes in blocks of up to 128 KB).
+
+Usage: ``python benchmarks/bench_partial.py [--quick] [--repeat 5] [--zstd]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import decimal
+import pickle
+import random
+import statistics
+import time
+
+import numpy as np
+
+from atlas_fast import _pyscan
+from atlas_fast.bench import corpus
+
+try:
+    from atlas_fast import _pickle_scan
+except ImportError:
+    _pickle_scan = None
+
+
+def typed_rows(n: int) -> list:
+    """Rows with the types a table export carries: datetime, Decimal, numpy scalars."""
+    return [
+        {
+            "row": i,
+            "city": ("Paris", "Lima", "Oslo")[i % 3],
+            "when": datetime.datetime(2024, 1, 1) + datetime.timedelta(hours=i),
+            "price": decimal.Decimal(f"{i}.99"),
+            "count": np.int64(i),
+            "ratio": np.float32(i / 7),
+        }
+        for i in range(n)
+    ]
+
+
+def corpora(quick: bool) -> dict:
+    docs = list(corpus.stdlib_documents(600 if quick else 2000))
+    out = {
+        "documents": docs,
+        "tokens": list(corpus.token_arrays(iter(docs), 200 if quick else 600)),
+        "blobs": list(corpus.blobs(100 if quick else 300)),
+        "typed rows": typed_rows(400 if quick else 2000),
+    }
+    if hasattr(corpus, "rows"):
+        out["rows"] = list(corpus.rows(400 if quick else 2000))
+    return out
+
+
+def per_read(fn, blocks, picks, repeat: int) -> float:
+    """Median over ``repeat`` runs of the mean µs of ``fn(block, i)`` over the blocks."""
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for block, i in zip(blocks, picks):
+            fn(block, i)
+        runs.append((time.perf_counter() - start) / len(blocks) * 1e6)
+    return statistics.median(runs)
+
+
+def partial(mod):
+    def read(block, i):
+        s = mod.scan(block)
+        data = s.synthetic(i)
+        return pickle.loads(data) if data is not None else pickle.loads(block)[i]
+
+    return read
+
+
+def _to_middle(frame, i):
+    pz = _pickle_scan.PartialZstd(frame)
+    return pz.advance(pz.content_size // 2)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--zstd", action="store_true", help="time PartialZstd too")
+    args = parser.parse_args(argv)
+    rng = random.Random(0)
+    print(
+        f"{'corpus':11s} {'block':>5s} {'KB':>7s} {'whole':>8s} {'cython':>8s} {'ratio':>6s}"
+        f" {'python':>8s} {'ratio':>6s}" + ("   zstd full   to middle" if args.zstd else "")
+    )
+    for name, examples in corpora(args.quick).items():
+        for size in (16, 64, 100):
+            blocks = [
+                pickle.dumps(examples[k : k + size])
+                for k in range(0, len(examples) - size + 1, size)
+            ][:40]
+            picks = [rng.randrange(size) for _ in blocks]
+            whole = per_read(lambda b, i: pickle.loads(b)[i], blocks, picks, args.repeat)
+            cy = per_read(partial(_pickle_scan), blocks, picks, args.repeat) if _pickle_scan else 0
+            py = per_read(partial(_pyscan), blocks[:5], picks[:5], max(1, args.repeat // 2))
+            kb = statistics.mean(len(b) for b in blocks) / 1e3
+            line = (
+                f"{name:11s} {size:5d} {kb:7.1f} {whole:8.1f} {cy:8.1f} "
+                f"{whole / cy if cy else 0:5.2f}x {py:8.1f} {whole / py:5.2f}x"
+            )
+            if args.zstd and _pickle_scan is not None:
+                import zstandard
+
+                frames = [zstandard.ZstdCompressor(level=3).compress(b) for b in blocks]
+                full = per_read(
+                    lambda f, i: _pickle_scan.PartialZstd(f).finish(), frames, picks, args.repeat
+                )
+                half = per_read(_to_middle, frames, picks, args.repeat)
+                line += f" {full:10.1f} {half:10.1f}"
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
