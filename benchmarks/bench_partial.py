@@ -9,7 +9,14 @@ element read at random positions of fresh blocks):
 - with ``--zstd``: libzstd decoding the whole frame against decoding it only as far as the
   middle of the block (``PartialZstd``; libzstd decodes in blocks of up to 128 KB).
 
-Usage: ``python benchmarks/bench_partial.py [--quick] [--repeat 5] [--zstd]``
+``--projection`` times, on datasets written by this package, uniformly random ``ds[i]`` with
+no block read twice (CPU time, gc paused, medians): the reference package (when installed),
+atlas_fast's readers, and a *projection* of a miss with partial decoding written in Python
+over the same files (mmap'd data.bin, python-zstandard for compressed blocks, the compiled
+scanner, the element's synthetic pickle): what the compiled core would do, plus the Python
+overhead of this sketch.
+
+Usage: ``python benchmarks/bench_partial.py [--quick] [--repeat 5] [--zstd] [--projection]``
 """
 
 from __future__ import annotations
@@ -86,12 +93,121 @@ def _to_middle(frame, i):
     return pz.advance(pz.content_size // 2)
 
 
+class _Projected:
+    """A miss with partial decoding, sketched in Python over one shard of a dataset."""
+
+    def __init__(self, root) -> None:
+        import json
+        import mmap
+        from pathlib import Path
+
+        import zstandard
+
+        root = Path(root)
+        (shard,) = sorted(p for p in root.iterdir() if p.is_dir())
+        meta = json.loads((shard / "meta.json").read_text())
+        self.block_size = meta["block_size"]
+        self.index = [int(x) for x in np.load(shard / "index.npy")]
+        with open(shard / "data.bin", "rb") as f:
+            self.view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        strategy = meta["compression_strategy"]
+        if strategy == 0:
+            self.dctx = None
+        else:
+            where = root if strategy == 2 else shard
+            zdict = None
+            if strategy in (2, 3):
+                zdict = zstandard.ZstdCompressionDict((where / "zstd_dict.bin").read_bytes())
+            self.dctx = zstandard.ZstdDecompressor(dict_data=zdict)
+
+    def __getitem__(self, i):
+        b, k = divmod(i, self.block_size)
+        data = self.view[self.index[b] : self.index[b + 1]]
+        if self.dctx is not None:
+            data = self.dctx.decompress(data)
+        s = _pickle_scan.scan(data)
+        synthetic = s.synthetic(k)
+        return pickle.loads(synthetic) if synthetic is not None else pickle.loads(data)[k]
+
+
+def _cpu_per_read(make, indices, repeat: int) -> float:
+    import gc
+
+    runs = []
+    for _ in range(repeat):
+        ds = make()  # a fresh reader: no block it read before
+        gc.disable()
+        try:
+            start = time.process_time()
+            for i in indices:
+                ds[i]
+            runs.append((time.process_time() - start) / len(indices) * 1e6)
+        finally:
+            gc.enable()
+    return statistics.median(runs)
+
+
+def projection(quick: bool, repeat: int) -> None:
+    import tempfile
+
+    import atlas_fast
+
+    try:
+        import torch_atlas_ds as reference
+    except ImportError:
+        reference = None
+    docs = list(corpus.stdlib_documents(3000 if quick else 8000))
+    tokens = list(corpus.token_arrays(iter(docs), 640 if quick else 1600))
+    rows = list(corpus.rows(6400 if quick else 16000)) if hasattr(corpus, "rows") else None
+    rows = rows or typed_rows(6400 if quick else 16000)
+    cases = [
+        ("documents", docs, 0, 16),
+        ("documents", docs, 1, 16),
+        ("documents", docs, 1, 100),
+        ("tokens", tokens, 1, 64),
+        ("rows", rows, 0, 32),
+        ("rows", rows, 1, 64),
+    ]
+    print(
+        f"{'data':10s} {'strategy':>8s} {'block':>5s} {'reference':>10s} {'atlas_fast':>10s} "
+        f"{'projected':>10s}  projected vs reference, vs atlas_fast (µs per read, CPU)"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, examples, strategy, size in cases:
+            root = f"{tmp}/{name}-s{strategy}b{size}"
+            with atlas_fast.AtlasDatasetWriter(
+                root, len(examples), size, compression_strategy=strategy
+            ) as writer:
+                for x in examples:
+                    writer.add_example(x)
+            blocks = list(range(len(examples) // size))
+            random.Random(size).shuffle(blocks)
+            rng = random.Random(strategy)
+            indices = [b * size + rng.randrange(size) for b in blocks]
+            ref = (
+                _cpu_per_read(lambda r=root: reference.AtlasDataset(r), indices, repeat)
+                if reference is not None
+                else float("nan")
+            )
+            ours = _cpu_per_read(lambda r=root: atlas_fast.AtlasDataset(r), indices, repeat)
+            proj = _cpu_per_read(lambda r=root: _Projected(r), indices, repeat)
+            print(
+                f"{name:10s} {strategy:8d} {size:5d} {ref:10.1f} {ours:10.1f} {proj:10.1f}  "
+                f"{ref / proj:5.2f}x {ours / proj:5.2f}x",
+                flush=True,
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--zstd", action="store_true", help="time PartialZstd too")
+    parser.add_argument("--projection", action="store_true", help="datasets, see above")
     args = parser.parse_args(argv)
+    if args.projection:
+        projection(args.quick, args.repeat)
+        return 0
     rng = random.Random(0)
     print(
         f"{'corpus':11s} {'block':>5s} {'KB':>7s} {'whole':>8s} {'cython':>8s} {'ratio':>6s}"

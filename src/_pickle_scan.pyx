@@ -923,8 +923,9 @@ cdef class PickleScanner:
         try:
             if <size_t>buf.len < self.s.pos:
                 raise ValueError("feed() needs the block's bytes from its start")
-            with nogil:
-                status = ps_feed(self.s, <const unsigned char*>buf.buf, <size_t>buf.len, final)
+            # With the GIL held: another thread's feed() or synthetic() on this object must
+            # not see the scan while it changes (once done, it never changes again).
+            status = ps_feed(self.s, <const unsigned char*>buf.buf, <size_t>buf.len, final)
         finally:
             PyBuffer_Release(&buf)
         self.data = data

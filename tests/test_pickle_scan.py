@@ -396,6 +396,35 @@ def test_no_such_element(scanner):
     assert s.synthetic(-1) is None
 
 
+def test_constants_mirror_each_other():
+    assert _pyscan.MAX_PROTOCOL == pickle.HIGHEST_PROTOCOL
+    if _pickle_scan is not None:
+        assert _pickle_scan.MAX_PROTOCOL == _pyscan.MAX_PROTOCOL
+
+
+def test_a_finished_scan_serves_many_threads(scanner):
+    import threading
+
+    examples = _documents(30) + _arrays()
+    block = pickle.dumps(examples, protocol=5)
+    s = scanner.scan(block)
+    expected = [pickle.dumps(x, protocol=5) for x in pickle.loads(block)]
+    errors = []
+
+    def reader(seed):
+        for k in range(200):
+            i = (seed * 7 + k) % len(expected)
+            if pickle.dumps(pickle.loads(s.synthetic(i)), protocol=5) != expected[i]:
+                errors.append(i)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Incremental scanning: a prefix at a time
 
