@@ -692,31 +692,27 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
 # ---------------------------------------------------------------------------------------------
 # One element's synthetic pickle
 
-cdef uint32_t _first_use(const PickleScan* s, uint32_t pos) noexcept nogil:
-    """The first use at or after ``pos`` (uses are in position order)."""
+cdef uint32_t _first_at(const void* items, uint32_t n, size_t size, uint32_t pos) noexcept nogil:
+    """The first of ``n`` items (``size`` bytes each, in position order, their first field
+    their position: ps_use, ps_edit) at or after ``pos``."""
     cdef uint32_t lo = 0
-    cdef uint32_t hi = s.n_uses
+    cdef uint32_t hi = n
     cdef uint32_t mid
     while lo < hi:
         mid = lo + (hi - lo) // 2
-        if s.uses[mid].pos < pos:
+        if (<const uint32_t*>(<const char*>items + <size_t>mid * size))[0] < pos:
             lo = mid + 1
         else:
             hi = mid
     return lo
 
 
-cdef uint32_t _first_edit(const PickleScan* s, uint32_t pos) noexcept nogil:
-    cdef uint32_t lo = 0
-    cdef uint32_t hi = s.n_edits
-    cdef uint32_t mid
-    while lo < hi:
-        mid = lo + (hi - lo) // 2
-        if s.edits[mid].pos < pos:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+cdef inline uint32_t _first_use(const PickleScan* s, uint32_t pos) noexcept nogil:
+    return _first_at(s.uses, s.n_uses, sizeof(ps_use), pos)
+
+
+cdef inline uint32_t _first_edit(const PickleScan* s, uint32_t pos) noexcept nogil:
+    return _first_at(s.edits, s.n_edits, sizeof(ps_edit), pos)
 
 
 ctypedef struct _need:

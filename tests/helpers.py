@@ -62,6 +62,26 @@ def assert_same(a, b, where="") -> None:
     assert same(a, b), f"{where}: {a!r:.200} != {b!r:.200}"
 
 
+def run_threads(target, count: int) -> list:
+    """Run ``target(k)`` on ``count`` threads at once; the exceptions they raised."""
+    import threading
+
+    errors = []
+
+    def run(k):
+        try:
+            target(k)
+        except Exception as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def open_fd_count() -> int:
     """Open file descriptors of this process (Linux /proc; macOS /dev/fd)."""
     for folder in ("/proc/self/fd", "/dev/fd"):

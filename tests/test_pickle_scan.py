@@ -19,7 +19,7 @@ import uuid
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, fixture_cases, reference_blocks, same
+from helpers import FIXTURES, fixture_cases, reference_blocks, run_threads, same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -279,7 +279,15 @@ def _text_pickle() -> bytes:
     return pickle.dumps([{"a": 1}, "x", [2.5, None], ("t", 10**20), "x", b"by"], protocol=0)
 
 
-@pytest.mark.parametrize("make", [_long_put_pickle, _text_pickle])
+def _inst_obj_pickle() -> bytes:
+    """Protocol 0/1 opcodes CPython 3 no longer writes: MARK LIST, INST, OBJ, text PUT/GET."""
+    return (
+        b"(lp0\n(icollections\nOrderedDict\np1\na(ccollections\nOrderedDict\nop2\nag1\n"
+        b"a(I1\nI2\ntp3\na."
+    )
+
+
+@pytest.mark.parametrize("make", [_long_put_pickle, _text_pickle, _inst_obj_pickle])
 def test_hand_written_blocks(make):
     check_block(make())
 
@@ -403,26 +411,17 @@ def test_constants_mirror_each_other():
 
 
 def test_a_finished_scan_serves_many_threads(scanner):
-    import threading
-
     examples = _documents(30) + _arrays()
     block = pickle.dumps(examples, protocol=5)
     s = scanner.scan(block)
     expected = [pickle.dumps(x, protocol=5) for x in pickle.loads(block)]
-    errors = []
 
     def reader(seed):
         for k in range(200):
             i = (seed * 7 + k) % len(expected)
-            if pickle.dumps(pickle.loads(s.synthetic(i)), protocol=5) != expected[i]:
-                errors.append(i)
+            assert pickle.dumps(pickle.loads(s.synthetic(i)), protocol=5) == expected[i], i
 
-    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_threads(reader, 8) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,28 +722,18 @@ def test_partial_zstd_more_than_declared(big_block):
 @needs_compiled
 def test_partial_zstd_threads(big_block):
     import random
-    import threading
 
     frame = _frame(big_block)
     for _ in range(5):
         pz = _pickle_scan.PartialZstd(frame)
-        errors = []
 
-        def reader(seed, pz=pz, errors=errors):
+        def reader(seed, pz=pz):
             rng = random.Random(seed)
-            try:
-                for _ in range(30):
-                    offset = rng.randrange(1, len(big_block) + 1)
-                    out = pz.advance(offset)
-                    view = memoryview(pz)
-                    if not (out >= offset and len(view) >= out and view == big_block[: len(view)]):
-                        errors.append((offset, out))
-            except Exception as exc:
-                errors.append(exc)
+            for _ in range(30):
+                offset = rng.randrange(1, len(big_block) + 1)
+                out = pz.advance(offset)
+                view = memoryview(pz)
+                assert out >= offset and len(view) >= out, (offset, out)
+                assert view == big_block[: len(view)]
 
-        threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        assert run_threads(reader, 8) == []
