@@ -45,7 +45,7 @@ from cpython.pythread cimport (
 )
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort, realloc
-from libc.string cimport memchr, memcpy
+from libc.string cimport memchr, memcpy, memset
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlopen, dlsym
 
 cimport cython
@@ -715,13 +715,30 @@ cdef inline uint32_t _first_edit(const PickleScan* s, uint32_t pos) noexcept nog
     return _first_at(s.edits, s.n_edits, sizeof(ps_edit), pos)
 
 
-ctypedef struct _need:
-    ps_span* spans  # the memo entries to re-create (their spans), then the element's
-    uint32_t n, cap
-    unsigned char* seen  # one bit per memo entry
+cdef int _plan_add(ps_plan_t* plan, uint32_t start, uint32_t end) noexcept nogil:
+    """One more span in ``plan`` (its small inline array first, then the heap); 0 or -1."""
+    cdef ps_span* grown
+    cdef uint32_t cap
+    if plan.n == plan.cap:
+        cap = plan.cap * 2
+        if plan.spans == plan.small:
+            grown = <ps_span*>malloc(cap * sizeof(ps_span))
+            if grown != NULL:
+                memcpy(grown, plan.small, plan.n * sizeof(ps_span))
+        else:
+            grown = <ps_span*>realloc(plan.spans, cap * sizeof(ps_span))
+        if grown == NULL:
+            return -1
+        plan.spans = grown
+        plan.cap = cap
+    plan.spans[plan.n].start = start
+    plan.spans[plan.n].end = end
+    plan.n += 1
+    return 0
 
 
-cdef int _walk(const PickleScan* s, _need* nd, uint32_t start, uint32_t end) noexcept nogil:
+cdef int _walk(const PickleScan* s, ps_plan_t* plan, unsigned char* seen, uint32_t start,
+               uint32_t end) noexcept nogil:
     """Add the memo entries that ``start:end`` reads from before ``start``; a reason or 0."""
     cdef uint32_t j = _first_use(s, start)
     cdef const ps_def* d
@@ -732,13 +749,10 @@ cdef int _walk(const PickleScan* s, _need* nd, uint32_t start, uint32_t end) noe
         if d.start < start:  # built outside the span: before it
             if d.end > s.uses[j].pos:
                 return R_RECURSIVE
-            if not (nd.seen[di >> 3] & (1 << (di & 7))):
-                nd.seen[di >> 3] |= 1 << (di & 7)
-                if _grow(<void**>&nd.spans, &nd.cap, nd.n + 1, sizeof(ps_span)) < 0:
+            if not (seen[di >> 3] & (1 << (di & 7))):
+                seen[di >> 3] |= 1 << (di & 7)
+                if _plan_add(plan, d.start, d.end) < 0:
                     return R_NO_MEMORY
-                nd.spans[nd.n].start = d.start
-                nd.spans[nd.n].end = d.end
-                nd.n += 1
         j += 1
     return 0
 
@@ -766,12 +780,16 @@ cdef Py_ssize_t _span_size(const PickleScan* s, uint32_t start, uint32_t end) no
 
 
 cdef int ps_plan(const PickleScan* s, uint32_t i, ps_plan_t* plan) noexcept nogil:
-    """What element ``i``'s synthetic pickle holds; 0, or a reason to unpickle the block."""
-    cdef _need nd
+    """What element ``i``'s synthetic pickle holds; 0, or a reason to unpickle the block.
+    A plan made (reason 0 or not) is released with ps_plan_release."""
+    cdef unsigned char small_seen[512]
+    cdef unsigned char* seen = small_seen  # one bit per memo entry: already in the plan
+    cdef size_t seen_size = (s.n_defs >> 3) + 1
     cdef uint32_t k, kept, n_defs
     cdef int reason = 0
     cdef ps_span elem
-    plan.spans = NULL
+    plan.spans = plan.small
+    plan.cap = sizeof(plan.small) // sizeof(ps_span)
     plan.n = 0
     plan.size = 0
     if s.status != PS_DONE:
@@ -779,34 +797,34 @@ cdef int ps_plan(const PickleScan* s, uint32_t i, ps_plan_t* plan) noexcept nogi
     if i >= s.n_elems:
         return R_NO_ELEMENT
     elem = s.elems[i]
-    nd.spans = NULL
-    nd.n = nd.cap = 0
-    nd.seen = <unsigned char*>calloc((s.n_defs >> 3) + 1, 1)
-    if nd.seen == NULL:
-        return R_NO_MEMORY
-    reason = _walk(s, &nd, elem.start, elem.end)
+    if seen_size > sizeof(small_seen):
+        seen = <unsigned char*>calloc(seen_size, 1)
+        if seen == NULL:
+            return R_NO_MEMORY
+    else:
+        memset(seen, 0, seen_size)
+    reason = _walk(s, plan, seen, elem.start, elem.end)
     k = 0
-    while reason == 0 and k < nd.n:  # nd.spans grows as it is walked: the closure
-        reason = _walk(s, &nd, nd.spans[k].start, nd.spans[k].end)
+    while reason == 0 and k < plan.n:  # the plan grows as it is walked: the closure
+        reason = _walk(s, plan, seen, plan.spans[k].start, plan.spans[k].end)
         k += 1
-    free(nd.seen)
-    if reason == 0 and _grow(<void**>&nd.spans, &nd.cap, nd.n + 1, sizeof(ps_span)) < 0:
+    if seen != small_seen:
+        free(seen)
+    if reason == 0 and _plan_add(plan, elem.start, elem.end) < 0:
         reason = R_NO_MEMORY
     if reason:
-        free(nd.spans)
         return reason
     # In block order; an entry built inside another one is re-created with it.
-    n_defs = nd.n
+    n_defs = plan.n - 1
     if n_defs > 1:
-        qsort(nd.spans, n_defs, sizeof(ps_span), _by_start)
+        qsort(plan.spans, n_defs, sizeof(ps_span), _by_start)
     kept = 0
     for k in range(n_defs):
-        if kept and nd.spans[k].start < nd.spans[kept - 1].end:
+        if kept and plan.spans[k].start < plan.spans[kept - 1].end:
             continue
-        nd.spans[kept] = nd.spans[k]
+        plan.spans[kept] = plan.spans[k]
         kept += 1
-    nd.spans[kept] = elem
-    plan.spans = nd.spans
+    plan.spans[kept] = elem
     plan.n = kept + 1
     plan.size = (2 if s.proto >= 2 else 0) + kept + 1  # PROTO, a POP after each entry, STOP
     for k in range(plan.n):
@@ -815,8 +833,9 @@ cdef int ps_plan(const PickleScan* s, uint32_t i, ps_plan_t* plan) noexcept nogi
 
 
 cdef void ps_plan_release(ps_plan_t* plan) noexcept nogil:
-    free(plan.spans)
-    plan.spans = NULL
+    if plan.spans != plan.small:
+        free(plan.spans)
+    plan.spans = plan.small
     plan.n = 0
 
 
@@ -872,6 +891,7 @@ cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_
     with nogil:
         reason = ps_plan(s, i, &plan)
     if reason:
+        ps_plan_release(&plan)
         return reason
     try:
         out = PyBytes_FromStringAndSize(NULL, plan.size)

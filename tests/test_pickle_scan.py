@@ -264,6 +264,14 @@ def test_memo_above_256_entries(protocol):
     check_block(block)
 
 
+def test_many_memo_entries_and_long_closures():
+    # Over 4096 memo entries, and an element reading hundreds of them from earlier elements.
+    strings = [f"s{i}" for i in range(5000)]
+    examples = [strings[k : k + 1000] for k in range(0, 5000, 1000)]
+    examples.append(strings[::7])
+    check_block(pickle.dumps(examples, protocol=4))
+
+
 def _long_put_pickle() -> bytes:
     """A list of 300 shared strings stored with LONG_BINPUT (protocol 2 uses BINPUT <256)."""
     out = bytearray(b"\x80\x02]r\x00\x00\x00\x00(")

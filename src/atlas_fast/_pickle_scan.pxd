@@ -78,10 +78,12 @@ cdef const char* ps_reason(int reason) noexcept nogil
 ctypedef struct ps_plan_t:
     ps_span* spans  # the memo entries to re-create, in block order, then the element
     uint32_t n
+    uint32_t cap
     Py_ssize_t size  # bytes of the synthetic pickle
+    ps_span small[24]  # spans' storage while they fit
 
 # What element i's synthetic pickle holds: 0, or a reason (ps_reason) to unpickle the whole
-# block instead. A plan made is released with ps_plan_release.
+# block instead. A plan made (whatever the result) is released with ps_plan_release.
 cdef int ps_plan(const PickleScan* s, uint32_t i, ps_plan_t* plan) noexcept nogil
 cdef void ps_plan_release(ps_plan_t* plan) noexcept nogil
 # Writes the synthetic pickle (plan.size bytes) from the block's bytes into out.
