@@ -212,12 +212,16 @@ cdef enum:
 # ---------------------------------------------------------------------------------------------
 # Growing arrays (malloc'd; every failure is reported, never fatal)
 
-cdef int _grow(void** arr, uint32_t* cap, uint32_t need, size_t item) noexcept nogil:
+cdef inline int _grow(void** arr, uint32_t* cap, uint32_t need, size_t item) noexcept nogil:
     """Make ``*arr`` hold at least ``need`` items; 0, or -1 when out of memory."""
-    cdef uint64_t new_cap
-    cdef void* grown
     if need <= cap[0]:
         return 0
+    return _regrow(arr, cap, need, item)
+
+
+cdef int _regrow(void** arr, uint32_t* cap, uint32_t need, size_t item) noexcept nogil:
+    cdef uint64_t new_cap
+    cdef void* grown
     new_cap = cap[0] * 2 if cap[0] >= 16 else 16
     if new_cap < need:
         new_cap = need
@@ -365,7 +369,7 @@ cdef int _add_elements(PickleScan* s, uint32_t first, uint32_t last) noexcept no
     return 0
 
 
-cdef int _add_edit(PickleScan* s, uint32_t pos, uint32_t memo) noexcept nogil:
+cdef inline int _add_edit(PickleScan* s, uint32_t pos, uint32_t memo) noexcept nogil:
     if _grow(<void**>&s.edits, &s.cap_edits, s.n_edits + 1, sizeof(ps_edit)) < 0:
         return -1
     s.edits[s.n_edits].pos = pos
