@@ -924,9 +924,6 @@ cdef class PickleScanner:
     element must come from the whole block (``element_reason(i)`` says why).
     """
 
-    cdef PickleScan* s
-    cdef object data  # the bytes last fed: what synthetic() copies from
-
     def __cinit__(self):
         self.s = ps_new()
         if self.s == NULL:

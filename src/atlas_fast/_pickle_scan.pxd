@@ -93,6 +93,15 @@ cdef void ps_plan_write(const PickleScan* s, const unsigned char* data, const ps
 cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_t i)
 
 
+# The scan of one block as a Python object (what a cache entry can hold): the C scan and the
+# bytes it was fed (the block's pickle, or its prefix while scanning).
+cdef class PickleScanner:
+    cdef PickleScan* s
+    cdef object data
+    # Element i's synthetic pickle (bytes), or its fallback reason (int).
+    cdef object _synthetic(self, Py_ssize_t i)
+
+
 # One zstd frame decoded only as far as asked, resumably (see _pickle_scan.pyx).
 cdef class PartialZstd:
     # lock guards everything below it; taken with the GIL released when contended.
