@@ -354,8 +354,10 @@ def test_restricted_loads_governs_the_partial_path():
                 s.load(i, loads)
 
 
-def test_restricted_loads_allows_plain_data_and_numpy():
-    check_block(pickle.dumps(_arrays()[:-6] + _documents(5)), loads=make_loads())
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_restricted_loads_allows_plain_data_and_numpy(protocol):
+    examples = _arrays()[:-6] + _documents(5) + [datetime.date(2024, 1, 1), b"raw"]
+    check_block(pickle.dumps(examples, protocol=protocol), loads=make_loads())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,6 +458,19 @@ def test_feeding_prefixes(scanner):
     ]
     with pytest.raises(ValueError, match="from its start"):
         s.feed(block[:10])
+
+
+def test_scanners_agree_on_every_prefix():
+    if len(SCANNERS) < 2:
+        pytest.skip("one scanner only: the compiled backend is not built")
+    block = pickle.dumps(_documents(3) + _arrays()[:3] + _stdlib_objects()[:6], protocol=4)
+    for n in range(0, len(block) + 1, 3):
+        outcome = set()
+        for mod in SCANNERS.values():
+            s = mod.PickleScanner()
+            status = s.feed(block[:n], final=False)
+            outcome.add((status, s.need, s.reason))
+        assert len(outcome) == 1, (n, outcome)
 
 
 # ---------------------------------------------------------------------------------------------
