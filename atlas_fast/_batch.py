@@ -116,14 +116,14 @@ def check_shared_dict(root, metadata, dict_bytes) -> None:
 
 def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
     """What reading a shard needs: (validated offsets, digested dictionary or None)."""
-    root = Path(root)
     offsets = load_offsets(root, metadata)
     strategy = metadata.compression_strategy
     if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-        path = root / DICT_FILE
+        path = Path(root) / DICT_FILE
         return offsets, _digested_dict(zstd_dict_type, read_dict_file(path), path)
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        return offsets, _digested_dict(zstd_dict_type, bytes(dict_bytes), root.parent / DICT_FILE)
+        path = Path(root).parent / DICT_FILE
+        return offsets, _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
     return offsets, None
 
 
@@ -134,11 +134,12 @@ def shard_reader(shard_type, root, shard_dir, metadata, size, dict_bytes, loads,
     number of examples the dataset's meta.json gives it.
     """
     if metadata is None:
-        metadata = read_shard_metadata(Path(shard_dir))
+        metadata = read_shard_metadata(shard_dir)
         if metadata.stored_examples != size:
             raise AtlasFormatError(
-                f"{Path(shard_dir) / META_FILE}: stored_examples is {metadata.stored_examples} "
-                f"but {Path(root) / META_FILE} lists {size} for shard {tag}"
+                f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                f"{metadata.stored_examples} but {os.path.join(root, META_FILE)} lists {size} "
+                f"for shard {tag}"
             )
     try:
         return shard_type(str(shard_dir), metadata, dict_bytes, loads, cache, tag)

@@ -556,7 +556,7 @@ class DatasetCore:
 
     def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
         self._root = str(root)
-        self._shard_dirs = [str(d) for d in shard_dirs]
+        self._shard_dirs = list(shard_dirs)
         self._sizes = list(sizes)
         self._metadatas = list(metadatas)
         self._dict_bytes = dict_bytes

@@ -12,6 +12,7 @@ adds what is not hot: metadata, shard discovery, pickling, settings.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from collections.abc import Sequence
@@ -28,10 +29,10 @@ from ._format import (
     AtlasDatasetShardMetadata,
     CompressionStrategy,
     check_shard_sizes,
-    find_shard_dirs,
     read_dataset_metadata,
     read_dict_file,
     read_shard_metadata,
+    shard_dir_names,
 )
 from ._safe_pickle import make_loads
 
@@ -178,8 +179,8 @@ class _ShardMethods(_Settings):
         )
 
 
-def _shard_sizes(root: Path, metadata: AtlasDatasetMetadata, shard_dirs: list) -> tuple:
-    """``(sizes, metadatas)`` of the shards in ``shard_dirs``.
+def _shard_sizes(root: Path, metadata: AtlasDatasetMetadata, names: list) -> tuple:
+    """``(sizes, metadatas)`` of the shards in the folders ``names`` of ``root``.
 
     When the shard folders are exactly those the root's ``shard_sizes`` lists, the sizes come
     from it and no shard is read now (each shard's meta.json is checked against it on first
@@ -187,10 +188,10 @@ def _shard_sizes(root: Path, metadata: AtlasDatasetMetadata, shard_dirs: list) -
     own meta.json gives its size, as the reference reads them.
     """
     listed = metadata.shard_sizes
-    names = [d.name for d in shard_dirs]
     if len(names) == len(listed) and all(n.isascii() and n.isdigit() for n in names):
         if [int(n) for n in names] == list(range(len(listed))):
             return list(listed), [None] * len(listed)
+    shard_dirs = [root / n for n in names]
     metadatas = [read_shard_metadata(d) for d in shard_dirs]
     check_shard_sizes(root, metadata, list(zip(shard_dirs, metadatas)))
     return [m.stored_examples for m in metadatas], metadatas
@@ -281,13 +282,14 @@ class _DatasetMethods(_Settings):
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.metadata = read_dataset_metadata(self.root)
-        shard_dirs = find_shard_dirs(self.root)
+        names = shard_dir_names(self.root)
         dict_bytes = None
         if self.metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if shard_dirs or (self.root / DICT_FILE).exists():  # an empty root needs none
+            if names or (self.root / DICT_FILE).exists():  # an empty root needs none
                 dict_bytes = read_dict_file(self.root / DICT_FILE)
-        sizes, metadatas = _shard_sizes(self.root, self.metadata, shard_dirs)
-        self._shard_dirs = shard_dirs
+        sizes, metadatas = _shard_sizes(self.root, self.metadata, names)
+        base = os.path.join(self.root, "")
+        self._shard_dirs = [base + n for n in names]  # strings: 10,000 Paths cost
         self._dict_bytes = dict_bytes
         self._block_cache = self._backend.BlockCache(max_bytes, max_blocks)
         self.actual_shard_sizes = sizes
@@ -295,7 +297,7 @@ class _DatasetMethods(_Settings):
         self.shards = _Shards(self, self._block_cache)
         super().__init__(
             str(self.root),
-            [str(d) for d in shard_dirs],
+            self._shard_dirs,
             sizes,
             metadatas,
             dict_bytes,

@@ -1435,7 +1435,7 @@ cdef class DatasetCore:
         self._n_shards = n
         self._total = total
         self._root = str(root)
-        self._shard_dirs = [str(d) for d in shard_dirs]
+        self._shard_dirs = list(shard_dirs)
         self._sizes = list(sizes)
         self._metadatas = list(metadatas)
         self._dict_bytes = dict_bytes
