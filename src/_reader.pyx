@@ -4,6 +4,7 @@
 from cpython.buffer cimport (
     PyBUF_FORMAT,
     PyBUF_ND,
+    PyBUF_SIMPLE,
     PyBUF_WRITABLE,
     PyBuffer_Release,
     PyObject_GetBuffer,
@@ -38,6 +39,7 @@ from posix.unistd cimport close as c_close
 
 cimport cython
 
+from atlas_fast._pickle_scan cimport PS_DONE, PickleScanner, ps_feed
 from zstd cimport (
     ZSTD_CONTENTSIZE_ERROR,
     ZSTD_CONTENTSIZE_UNKNOWN,
@@ -1030,6 +1032,11 @@ cdef class BlockCache:
         if blocks > self._reserved:
             self._reserved = blocks
 
+    def partial_keys(self):
+        """``(tag, block)`` of the blocks held as their pickle and its scan (partial decoding),
+        least recently used first."""
+        return [key for key in self.keys() if (<_Entry>self._entries[key]).examples is None]
+
     def keys(self):
         """``(tag, block)`` of the blocks held, least recently used first."""
         cdef list out = []
@@ -1087,6 +1094,12 @@ cdef class BlockCache:
         self._hit(<_Entry>found)
         return <_Entry>found
 
+    cdef _Entry _find(self, object key):
+        """The live entry of ``key``, with examples or only its pickle and scan, or None;
+        counts nothing."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        return None if found == NULL else <_Entry>found
+
     cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
         """Cache ``examples`` as block ``key``; an entry already there (another thread's) wins."""
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
@@ -1099,17 +1112,37 @@ cdef class BlockCache:
                     self._unlink(e)
                     self._push(e)
                 return e
-            self._drop(e, dropped)
+            self._drop(e, dropped)  # its pickle and scan: now decoded whole
         e = _Entry.__new__(_Entry)
         e.key = key
         e.block = block
         e.examples = examples
         e.nbytes = nbytes
-        self._entries[key] = e
+        return self._add(e, dropped)
+
+    cdef _Entry _put_partial(self, object key, Py_ssize_t block, object data, object scan,
+                             Py_ssize_t nbytes):
+        """Cache block ``key`` as its pickle bytes and their scan (partial decoding: examples
+        are unpickled one at a time from them); an entry already there wins."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        cdef _Entry e
+        if found != NULL:
+            return <_Entry>found
+        e = _Entry.__new__(_Entry)
+        e.key = key
+        e.block = block
+        e.data = data
+        e.offsets = scan
+        e.nbytes = nbytes
+        return self._add(e, [])
+
+    cdef _Entry _add(self, _Entry e, list dropped):
+        """Insert new entry ``e`` as the most recent, then evict down to the budget."""
+        self._entries[e.key] = e
         e.live = True
         self._push(e)
         self._count += 1
-        self._bytes += nbytes
+        self._bytes += e.nbytes
         while self._count > self._reserved and (
             (self._max_bytes >= 0 and self._bytes > self._max_bytes)
             or (self._max_blocks >= 0 and self._count > self._max_blocks)
@@ -1130,6 +1163,19 @@ cdef class BlockCache:
         e.offsets = None
         e.partial = None
         return 0
+
+
+cdef object _WHOLE = object()  # _partial's answer: unpickle the whole block
+
+cdef enum:
+    _SCAN_NOGIL_BYTES = 65536  # larger blocks are scanned with the GIL released
+
+
+cdef inline object _item(list examples, Py_ssize_t j):
+    # A list handed out by read_block may have been emptied by its caller.
+    if j < PyList_GET_SIZE(examples):
+        return <object>PyList_GET_ITEM(examples, j)
+    return PyObject_GetItem(examples, j)
 
 
 cdef inline Py_ssize_t _data_size(object data) noexcept:
@@ -1208,11 +1254,73 @@ cdef class ShardCore:
             self._cache._hit(e)  # runs no Python code: e.examples stays
             examples = e.examples
         else:
-            examples = self._examples(b)
-        # A list handed out by read_block may have been emptied by its caller.
-        if j < PyList_GET_SIZE(examples):
-            return <object>PyList_GET_ITEM(examples, j)
-        return PyObject_GetItem(examples, j)
+            return self._miss(b, j)
+        return _item(examples, j)
+
+    cdef object _miss(self, Py_ssize_t b, Py_ssize_t j):
+        """Example ``j`` of block ``b`` when it is not the last block read.
+
+        From the cache if it holds the block's examples. Otherwise, partial decoding: the
+        block is decoded (decompressed) and scanned, and example ``j`` alone unpickled from
+        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle and scan stay in
+        the cache. The whole block is unpickled instead when it is read in order (the last
+        block read is the one before), when it is read a second time (its pickle and scan
+        are in the cache), and when the scanner falls back.
+        """
+        key = (self._tag, b)
+        cdef _Entry e = self._cache._find(key)
+        cdef list examples
+        if e is not None:
+            self._cache._hit(e)
+            if e.examples is not None:
+                examples = e.examples  # read before any Python code can run
+                self._last = e
+                return _item(examples, j)
+            data = e.data  # read a second time: worth unpickling whole
+        else:
+            self._cache._misses += 1
+            data = self._decoded(b, True, True)
+            if self._last is None or self._last.block != b - 1:
+                out = self._partial(key, b, j, data)
+                if out is not _WHOLE:
+                    return out
+        examples = self._unpickle_c(data, b)
+        e = self._cache._put(key, b, examples, _data_size(data))
+        if e.examples is not None:  # another thread's copy may have won
+            examples = e.examples
+        self._last = e
+        return _item(examples, j)
+
+    cdef object _partial(self, object key, Py_ssize_t b, Py_ssize_t j, object data):
+        """Example ``j`` of block ``b`` unpickled alone from the block's pickle ``data``, or
+        _WHOLE: unpickle the whole block (which also decides any error)."""
+        cdef PickleScanner scan = PickleScanner.__new__(PickleScanner)
+        cdef Py_buffer buf
+        cdef int status
+        cdef Py_ssize_t expected = self._block_size if b < self._n_blocks - 1 else self._last_length
+        PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+        try:
+            # ``scan`` is this call's own until cached; ``data`` is held by the caller.
+            if buf.len > _SCAN_NOGIL_BYTES:
+                with nogil:
+                    status = ps_feed(scan.s, <const unsigned char*>buf.buf, <size_t>buf.len, True)
+            else:
+                status = ps_feed(scan.s, <const unsigned char*>buf.buf, <size_t>buf.len, True)
+        finally:
+            PyBuffer_Release(&buf)
+        if status != PS_DONE or scan.s.n_elems != expected:
+            return _WHOLE
+        scan.data = data
+        synthetic = scan._synthetic(j)
+        if type(synthetic) is not bytes:
+            return _WHOLE
+        try:
+            example = self._loads(synthetic)
+        except Exception:
+            return _WHOLE
+        # Counted as its pickle's size, as every block (the scan adds 5-15% to it).
+        self._last = self._cache._put_partial(key, b, data, scan, _data_size(data))
+        return example
 
     cdef list _examples(self, Py_ssize_t b):
         """The examples of block ``b`` (0 <= b < blocks), from the cache or decoded (then
