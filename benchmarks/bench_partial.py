@@ -35,9 +35,9 @@ from atlas_fast import _pyscan
 from atlas_fast.bench import corpus
 
 try:
-    from atlas_fast import _pickle_scan
+    from atlas_fast import _pickle_scan, _reader
 except ImportError:
-    _pickle_scan = None
+    _pickle_scan = _reader = None
 
 
 def typed_rows(n: int) -> list:
@@ -89,7 +89,7 @@ def partial(mod):
 
 
 def _to_middle(frame, i):
-    pz = _pickle_scan.PartialZstd(frame)
+    pz = _reader.PartialZstd(frame)
     return pz.advance(pz.content_size // 2)
 
 
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
 
                 frames = [zstandard.ZstdCompressor(level=3).compress(b) for b in blocks]
                 full = per_read(
-                    lambda f, i: _pickle_scan.PartialZstd(f).finish(), frames, picks, args.repeat
+                    lambda f, i: _reader.PartialZstd(f).finish(), frames, picks, args.repeat
                 )
                 half = per_read(_to_middle, frames, picks, args.repeat)
                 line += f" {full:10.1f} {half:10.1f}"

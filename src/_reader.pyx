@@ -27,7 +27,7 @@ from cpython.pythread cimport (
 )
 from libc.errno cimport errno
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport free, getenv, realloc
+from libc.stdlib cimport free, getenv, malloc, realloc
 from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.fcntl cimport O_RDONLY
@@ -103,6 +103,7 @@ cdef extern from *:
 
 __all__ = [
     "ZstdDict",
+    "PartialZstd",
     "BlockCache",
     "ShardCore",
     "DatasetCore",
@@ -429,6 +430,217 @@ cdef class ZstdDict:
         return ZSTD_getDictID_fromDDict(self.ddict)
 
 
+cdef int _export_read_only(Py_buffer* view, object owner, const void* buf, Py_ssize_t size,
+                           int flags, str refusal) except -1:
+    """Fill ``view`` with ``buf[0:size]``, one-dimensional bytes, read-only, held by ``owner``."""
+    if flags & PyBUF_WRITABLE:
+        raise BufferError(refusal)
+    view.buf = <void*>buf
+    view.obj = owner
+    view.len = size
+    view.readonly = 1
+    view.itemsize = 1
+    view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
+    view.ndim = 1
+    view.shape = &view.len if flags & PyBUF_ND else NULL
+    view.strides = NULL
+    view.suboffsets = NULL
+    view.internal = NULL
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial decompression: a zstd frame decoded only as far as asked, resumably. The core does not
+# use it (a prefix of a block's pickle does not determine its examples, see
+# atlas_fast._pickle_scan); it is the building block for pickles whose structure allows it.
+
+cdef enum:
+    _PZ_OK = 0
+    _PZ_ZSTD_ERROR = 1  # libzstd refused the frame (error code in .zresult)
+    _PZ_TRUNCATED = 2  # the input ended before the frame did
+    _PZ_TOO_LARGE = 3  # more output than the declared size or the limit
+    _PZ_NO_MEMORY = 4
+    _PZ_SIZE_MISMATCH = 5  # the frame ended short of its declared size
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class PartialZstd:
+    """One zstd frame, decompressed into a buffer only as far as asked (``advance``).
+
+    A later ``advance`` further into the frame resumes where the last one stopped, never
+    starting over. The frame must declare its size (one that does not is refused: decode it
+    whole): the buffer is allocated once, output never moves, and the object exports the
+    bytes out so far (``available``) read-only through the buffer protocol.
+    Thread-safe: one lock per object, the GIL released while libzstd decodes.
+    """
+
+    # self.lock guards everything below it; taken with the GIL released when contended.
+    cdef PyThread_type_lock lock
+    cdef ZSTD_DCtx* dctx  # NULL before the first advance and once the frame is over
+    cdef ZstdDict zdict  # its dictionary, or None
+    cdef Py_buffer src
+    cdef bint have_src
+    cdef size_t in_pos
+    cdef unsigned char* out  # allocated once, content-size bytes: never moves
+    cdef size_t out_len
+    cdef size_t out_cap
+    cdef unsigned char probe  # where a byte past the declared size would land
+    cdef bint finished
+    cdef int status
+    cdef size_t zresult
+    cdef Py_ssize_t exports
+
+    def __cinit__(self, frame, dictionary=None, size_t max_size=1 << 32):
+        cdef unsigned long long declared
+        if not _zstd_ok:
+            raise RuntimeError(zstd_load_error())
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        PyObject_GetBuffer(frame, &self.src, PyBUF_SIMPLE)
+        self.have_src = True
+        declared = ZSTD_getFrameContentSize(self.src.buf, <size_t>self.src.len)
+        if declared == ZSTD_CONTENTSIZE_ERROR:
+            raise ValueError("not a zstd frame (cannot read its header)")
+        if declared == ZSTD_CONTENTSIZE_UNKNOWN:
+            # Decoded whole, the usual way, by the caller.
+            raise ValueError("the frame does not declare its size")
+        if declared > max_size:
+            raise ValueError(f"the frame declares {declared} bytes, over {max_size}")
+        self.out_cap = <size_t>declared
+        self.out = <unsigned char*>malloc(self.out_cap if self.out_cap else 1)
+        if self.out == NULL:
+            raise MemoryError()
+        if dictionary is not None:
+            self.zdict = dictionary if isinstance(dictionary, ZstdDict) else ZstdDict(
+                dictionary, "<dictionary>"
+            )
+
+    def __dealloc__(self):
+        if self.dctx != NULL:
+            ZSTD_freeDCtx(self.dctx)
+        free(self.out)
+        if self.have_src:
+            PyBuffer_Release(&self.src)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    cdef int advance_lock_held(self, size_t offset) noexcept nogil:
+        """Decode until ``offset`` bytes are out or the frame ends; a _PZ_ status."""
+        cdef ZSTD_inBuffer inb
+        cdef ZSTD_outBuffer outb
+        cdef size_t ret
+        if self.status != _PZ_OK or self.finished or self.out_len >= offset:
+            return self.status
+        if self.dctx == NULL:
+            self.dctx = ZSTD_createDCtx()
+            if self.dctx == NULL:
+                self.status = _PZ_NO_MEMORY
+                return self.status
+            if self.zdict is not None:
+                ret = ZSTD_DCtx_refDDict(self.dctx, self.zdict.ddict)
+                if ZSTD_isError(ret):
+                    self.zresult = ret
+                    self.status = _PZ_ZSTD_ERROR
+                    return self.status
+        inb.src = self.src.buf
+        inb.size = <size_t>self.src.len
+        while self.out_len < offset and not self.finished:
+            inb.pos = self.in_pos
+            outb.pos = self.out_len
+            if self.out_len < self.out_cap:
+                outb.dst = self.out
+                outb.size = offset if offset < self.out_cap else self.out_cap
+            else:
+                # The declared size is out: only the frame's end may follow, no more bytes.
+                outb.dst = &self.probe
+                outb.size = 1
+                outb.pos = 0
+            ret = ZSTD_decompressStream(self.dctx, &outb, &inb)
+            if ZSTD_isError(ret):
+                self.zresult = ret
+                self.status = _PZ_ZSTD_ERROR
+            elif self.out_len == self.out_cap and outb.pos:
+                self.status = _PZ_TOO_LARGE
+            elif ret == 0:
+                self.finished = True
+            elif inb.pos == self.in_pos and (self.out_len == self.out_cap
+                                             or outb.pos == self.out_len):
+                self.status = _PZ_TRUNCATED  # no progress: the input is exhausted
+            if self.out_len < self.out_cap:
+                self.out_len = outb.pos
+            self.in_pos = inb.pos
+            if self.status != _PZ_OK:
+                return self.status
+        if self.finished:
+            if self.out_len != self.out_cap:
+                self.status = _PZ_SIZE_MISMATCH
+            ZSTD_freeDCtx(self.dctx)
+            self.dctx = NULL
+        return self.status
+
+    cpdef size_t advance(self, size_t offset) except? 0:
+        """Decode until ``offset`` bytes are out (or the frame ends); how many bytes are out.
+
+        Raises ValueError when the frame is damaged or truncated, MemoryError when memory
+        runs out; the object stays in that state.
+        """
+        cdef int status
+        cdef size_t out_len
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            with nogil:
+                status = self.advance_lock_held(offset)
+            out_len = self.out_len
+        finally:
+            PyThread_release_lock(self.lock)
+        if status == _PZ_NO_MEMORY:
+            raise MemoryError("out of memory decompressing a zstd frame")
+        if status == _PZ_ZSTD_ERROR:
+            raise ValueError(f"zstd: {ZSTD_getErrorName(self.zresult).decode()}")
+        if status == _PZ_TRUNCATED:
+            raise ValueError("zstd: the frame is truncated")
+        if status == _PZ_TOO_LARGE:
+            raise ValueError(f"zstd: the frame decodes to more than {self.out_cap} bytes")
+        if status == _PZ_SIZE_MISMATCH:
+            raise ValueError(
+                f"zstd: the frame decodes to {self.out_len} bytes, its header says "
+                f"{self.out_cap}"
+            )
+        return out_len
+
+    @property
+    def available(self):
+        """Bytes decoded so far."""
+        return self.out_len
+
+    @property
+    def finished(self):
+        """Whether the whole frame is decoded."""
+        return self.finished
+
+    @property
+    def content_size(self):
+        """The size the frame declares."""
+        return self.out_cap
+
+    def finish(self):
+        """Decode the rest of the frame; its size."""
+        return self.advance(self.out_cap + 1)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        # A view covers the bytes out at this moment: written once, never changed after.
+        _export_read_only(view, self, self.out, <Py_ssize_t>self.out_len, flags,
+                          "decoded bytes are read-only")
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self.exports -= 1
+
+
 # ---------------------------------------------------------------------------------------------
 # data.bin, memory-mapped
 #
@@ -490,19 +702,8 @@ cdef class _BlockView:
     cdef Py_ssize_t size
 
     def __getbuffer__(self, Py_buffer* view, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("a block of data.bin is read-only")
-        view.buf = <void*>self.ptr
-        view.obj = self
-        view.len = self.size
-        view.readonly = 1
-        view.itemsize = 1
-        view.format = <char*>"B" if flags & PyBUF_FORMAT else NULL
-        view.ndim = 1
-        view.shape = &self.size if flags & PyBUF_ND else NULL
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
+        _export_read_only(view, self, self.ptr, self.size, flags,
+                          "a block of data.bin is read-only")
 
     def __releasebuffer__(self, Py_buffer* view):
         pass

@@ -28,9 +28,9 @@ from atlas_fast._errors import UnsafePickleError
 from atlas_fast._safe_pickle import make_loads
 
 try:
-    from atlas_fast import _pickle_scan
+    from atlas_fast import _pickle_scan, _reader
 except ImportError:  # a pure-Python install: only the twin is there
-    _pickle_scan = None
+    _pickle_scan = _reader = None
 
 SCANNERS = {"python": _pyscan}
 if _pickle_scan is not None:
@@ -663,7 +663,7 @@ def big_block(bench_corpora):
 @needs_compiled
 def test_partial_zstd_resumes_and_never_restarts(big_block):
     frame = _frame(big_block)
-    pz = _pickle_scan.PartialZstd(frame)
+    pz = _reader.PartialZstd(frame)
     assert pz.content_size == len(big_block) and pz.available == 0 and not pz.finished
     seen = 0
     for offset in (1, 10, 10, 5000, 140_000, 140_001, 300_000, len(big_block)):
@@ -680,7 +680,7 @@ def test_partial_zstd_resumes_and_never_restarts(big_block):
 
 @needs_compiled
 def test_partial_zstd_stops_early(big_block):
-    pz = _pickle_scan.PartialZstd(_frame(big_block))
+    pz = _reader.PartialZstd(_frame(big_block))
     # libzstd decodes whole 128 KB blocks: asking for the first bytes leaves the rest.
     assert pz.advance(100) < len(big_block)
     assert not pz.finished
@@ -694,19 +694,19 @@ def test_partial_zstd_with_a_dictionary(bench_corpora):
     zdict = zstandard.train_dictionary(4096, samples)
     raw = pickle.dumps(bench_corpora["documents"][:40])
     frame = zstandard.ZstdCompressor(dict_data=zdict).compress(raw)
-    pz = _pickle_scan.PartialZstd(frame, zdict.as_bytes())
+    pz = _reader.PartialZstd(frame, zdict.as_bytes())
     assert pz.advance(len(raw) // 2) >= len(raw) // 2
     assert pz.finish() == len(raw) and bytes(pz) == raw
     with pytest.raises(ValueError, match="zstd"):
-        _pickle_scan.PartialZstd(frame).finish()  # without its dictionary
+        _reader.PartialZstd(frame).finish()  # without its dictionary
 
 
 @needs_compiled
 def test_partial_zstd_refuses_damage(big_block):
     frame = _frame(big_block)
     with pytest.raises(ValueError, match="truncated"):
-        _pickle_scan.PartialZstd(frame[: len(frame) // 2]).finish()
-    pz = _pickle_scan.PartialZstd(frame[: len(frame) // 2])
+        _reader.PartialZstd(frame[: len(frame) // 2]).finish()
+    pz = _reader.PartialZstd(frame[: len(frame) // 2])
     pz.advance(100)  # the part that is there decodes
     with pytest.raises(ValueError, match="truncated"):
         pz.finish()
@@ -716,30 +716,30 @@ def test_partial_zstd_refuses_damage(big_block):
     for k in range(40, len(damaged), 97):
         damaged[k] ^= 0x5A
     with pytest.raises(ValueError, match="zstd"):
-        _pickle_scan.PartialZstd(bytes(damaged)).finish()
+        _reader.PartialZstd(bytes(damaged)).finish()
     with pytest.raises(ValueError, match="header"):
-        _pickle_scan.PartialZstd(b"not zstd at all")
+        _reader.PartialZstd(b"not zstd at all")
     import zstandard
 
     unsized = zstandard.ZstdCompressor(write_content_size=False).compress(big_block)
     with pytest.raises(ValueError, match="declare its size"):
-        _pickle_scan.PartialZstd(unsized)
+        _reader.PartialZstd(unsized)
     with pytest.raises(ValueError, match="over 1000"):
-        _pickle_scan.PartialZstd(frame, max_size=1000)
+        _reader.PartialZstd(frame, max_size=1000)
 
 
 @needs_compiled
 def test_partial_zstd_more_than_declared(big_block):
     # Two frames back to back: the first one's end is where decoding stops.
     frame = _frame(b"abc" * 1000)
-    pz = _pickle_scan.PartialZstd(frame + _frame(b"more"))
+    pz = _reader.PartialZstd(frame + _frame(b"more"))
     assert pz.finish() == 3000 and bytes(pz) == b"abc" * 1000
     # A header declaring less than the frame holds.
     short = bytearray(_frame(b"x" * 200, write_checksum=False))
     assert short[5] == 200  # single-segment frame: 1-byte content size after the descriptor
     short[5] = 100
     with pytest.raises(ValueError, match="zstd"):
-        _pickle_scan.PartialZstd(bytes(short)).finish()
+        _reader.PartialZstd(bytes(short)).finish()
 
 
 @needs_compiled
@@ -748,7 +748,7 @@ def test_partial_zstd_threads(big_block):
 
     frame = _frame(big_block)
     for _ in range(5):
-        pz = _pickle_scan.PartialZstd(frame)
+        pz = _reader.PartialZstd(frame)
 
         def reader(seed, pz=pz):
             rng = random.Random(seed)

@@ -6,10 +6,7 @@
 # concurrently with anything else on the same scan; once ps_feed has returned PS_DONE the scan
 # is immutable and ps_synthetic_* may run on it from any number of threads, without the GIL.
 
-from cpython.pythread cimport PyThread_type_lock
 from libc.stdint cimport int32_t, uint32_t
-
-from zstd cimport ZSTD_DCtx, ZSTD_DDict
 
 cdef enum:
     PS_MORE = 0  # scanned as far as the bytes given; more are needed
@@ -100,27 +97,3 @@ cdef class PickleScanner:
     cdef object data
     # Element i's synthetic pickle (bytes), or its fallback reason (int).
     cdef object _synthetic(self, Py_ssize_t i)
-
-
-# One zstd frame decoded only as far as asked, resumably (see _pickle_scan.pyx).
-cdef class PartialZstd:
-    # lock guards everything below it; taken with the GIL released when contended.
-    cdef PyThread_type_lock lock
-    cdef ZSTD_DCtx* dctx  # NULL before the first advance and once the frame is over
-    cdef ZSTD_DDict* ddict  # owned
-    cdef Py_buffer src
-    cdef bint have_src
-    cdef size_t in_pos
-    cdef unsigned char* out  # allocated once, content-size bytes: never moves
-    cdef size_t out_len
-    cdef size_t out_cap
-    cdef unsigned char probe  # where a byte past the declared size would land
-    cdef bint finished
-    cdef int status
-    cdef size_t zresult
-    cdef Py_ssize_t exports
-
-    # Decode until offset bytes are out or the frame ends (lock held by the caller, GIL not
-    # needed): 0, or why it stopped (the object stays so).
-    cdef int advance_lock_held(self, size_t offset) noexcept nogil
-    cpdef size_t advance(self, size_t offset) except? 0
