@@ -1,0 +1,67 @@
+"""--from jsonl: JSON lines in every compression, each line an example; bad lines named."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from convert_helpers import assert_absent, documents, read_back, write_jsonl
+
+from atlas_fast.convert import SourceError, convert, convert_jsonl
+
+
+def test_every_compression_in_path_order(tmp_path, atlas):
+    src = tmp_path / "src"
+    docs = documents(400)
+    files = [
+        write_jsonl(src / "a" / "0.jsonl", docs[:100]),
+        write_jsonl(src / "a" / "1.jsonl.gz", docs[100:200], blank_lines=True),
+        write_jsonl(src / "b.json.zst", docs[200:300]),
+        write_jsonl(src / "c.ndjson.bz2", docs[300:]),
+    ]
+    (src / "notes.txt").write_text("not a JSON lines file")
+    summary = convert_jsonl(src, tmp_path / "out", shard_size=64, block_size=8)
+    assert read_back(atlas, tmp_path / "out") == docs
+    assert summary.examples == 400
+    assert summary.shards == 7
+    assert summary.bytes_in == sum(p.stat().st_size for p in files)
+
+
+def test_any_json_value_per_line(tmp_path, atlas):
+    values = [1, "two", [3, None], {"four": 4.5}, True, None]
+    write_jsonl(tmp_path / "values.jsonl", values)
+    convert(tmp_path / "values.jsonl", tmp_path / "out", "jsonl")
+    assert read_back(atlas, tmp_path / "out") == values
+
+
+def test_bad_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"a": 1}\n{"a": 2}\n{"a": 3\n{"a": 4}\n'))
+    with pytest.raises(SourceError, match=rf"^{path}: line 3: not valid JSON"):
+        convert(path, tmp_path / "out", "jsonl", workers=1)
+    assert_absent(tmp_path / "out")
+
+
+def test_truncated_gzip_names_file(tmp_path):
+    path = tmp_path / "cut.jsonl.gz"
+    write_jsonl(path, documents(500))
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(SourceError, match=rf"^{path}: line \d+: cannot read the file"):
+        convert(path, tmp_path / "out", "jsonl")
+    assert_absent(tmp_path / "out")
+
+
+def test_missing_and_empty_sources(tmp_path):
+    with pytest.raises(SourceError, match=rf"^{tmp_path / 'nope'}: no such file or directory"):
+        convert(tmp_path / "nope", tmp_path / "out", "jsonl")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no JSON lines files in it"):
+        convert(tmp_path / "empty", tmp_path / "out", "jsonl")
+    assert_absent(tmp_path / "out")
+
+
+def test_empty_file_gives_an_empty_dataset(tmp_path, atlas):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    summary = convert(tmp_path / "empty.jsonl", tmp_path / "out", "jsonl")
+    assert summary.examples == 0
+    assert read_back(atlas, tmp_path / "out") == []
