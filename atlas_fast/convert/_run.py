@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -118,6 +119,9 @@ class WriteJob:
     dict_dir: str
     options: dict
     first: bool  # this run starts the source: with strategy 2 it trains the dictionary
+    # Strategy 2, run 0: train in a thread while this run goes on reading (zstd's trainer
+    # releases the GIL), as with several workers nobody else waits on this one core.
+    train_in_background: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,43 @@ def _publish(dict_dir: Path, data) -> None:
     os.replace(tmp, dict_dir / _DICT_FILE)
 
 
+def _train(examples: list, opts: dict):
+    """The shared dictionary (bytes) trained on ``examples`` as the first shard of a
+    strategy-2 ``AtlasDatasetWriter`` trains it: on their pickled blocks, of
+    ``compression_dict_size`` times their bytes; None (strategy 1) when it cannot be."""
+    import zstandard
+
+    from ..writer import MIN_BLOCKS_FOR_DICTIONARY
+
+    size = opts["block_size"]
+    blocks = [pickle.dumps(examples[i : i + size]) for i in range(0, len(examples), size)]
+    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
+        return None
+    total = sum(len(b) for b in blocks)
+    dict_size = max(int(opts["compression_dict_size"] * total) + 1, 1024)
+    try:
+        trained = zstandard.train_dictionary(dict_size, blocks, level=opts["compression_level"])
+    except zstandard.ZstdError as exc:
+        warnings.warn(
+            f"zstd could not train the shared dictionary ({exc}); the dataset falls back "
+            "to STANDARD_COMPRESSION",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return trained.as_bytes()
+
+
+def _train_and_publish(examples: list, opts: dict, dict_dir: Path, errors: list) -> None:
+    data = None
+    try:
+        data = _train(examples, opts)
+    except BaseException as exc:  # re-raised by the run; waiting runs must not hang
+        errors.append(exc)
+    finally:
+        _publish(dict_dir, data)
+
+
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
@@ -203,13 +244,23 @@ def write_run(job: WriteJob, emit) -> tuple:
     shard_dirs: list = []
     counts: list = []
     writer = None
+    background = shared and job.first and job.train_in_background
+    sample: list | None = [] if background else None  # the examples the dictionary learns
+    trainer = None
+    errors: list = []
+
+    def start_trainer():
+        nonlocal trainer
+        args = (sample, opts, dict_dir, errors)
+        trainer = threading.Thread(target=_train_and_publish, args=args, daemon=True)
+        trainer.start()
 
     def open_shard():
         path = run_dir / str(len(shard_dirs))
         shard_dirs.append(str(path))
         cls, chosen = shard_writer, strategy
         if shared and not known:
-            cls = shard_writer if job.first else awaiting_writer
+            cls = shard_writer if job.first and not background else awaiting_writer
             chosen = CompressionStrategy.DICTIONARY_COMPRESSION
         elif shared and zdict is None:
             chosen = CompressionStrategy.STANDARD_COMPRESSION
@@ -232,7 +283,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         if known:
             w.close()
             return
-        if job.first:  # the source's first shard: trains the dictionary and publishes it
+        if job.first and not background:  # the first shard trains it and publishes it
             settle(w)
             known = True
             return
@@ -259,7 +310,7 @@ def write_run(job: WriteJob, emit) -> tuple:
                 compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
             )
             dump_meta(w.path / META_FILE, w.metadata._asdict())
-        if job.first:
+        if job.first and not background:
             _publish(dict_dir, data)
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
@@ -272,17 +323,27 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = open_shard()
             writer.add_example(example)
             count += 1
+            if trainer is None and sample is not None:
+                sample.append(example)
+                if len(sample) == shard_size:
+                    start_trainer()
             progress.example()
             if writer.stored_examples == shard_size:
                 close_shard(writer)
                 writer = None
         counts.append(count)
         progress.flush(part.nbytes)
+    if sample is not None and trainer is None:  # run 0 ended within its first shard
+        start_trainer()
     if writer is not None:
         close_shard(writer, last=True)
     elif deferred:
         close_shard(deferred.pop(), last=True)  # settles it and those before it
-    if job.first and not known:  # no example at all in run 0
+    if trainer is not None:
+        trainer.join()
+        if errors:
+            raise errors[0]
+    elif job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
     return shard_dirs, counts
 
@@ -579,7 +640,10 @@ def _convert_source(pool, source, s, staging, root, label, verify, progress, opt
     dict_dir.mkdir(parents=True)
     runs = split_runs(source.parts, _pool_size(pool))
     tasks = [
-        (write_run, WriteJob(run, str(work / str(k)), str(dict_dir), options, k == 0))
+        (
+            write_run,
+            WriteJob(run, str(work / str(k)), str(dict_dir), options, k == 0, len(runs) > 1),
+        )
         for k, run in enumerate(runs)
     ]
     total_bytes = sum(p.nbytes for p in source.parts)
