@@ -95,3 +95,15 @@ def test_dolma_attributes_from_the_command_line(tmp_path, capsys, atlas):
     assert cli.main([*argv, "--attributes", "lens", "--verify"]) == 0
     got = read_back(atlas, tmp_path / "out")
     assert [g["attributes"] for g in got] == [a["attributes"] for a in attrs]
+
+
+def test_workers_start_without_torch():
+    """Worker processes set ATLAS_FAST_NO_TORCH=1: atlas_fast then imports no torch."""
+    code = (
+        "import sys, atlas_fast, atlas_fast.convert._run; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert atlas_fast.AtlasDataset.__mro__[-1] is object"
+    )
+    env = {**os.environ, "ATLAS_FAST_NO_TORCH": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
