@@ -603,7 +603,7 @@ def run_conversion(
             root = out if source.split is None else out / source.split
             label = dst if source.split is None else dst / source.split
             examples, shards = _convert_source(
-                pool, source, s, staging, root, label, verify, progress, options, summary
+                pool, source, staging / "work" / str(s), root, label, verify, progress, options
             )
             summary.datasets.append((source.split, examples, shards))
         _check_destination(dst)
@@ -631,11 +631,12 @@ def run_conversion(
     return summary
 
 
-def _convert_source(pool, source, s, staging, root, label, verify, progress, options, summary):
+def _convert_source(pool, source, work, root, label, verify, progress, options):
+    """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
+    verify it if asked; returns (examples, shards)."""
     from .._commit import commit_staged_shards
     from .._format import CompressionStrategy
 
-    work = staging / "work" / str(s)
     dict_dir = work / "dict"
     dict_dir.mkdir(parents=True)
     runs = split_runs(source.parts, _pool_size(pool))
