@@ -289,3 +289,16 @@ def test_interrupt_with_workers_running(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         convert(tmp_path / "src", tmp_path / "out", "jsonl", workers=2, progress=interrupt)
     assert_absent(tmp_path / "out")
+
+
+@pytest.mark.parametrize(("fmt", "extra"), [("parquet", "parquet"), ("hf", "hf")])
+def test_a_missing_dependency_names_its_extra(tmp_path, monkeypatch, fmt, extra):
+    from atlas_fast._extras import MissingExtraError
+
+    (tmp_path / "x.parquet").write_bytes(b"")
+    (tmp_path / "x.arrow").write_bytes(b"")
+    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.ipc"):
+        monkeypatch.setitem(__import__("sys").modules, name, None)
+    with pytest.raises(MissingExtraError, match=rf"pip install 'atlas-fast\[{extra}\]'"):
+        convert(tmp_path / f"x.{'parquet' if fmt == 'parquet' else 'arrow'}", tmp_path / "o", fmt)
+    assert_absent(tmp_path / "o")
