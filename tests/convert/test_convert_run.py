@@ -8,6 +8,8 @@ from functools import partial
 import numpy as np
 import pytest
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
 
 import atlas_fast
 import atlas_fast.convert as conv
@@ -302,3 +304,29 @@ def test_a_missing_dependency_names_its_extra(tmp_path, monkeypatch, fmt, extra)
     with pytest.raises(MissingExtraError, match=rf"pip install 'atlas-fast\[{extra}\]'"):
         convert(tmp_path / f"x.{'parquet' if fmt == 'parquet' else 'arrow'}", tmp_path / "o", fmt)
     assert_absent(tmp_path / "o")
+
+
+def test_run_0_shorter_than_a_shard_still_trains_the_dictionary(tmp_path, atlas):
+    docs = _jsonl_tree(tmp_path / "src", files=2, per_file=100)
+    options = {"shard_size": 150, "block_size": 10, "workers": 2}
+    convert(tmp_path / "src", tmp_path / "out", "jsonl", **options)
+    assert _meta(tmp_path / "out") == {
+        "version": 1,
+        "shard_sizes": [100, 100],
+        "compression_strategy": 2,
+    }
+    assert (tmp_path / "out" / "zstd_dict.bin").exists()
+    assert _meta(tmp_path / "out" / "1")["compression_strategy"] == 2
+    assert read_back(atlas, tmp_path / "out") == docs
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=1000), min_size=1, max_size=30),
+    n=st.integers(min_value=1, max_value=8),
+)
+def test_split_runs_properties(sizes, n):
+    parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
+    runs = split_runs(parts, n)
+    assert [p for run in runs for p in run] == parts  # contiguous, in order, all of them
+    assert len(runs) == min(n, len(parts))
+    assert all(runs)
