@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from .._extras import require
+from . import _files
 
-__all__ = ["PART_BYTES", "group_ranges", "pyarrow", "rows"]
-
-# A file larger than this is cut into parts of about this many bytes (whole row groups or
-# record batches), so --workers can share one big file.
-PART_BYTES = 64 << 20
+__all__ = ["group_ranges", "pyarrow", "rows"]
 
 
 def pyarrow(extra: str, feature: str):
@@ -18,10 +15,10 @@ def pyarrow(extra: str, feature: str):
 
 def group_ranges(sizes: list, target: int | None = None) -> list:
     """Cut consecutive units of ``sizes`` bytes into ``(start, stop)`` ranges of about
-    ``target`` bytes each (default ``PART_BYTES``; at least one unit per range; one range
-    for an empty list)."""
+    ``target`` bytes each (default ``_files.PART_BYTES``; at least one unit per range; one
+    range for an empty list)."""
     if target is None:
-        target = PART_BYTES
+        target = _files.PART_BYTES
     ranges, start, acc = [], 0, 0
     for i, size in enumerate(sizes):
         acc += size

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import itertools
 import json
 import lzma
 import os
@@ -14,7 +15,19 @@ from pathlib import Path
 
 from ._source import SourceError
 
-__all__ = ["JSON_LINES_SUFFIXES", "find_files", "open_decompressed", "read_json_lines"]
+__all__ = [
+    "JSON_LINES_SUFFIXES",
+    "PART_BYTES",
+    "find_files",
+    "is_compressed",
+    "line_ranges",
+    "open_decompressed",
+    "read_json_lines",
+]
+
+# A file larger than this is cut into parts of about this many bytes (whole lines, row groups
+# or record batches), so --workers can share one big file.
+PART_BYTES = 64 << 20
 
 _COMPRESSED = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 JSON_LINES_SUFFIXES = tuple(
@@ -69,8 +82,50 @@ def _read_errors() -> tuple:
     return (OSError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
 
 
-def read_json_lines(path) -> Iterator:
-    """Yield ``(line_number, value)`` for each non-blank line of a JSON lines file.
+def is_compressed(path: Path) -> bool:
+    return path.name.endswith(_COMPRESSED)
+
+
+def line_ranges(path: Path, target: int) -> list:
+    """Cut an uncompressed file into ``(start, stop)`` byte ranges of about ``target`` bytes,
+    each starting at the beginning of a line (one range for a small file)."""
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as f:
+        while cuts[-1] + target < size:
+            f.seek(cuts[-1] + target)
+            f.readline()  # to the start of the next line
+            if f.tell() >= size:
+                break
+            cuts.append(f.tell())
+    cuts.append(size)
+    return list(itertools.pairwise(cuts))
+
+
+def _lines_before(path: Path, offset: int) -> int:
+    """How many lines an uncompressed file holds before byte ``offset`` (for messages)."""
+    count, left = 0, offset
+    with open(path, "rb") as f:
+        while left > 0:
+            chunk = f.read(min(left, 1 << 24))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count
+
+
+def _limited(lines, budget: int):
+    for line in lines:
+        if budget <= 0:
+            return
+        budget -= len(line)
+        yield line
+
+
+def read_json_lines(path, start: int = 0, stop: int | None = None) -> Iterator:
+    """Yield ``(line_number, value)`` for each non-blank line of a JSON lines file (of its
+    lines from byte ``start`` to ``stop``, for an uncompressed file).
 
     A line that is not JSON, or a file that cannot be read or decompressed, raises
     ``SourceError`` naming the file and the line.
@@ -79,17 +134,25 @@ def read_json_lines(path) -> Iterator:
     loads = json.loads
     errors = _read_errors()
     number = 0
+
+    def line(n: int) -> str:
+        return f"line {n + (_lines_before(path, start) if start else 0)}"
+
     try:
         with open_decompressed(path) as f:
-            for number, line in enumerate(f, 1):
+            lines = f
+            if start or stop is not None:
+                f.seek(start)
+                lines = _limited(f, (stop if stop is not None else 1 << 62) - start)
+            for number, text in enumerate(lines, 1):
                 try:
-                    value = loads(line)
+                    value = loads(text)
                 except ValueError as exc:
-                    if line.isspace():
+                    if text.isspace():
                         continue
-                    raise SourceError(f"{path}: line {number}: not valid JSON ({exc})") from None
+                    raise SourceError(f"{path}: {line(number)}: not valid JSON ({exc})") from None
                 yield number, value
     except errors as exc:
         raise SourceError(
-            f"{path}: line {number + 1}: cannot read the file ({type(exc).__name__}: {exc})"
+            f"{path}: {line(number + 1)}: cannot read the file ({type(exc).__name__}: {exc})"
         ) from None

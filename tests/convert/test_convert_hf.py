@@ -72,12 +72,12 @@ def test_dataset_dict_gives_a_dataset_per_split(tmp_path, atlas):
 
 
 def test_arrow_files_and_batch_ranges(tmp_path, atlas, monkeypatch):
-    from atlas_fast.convert import _arrow, _hf
+    from atlas_fast.convert import _files, _hf
 
     records = _records(3000)
     _dataset(records).save_to_disk(str(tmp_path / "hf"), num_shards=1)
     (arrow,) = tmp_path.joinpath("hf").glob("*.arrow")
-    monkeypatch.setattr(_arrow, "PART_BYTES", 20_000)
+    monkeypatch.setattr(_files, "PART_BYTES", 20_000)
     (source,) = _hf.sources(arrow)
     assert len(source.parts) > 2
     assert "record batches 0-" in source.parts[0].label

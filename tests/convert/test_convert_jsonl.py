@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
@@ -65,3 +66,32 @@ def test_empty_file_gives_an_empty_dataset(tmp_path, atlas):
     summary = convert(tmp_path / "empty.jsonl", tmp_path / "out", "jsonl")
     assert summary.examples == 0
     assert read_back(atlas, tmp_path / "out") == []
+
+
+def test_big_plain_file_in_line_ranges(tmp_path, atlas, monkeypatch):
+    from atlas_fast.convert import _files, _jsonl
+
+    docs = documents(1500)
+    path = write_jsonl(tmp_path / "big.jsonl", docs, blank_lines=True)
+    monkeypatch.setattr(_files, "PART_BYTES", 10_000)
+    (source,) = _jsonl.sources(path)
+    assert len(source.parts) > 5
+    assert source.parts[0].label.startswith(f"{path} (bytes 0-")
+    assert sum(p.nbytes for p in source.parts) == path.stat().st_size
+    convert(path, tmp_path / "serial", "jsonl", shard_size=200)
+    convert(path, tmp_path / "two", "jsonl", shard_size=200, workers=2)
+    assert read_back(atlas, tmp_path / "serial") == docs
+    assert read_back(atlas, tmp_path / "two") == docs
+
+
+def test_bad_line_in_a_later_line_range_names_its_line(tmp_path, monkeypatch):
+    from atlas_fast.convert import _files
+
+    lines = [json.dumps(d) for d in documents(1000)]
+    lines[876] = '{"broken": '
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(_files, "PART_BYTES", 5_000)
+    with pytest.raises(SourceError, match=rf"^{path}: line 877: not valid JSON"):
+        convert(path, tmp_path / "out", "jsonl")
+    assert_absent(tmp_path / "out")

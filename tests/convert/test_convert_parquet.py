@@ -65,12 +65,12 @@ def test_files_and_directories(tmp_path, atlas):
 
 
 def test_big_files_split_by_row_groups(tmp_path, atlas, monkeypatch):
-    from atlas_fast.convert import _arrow, _parquet
+    from atlas_fast.convert import _files, _parquet
 
     docs = documents(2000)
     table = pa.Table.from_pylist([{"id": d["id"], "text": d["text"]} for d in docs])
     pq.write_table(table, tmp_path / "big.parquet", row_group_size=100)
-    monkeypatch.setattr(_arrow, "PART_BYTES", 8_000)
+    monkeypatch.setattr(_files, "PART_BYTES", 8_000)
     (source,) = _parquet.sources(tmp_path / "big.parquet")
     assert len(source.parts) > 4
     assert "row groups 0-" in source.parts[0].label
