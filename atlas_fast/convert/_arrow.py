@@ -29,8 +29,17 @@ def group_ranges(sizes: list, target: int | None = None) -> list:
     return ranges
 
 
+def _row_dicts(batch) -> list:
+    """``batch.to_pylist()``, built column by column (faster: one conversion per column)."""
+    columns = batch.to_pydict()
+    if not columns or len(columns) != batch.num_columns:  # no columns, or repeated names
+        return batch.to_pylist()
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
+
+
 def rows(batches, where):
-    """Yield each row of each record batch as a dict (``to_pylist``). ``where(rows_done)``
+    """Yield each row of each record batch as a dict (as ``to_pylist``). ``where(rows_done)``
     names the position for an error raised while reading."""
     pa = pyarrow("convert", "reading Arrow data")
     from ._source import SourceError
@@ -38,7 +47,7 @@ def rows(batches, where):
     done = 0
     try:
         for batch in batches:
-            examples = batch.to_pylist()
+            examples = _row_dicts(batch)
             done += len(examples)
             yield from examples
     except (pa.ArrowException, OSError) as exc:

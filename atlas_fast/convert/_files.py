@@ -146,11 +146,16 @@ def read_json_lines(path, start: int = 0, stop: int | None = None) -> Iterator:
                 lines = _limited(f, (stop if stop is not None else 1 << 62) - start)
             for number, text in enumerate(lines, 1):
                 try:
-                    value = loads(text)
+                    value = loads(text.decode())  # UTF-8, as JSON lines are
                 except ValueError as exc:
                     if text.isspace():
                         continue
-                    raise SourceError(f"{path}: {line(number)}: not valid JSON ({exc})") from None
+                    try:
+                        value = loads(text)  # what json detects: a BOM, UTF-16 or -32
+                    except ValueError:
+                        raise SourceError(
+                            f"{path}: {line(number)}: not valid JSON ({exc})"
+                        ) from None
                 yield number, value
     except errors as exc:
         raise SourceError(

@@ -95,3 +95,12 @@ def test_bad_line_in_a_later_line_range_names_its_line(tmp_path, monkeypatch):
     with pytest.raises(SourceError, match=rf"^{path}: line 877: not valid JSON"):
         convert(path, tmp_path / "out", "jsonl")
     assert_absent(tmp_path / "out")
+
+
+def test_byte_order_mark_and_bad_utf8(tmp_path, atlas):
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"a": "\xc3\xa9"}\n{"b": 2}\n')
+    convert(tmp_path / "bom.jsonl", tmp_path / "out", "jsonl")
+    assert read_back(atlas, tmp_path / "out") == [{"a": "é"}, {"b": 2}]
+    (tmp_path / "bad.jsonl").write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
+    with pytest.raises(SourceError, match=rf"^{tmp_path / 'bad.jsonl'}: line 2: not valid JSON"):
+        convert(tmp_path / "bad.jsonl", tmp_path / "out2", "jsonl")

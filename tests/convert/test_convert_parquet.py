@@ -106,3 +106,20 @@ def test_not_parquet_files(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(SourceError, match="no Parquet files in it"):
         convert(tmp_path, tmp_path / "out", "parquet")
+
+
+def test_rows_are_to_pylist(tmp_path):
+    """Rows are built column by column; the same dicts as to_pylist, odd schemas included."""
+    from atlas_fast.convert._arrow import _row_dicts
+
+    batches = [
+        pa.RecordBatch.from_pylist(_rows(40), schema=_table(_rows(1)).schema),
+        pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], names=["x", "x"]),
+        pa.RecordBatch.from_pylist([{}, {}, {}]),
+        pa.RecordBatch.from_pylist([], schema=pa.schema([("a", pa.int8())])),
+        pa.RecordBatch.from_pylist(
+            [{"m": [("k", 1)]}], schema=pa.schema([("m", pa.map_(pa.string(), pa.int8()))])
+        ),
+    ]
+    for batch in batches:
+        assert _row_dicts(batch) == batch.to_pylist()
