@@ -17,6 +17,29 @@ __all__ = ["add_arguments", "run"]
 FORMAT_NAMES = ("parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "flat-tokens")
 
 
+# The writer's options: flag, convert() keyword, type, metavar, help (the defaults are
+# convert's own, WRITER_DEFAULTS; an option not given is not passed).
+_WRITER_FLAGS = (
+    ("--shard-size", "shard_size", int, "N", "examples per shard"),
+    ("--block-size", "block_size", int, "N", "examples per compressed block"),
+    (
+        "--strategy",
+        "compression_strategy",
+        int,
+        "{0,1,2,3}",
+        "compression: 0 none, 1 zstd, 2 a dictionary shared by all shards, 3 one per shard",
+    ),
+    ("--level", "compression_level", int, "L", "zstd compression level"),
+    (
+        "--dict-size",
+        "compression_dict_size",
+        float,
+        "FRACTION",
+        "dictionary size, as a fraction of the bytes it is trained on",
+    ),
+)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="the dataset to convert (file or directory)")
     parser.add_argument("dst", metavar="DST", help="the Atlas dataset to write (must not exist)")
@@ -28,37 +51,17 @@ def add_arguments(parser) -> None:
         metavar="FORMAT",
         help=f"the format of SRC: {', '.join(FORMAT_NAMES)}",
     )
+    from .convert._run import WRITER_DEFAULTS
+
     writer = parser.add_argument_group("writer options (as AtlasDatasetWriter's)")
-    writer.add_argument(
-        "--shard-size",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="examples per shard (default 10000)",
-    )
-    writer.add_argument(
-        "--block-size",
-        type=int,
-        default=100,
-        metavar="N",
-        help="examples per compressed block (default 100)",
-    )
-    writer.add_argument(
-        "--strategy",
-        type=int,
-        default=2,
-        choices=(0, 1, 2, 3),
-        help="compression strategy: 0 none, 1 zstd, 2 shared dictionary "
-        "(default), 3 a dictionary per shard",
-    )
-    writer.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
-    writer.add_argument(
-        "--dict-size",
-        type=float,
-        default=0.01,
-        metavar="FRACTION",
-        help="dictionary size as a fraction of the bytes it is trained on (default 0.01)",
-    )
+    for flag, key, kind, metavar, text in _WRITER_FLAGS:
+        writer.add_argument(
+            flag,
+            dest=key,
+            type=kind,
+            metavar=metavar,
+            help=f"{text} (default {WRITER_DEFAULTS[key]})",
+        )
     writer.add_argument(
         "--checksums",
         action="store_true",
@@ -109,7 +112,9 @@ def run(args) -> int:
         )
     if args.workers < 1:
         return _error(f"--workers must be at least 1, not {args.workers}")
-    options = {}
+    options = {
+        key: getattr(args, key) for _, key, *_ in _WRITER_FLAGS if getattr(args, key) is not None
+    }
     if args.attributes is not None:
         if args.fmt != "dolma":
             return _error("--attributes applies to --from dolma only")
@@ -127,11 +132,6 @@ def run(args) -> int:
             workers=args.workers,
             verify=args.verify,
             progress=show_bar or None,
-            shard_size=args.shard_size,
-            block_size=args.block_size,
-            compression_strategy=args.strategy,
-            compression_level=args.level,
-            compression_dict_size=args.dict_size,
             checksums=args.checksums,
             **options,
         )
