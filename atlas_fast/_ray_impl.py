@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
-from ray.data import Datasink, Datasource, ReadTask
+from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
 from ._commit import commit_staged_shards
@@ -20,7 +20,14 @@ from .atlas import AtlasDataset
 from .ray import _plan_read_tasks, example_to_row, row_to_example
 from .writer import AtlasDatasetShardWriter
 
-__all__ = ["AtlasDatasink", "AtlasDatasource", "train_shared_dictionary", "write_atlas"]
+__all__ = [
+    "AtlasDatasink",
+    "AtlasDatasource",
+    "check_positive",
+    "check_write_arguments",
+    "read_datasource",
+    "train_shared_dictionary",
+]
 
 STAGING_PREFIX = ".atlas-staging-"
 # A dictionary sample of one shard, at most this many blocks: the driver holds it in memory.
@@ -29,12 +36,19 @@ MAX_SAMPLE_BLOCKS = 256
 ROWS_PER_RAY_BLOCK = 4096
 
 
-def _check_positive(name: str, value) -> None:
+def check_positive(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 
-def _check_new_root(path: Path) -> None:
+def check_write_arguments(path: Path, shard_size, block_size, compression_dict_size) -> None:
+    """Refuse bad sizes, and a destination that is not absent or an empty directory."""
+    check_positive("shard_size", shard_size)
+    check_positive("block_size", block_size)
+    if not 0 <= compression_dict_size <= 1:
+        raise ValueError(
+            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
+        )
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(
             f"{path}: write_atlas writes a new dataset: the path must be absent or an empty "
@@ -99,12 +113,7 @@ class AtlasDatasink(Datasink):
         compression_dict: bytes | None = None,
         item_column: str | None = "item",
     ):
-        _check_positive("shard_size", shard_size)
-        _check_positive("block_size", block_size)
-        if not 0 <= compression_dict_size <= 1:
-            raise ValueError(
-                f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-            )
+        check_write_arguments(Path(path), shard_size, block_size, compression_dict_size)
         strategy = CompressionStrategy(compression_strategy)
         shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         if shared and compression_dict is None:
@@ -115,7 +124,6 @@ class AtlasDatasink(Datasink):
         if not shared and compression_dict is not None:
             raise ValueError("compression_dict is only for compression_strategy 2")
         self.path = Path(path)
-        _check_new_root(self.path)
         self.shard_size = shard_size
         self.block_size = block_size
         self.compression_strategy = strategy
@@ -303,58 +311,3 @@ class AtlasDatasource(Datasource):
             )
             tasks.append(ReadTask(read_fn, metadata, per_task_row_limit=per_task_row_limit))
         return tasks
-
-
-def write_atlas(
-    dataset,
-    path,
-    *,
-    shard_size,
-    block_size,
-    compression_strategy,
-    compression_level,
-    compression_dict_size,
-    dict_sample_rows,
-    item_column,
-    preserve_order,
-    ray_remote_args,
-    concurrency,
-):
-    """``atlas_fast.ray.write_atlas`` (documented there)."""
-    path = Path(path)
-    strategy = CompressionStrategy(compression_strategy)
-    _check_positive("shard_size", shard_size)
-    _check_positive("block_size", block_size)
-    _check_new_root(path)
-    zdict = None
-    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        if dict_sample_rows is None:
-            dict_sample_rows = min(shard_size, MAX_SAMPLE_BLOCKS * block_size)
-        _check_positive("dict_sample_rows", dict_sample_rows)
-        sample = dataset.limit(dict_sample_rows).take_all()
-        zdict = train_shared_dictionary(
-            (row_to_example(row, item_column) for row in sample),
-            block_size=block_size,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
-        )
-        if zdict is None:
-            strategy = CompressionStrategy.STANDARD_COMPRESSION
-    sink = AtlasDatasink(
-        path,
-        shard_size=shard_size,
-        block_size=block_size,
-        compression_strategy=strategy,
-        compression_level=compression_level,
-        compression_dict_size=compression_dict_size,
-        compression_dict=zdict,
-        item_column=item_column,
-    )
-    options = dataset.context.execution_options
-    previous = options.preserve_order
-    options.preserve_order = previous or preserve_order
-    try:
-        dataset.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
-    finally:
-        options.preserve_order = previous
-    return sink.metadata

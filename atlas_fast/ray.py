@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._extras import require
+from ._format import CompressionStrategy
 
 if TYPE_CHECKING:  # defined on first use, by __getattr__ (they subclass Ray's classes)
     from ._ray_impl import AtlasDatasink, AtlasDatasource
@@ -36,18 +38,19 @@ _EXTRA = "ray"
 _LAZY = ("AtlasDatasink", "AtlasDatasource")
 
 
-def _require_ray(feature: str):
-    return require("ray.data", _EXTRA, feature)
+def _impl(feature: str):
+    """The module of the Ray Data classes, once Ray is known to be there."""
+    require("ray.data", _EXTRA, feature)
+    from . import _ray_impl
+
+    return _ray_impl
 
 
 def __getattr__(name: str):
     # The classes subclass Ray's, so they exist only once Ray is importable. Not cached in
     # the module's globals: every access checks that Ray is (still) there.
     if name in _LAZY:
-        _require_ray(f"atlas_fast.ray.{name}")
-        from . import _ray_impl as impl
-
-        return getattr(impl, name)
+        return getattr(_impl(f"atlas_fast.ray.{name}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -110,23 +113,42 @@ def write_atlas(
     Nothing is a dataset until the end: the root meta.json is written last, atomically, once
     every task has succeeded. A failed write leaves no meta.json and no staging directory.
     """
-    _require_ray("atlas_fast.ray.write_atlas")
-    from . import _ray_impl as impl
-
-    return impl.write_atlas(
-        dataset,
+    impl = _impl("atlas_fast.ray.write_atlas")
+    path = Path(path)
+    strategy = CompressionStrategy(compression_strategy)
+    impl.check_write_arguments(path, shard_size, block_size, compression_dict_size)
+    zdict = None
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        if dict_sample_rows is None:
+            dict_sample_rows = min(shard_size, impl.MAX_SAMPLE_BLOCKS * block_size)
+        impl.check_positive("dict_sample_rows", dict_sample_rows)
+        sample = dataset.limit(dict_sample_rows).take_all()
+        zdict = impl.train_shared_dictionary(
+            (row_to_example(row, item_column) for row in sample),
+            block_size=block_size,
+            compression_level=compression_level,
+            compression_dict_size=compression_dict_size,
+        )
+        if zdict is None:  # fewer than 7 blocks: the reference's fallback
+            strategy = CompressionStrategy.STANDARD_COMPRESSION
+    sink = impl.AtlasDatasink(
         path,
         shard_size=shard_size,
         block_size=block_size,
-        compression_strategy=compression_strategy,
+        compression_strategy=strategy,
         compression_level=compression_level,
         compression_dict_size=compression_dict_size,
-        dict_sample_rows=dict_sample_rows,
+        compression_dict=zdict,
         item_column=item_column,
-        preserve_order=preserve_order,
-        ray_remote_args=ray_remote_args,
-        concurrency=concurrency,
     )
+    options = dataset.context.execution_options
+    previous = options.preserve_order
+    options.preserve_order = previous or preserve_order
+    try:
+        dataset.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
+    finally:
+        options.preserve_order = previous
+    return sink.metadata
 
 
 def read_atlas(
@@ -151,9 +173,7 @@ def read_atlas(
     settings and backend. Iterate with ``DataContext``'s ``preserve_order`` set to get the
     examples in dataset order.
     """
-    rd = _require_ray("atlas_fast.ray.read_atlas")
-    from . import _ray_impl as impl
-
+    impl = _impl("atlas_fast.ray.read_atlas")
     source = impl.AtlasDatasource(
         path, item_column=item_column, trusted=trusted, allowed_globals=allowed_globals
     )
@@ -162,7 +182,7 @@ def read_atlas(
         kwargs["override_num_blocks"] = override_num_blocks
     elif parallelism != -1:
         kwargs["override_num_blocks"] = parallelism
-    return rd.read_datasource(source, **kwargs)
+    return impl.read_datasource(source, **kwargs)
 
 
 def _plan_read_tasks(shard_sizes, block_sizes, parallelism: int) -> list:

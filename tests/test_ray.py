@@ -303,6 +303,31 @@ def test_the_destination_must_be_new(ray, tmp_path):
         write_atlas(ray.data.range(3), tmp_path / "ds", shard_size=2, block_size=1)
 
 
+def test_bad_arguments_are_refused_before_anything_runs(ray, tmp_path):
+    from atlas_fast.ray import AtlasDatasink, write_atlas
+
+    ds = ray.data.range(3)
+    for kwargs, match in [
+        ({"shard_size": 0, "block_size": 1}, "shard_size must be a positive integer"),
+        ({"shard_size": 2, "block_size": 1.5}, "block_size must be a positive integer"),
+        ({"shard_size": 2, "block_size": 1, "compression_dict_size": 2}, "within \\[0, 1\\]"),
+        ({"shard_size": 2, "block_size": 1, "dict_sample_rows": 0}, "dict_sample_rows"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            write_atlas(ds, tmp_path / "ds", **kwargs)
+    with pytest.raises(ValueError, match="needs compression_dict"):
+        AtlasDatasink(tmp_path / "ds", shard_size=2, block_size=1)
+    with pytest.raises(ValueError, match="only for compression_strategy 2"):
+        AtlasDatasink(
+            tmp_path / "ds",
+            shard_size=2,
+            block_size=1,
+            compression_strategy=1,
+            compression_dict=b"",
+        )
+    assert not (tmp_path / "ds").exists()
+
+
 def flaky_datasink(marker: Path | None, task: int, **kwargs):
     """An AtlasDatasink whose write task ``task`` raises after 15,000 rows (one whole shard
     of 10,000 staged, the next one half written), until ``marker`` exists."""
