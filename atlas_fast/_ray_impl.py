@@ -161,9 +161,13 @@ class AtlasDatasink(Datasink):
         shards: list = []
         writer = None
         try:
+            # Not with parents: a staging area removed by a failed job is not made again.
+            attempt.mkdir()
             for block in blocks:
                 for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
                     if writer is None:
+                        if not attempt.is_dir():
+                            raise RuntimeError(f"{attempt}: removed (the write job has failed)")
                         shards.append(str(len(shards)))
                         writer = AtlasDatasetShardWriter(
                             path=attempt / shards[-1],

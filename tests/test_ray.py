@@ -283,6 +283,18 @@ def test_a_dictionary_needs_seven_sample_blocks_else_strategy_1(ray, tmp_path):
     assert_reads_back(tmp_path / "ds", examples)
 
 
+def test_a_read_fused_with_the_write(ray, tmp_path):
+    from atlas_fast.ray import write_atlas
+
+    # range() is a read that Ray fuses with the write into one task per block.
+    ds = ray.data.range(1000, override_num_blocks=2).map(
+        lambda r: {"id": r["id"], "sq": r["id"] ** 2}
+    )
+    meta = write_atlas(ds, tmp_path / "ds", shard_size=300, block_size=16, compression_strategy=3)
+    assert sum(meta.shard_sizes) == 1000
+    assert_reads_back(tmp_path / "ds", [{"id": i, "sq": i * i} for i in range(1000)])
+
+
 def test_an_empty_dataset_is_a_dataset_of_no_shards(ray, tmp_path):
     from atlas_fast.ray import write_atlas
 
@@ -359,7 +371,9 @@ def test_a_task_that_raises_mid_write_leaves_no_dataset(ray, tmp_path):
         None, 1, path=tmp_path / "ds", shard_size=10_000, block_size=100, compression_strategy=1
     )
     with pytest.raises(Exception, match=r"injected failure with [1-9][0-9]* staged shard"):
-        ds.write_datasink(sink)
+        # One task at a time: no other task is still writing when the job is declared failed
+        # (Ray cancels those without waiting; docs/ray.md says what such a task can leave).
+        ds.write_datasink(sink, concurrency=1)
     assert not (tmp_path / "ds").exists()  # no meta.json, no staging, not even the folder
 
 
