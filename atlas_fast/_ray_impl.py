@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
@@ -24,6 +25,7 @@ __all__ = [
     "AtlasDatasink",
     "AtlasDatasource",
     "check_positive",
+    "block_rows",
     "check_write_arguments",
     "read_datasource",
     "train_shared_dictionary",
@@ -85,6 +87,28 @@ def train_shared_dictionary(
         ):
             return None
         return (shard / DICT_FILE).read_bytes()
+
+
+def block_rows(block):
+    """The rows of a Ray block as dicts, as ``BlockAccessor.iter_rows`` gives them.
+
+    An Arrow block is converted a column at a time (plain columns to Python values,
+    tensor and object columns through Ray's numpy conversion), which gives the same values
+    as Ray's row iterator at a fraction of its per-row cost; other blocks use the iterator.
+    """
+    if not isinstance(block, pa.Table):
+        for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
+            yield dict(row)
+        return
+    columns = []
+    for name, column in zip(block.column_names, block.columns):
+        if isinstance(column.type, pa.ExtensionType):
+            one = BlockAccessor.for_block(block.select([name]))
+            columns.append(list(one.to_batch_format("numpy")[name]))
+        else:
+            columns.append(column.to_pylist())
+    for values in zip(*columns):
+        yield dict(zip(block.column_names, values))
 
 
 class AtlasDatasink(Datasink):
@@ -164,7 +188,7 @@ class AtlasDatasink(Datasink):
             # Not with parents: a staging area removed by a failed job is not made again.
             attempt.mkdir()
             for block in blocks:
-                for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
+                for row in block_rows(block):
                     if writer is None:
                         if not attempt.is_dir():
                             raise RuntimeError(f"{attempt}: removed (the write job has failed)")

@@ -315,6 +315,48 @@ def test_the_destination_must_be_new(ray, tmp_path):
         write_atlas(ray.data.range(3), tmp_path / "ds", shard_size=2, block_size=1)
 
 
+def test_block_rows_are_the_rows_ray_iterates(ray):
+    import datetime
+
+    from ray.data.block import BlockAccessor
+
+    from atlas_fast._ray_impl import block_rows
+
+    def column(values):
+        out = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):
+            out[i] = value
+        return out
+
+    n = 50
+    batches = [
+        {
+            "id": column(list(range(n))),
+            "text": column([f"t{i}" for i in range(n)]),
+            "bytes": column([b"x" * (i % 3) for i in range(n)]),
+            "float": column([float(i) if i % 3 else None for i in range(n)]),
+            "list": column([[i, i + 1] for i in range(n)]),
+            "struct": column([{"a": i, "b": [1]} for i in range(n)]),
+            "time": column([datetime.datetime(2020, 1, 1, second=i % 60) for i in range(n)]),
+        },
+        {
+            "fixed": column([np.arange(4, dtype=np.float32) + i for i in range(n)]),
+            "ragged": column([np.arange(i % 5, dtype=np.int16) for i in range(n)]),
+            "image": column([np.full((2, 3), i, dtype=np.uint8) for i in range(n)]),
+            "objects": column([frozenset({i}) if i % 2 else "a" for i in range(n)]),
+        },
+    ]
+    for batch in batches:
+        block = BlockAccessor.batch_to_block(batch)
+        expected = [
+            dict(r) for r in BlockAccessor.for_block(block).iter_rows(public_row_format=True)
+        ]
+        assert_same(list(block_rows(block)), expected, str(block.schema))
+    frame = BlockAccessor.for_block(BlockAccessor.batch_to_block(batches[0])).to_pandas()
+    expected = [dict(r) for r in BlockAccessor.for_block(frame).iter_rows(public_row_format=True)]
+    assert_same(list(block_rows(frame)), expected, "pandas block")
+
+
 def test_bad_arguments_are_refused_before_anything_runs(ray, tmp_path):
     from atlas_fast.ray import AtlasDatasink, write_atlas
 
