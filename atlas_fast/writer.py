@@ -4,18 +4,32 @@ Same names, signatures, defaults and files as ``torch_atlas_ds.writer``: what th
 the reference reads example for example, and the other way round. Bad arguments raise
 ``AssertionError`` as the reference does, so existing ``except AssertionError`` code keeps
 working.
+
+The dataset writer talks to its shard writers the way the reference's does, so code that
+patches ``atlas_fast.writer.AtlasDatasetShardWriter`` (a test double) sees the same calls:
+each shard writer is created through that module attribute, looked up at call time, with
+keyword arguments only (``path``, ``block_size``, ``compression_strategy``,
+``compression_level``, ``compression_dict_size``, and ``compression_dict`` from the second
+shard on); our own options (``checksums=``) are passed only when they are not the default.
+The only other things the dataset writer uses are ``add_example``, ``len()``, ``close()``
+and, under strategy 2, the files the first shard leaves on disk.
+
+Unlike the reference, a dataset whose ``with`` block raised is not finished: no root
+meta.json is written (it is always the last file to appear, under a temporary name then
+renamed), so the directory never reads as a complete dataset.
 """
 
 from __future__ import annotations
 
+import operator
 import pickle
-import shutil
 import warnings
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
+from ._commit import dump_meta_atomic
 from ._format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -29,12 +43,37 @@ from ._format import (
     block_checksum,
     dump_meta,
     index_dtype,
+    read_shard_metadata,
 )
 
 __all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
 
 # zstd dictionary training needs at least this many samples (here: blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
+
+
+def _positive_int(value, name: str) -> int:
+    """``value`` as an int (numpy integers too); AssertionError, as the reference, otherwise."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    assert number is not None and number > 0, f"{name} must be a positive integer, not {value!r}"
+    return number
+
+
+def _check_dict_size(value) -> None:
+    assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
+
+
+def _incomplete_warning(path: Path, what: str, exc_type) -> None:
+    warnings.warn(
+        f"{path}: the {what} is incomplete and has no meta.json: the with block raised "
+        f"{exc_type.__name__}. What was written so far is left for inspection; remove the "
+        "directory before writing there again.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 class AtlasDatasetShardWriter:
@@ -45,8 +84,13 @@ class AtlasDatasetShardWriter:
     a shard of fewer than 7 blocks falls back to strategy 1 and its meta.json says so.
     Strategy 2 compresses with ``compression_dict`` (a ``zstandard.ZstdCompressionDict``).
 
+    ``compressor`` is the ``zstandard.ZstdCompressor`` the blocks are compressed with: None
+    when uncompressed, and under strategy 3 until the dictionary is trained at ``close()``.
+
     ``checksums=True`` also writes ``checksums.npy``: one BLAKE2b-8 digest per stored block,
     which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
+
+    If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
 
     VERSION = VERSION
@@ -62,12 +106,8 @@ class AtlasDatasetShardWriter:
         *,
         checksums=False,
     ):
-        assert isinstance(block_size, int) and block_size > 0, (
-            f"block_size must be a positive integer, not {block_size!r}"
-        )
-        assert 0 <= compression_dict_size <= 1, (
-            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-        )
+        block_size = _positive_int(block_size, "block_size")
+        _check_dict_size(compression_dict_size)
         strategy = CompressionStrategy(compression_strategy)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             assert compression_dict is not None, (
@@ -79,16 +119,27 @@ class AtlasDatasetShardWriter:
             VERSION, block_size, 0, int(strategy), compression_level, compression_dict_size
         )
         self.stored_examples = 0
+        self.checksums = bool(checksums)
+        self.compressor = None
+        if strategy in (
+            CompressionStrategy.STANDARD_COMPRESSION,
+            CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+        ):
+            self.compressor = self._new_compressor(compression_dict)
         self._strategy = strategy
         self._compression_dict = compression_dict
         self._pending: list = []  # examples of the block being filled
         self._blocks: list = []  # strategy 3 only: pickled blocks awaiting the dictionary
         self._offsets: list = [0]
-        self._data = None  # data.bin, opened with the first block
-        self._compressor = None
-        self._closed = False
-        self.checksums = bool(checksums)
         self._checksums: list = []  # checksums=True: block_checksum of each stored block
+        self._data = None  # data.bin, opened with the first block
+        self._closed = False
+
+    def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
+        level = self.metadata.compression_level
+        if compression_dict is None:
+            return zstandard.ZstdCompressor(level=level)
+        return zstandard.ZstdCompressor(level=level, dict_data=compression_dict)
 
     def __len__(self) -> int:
         return self.stored_examples
@@ -108,20 +159,12 @@ class AtlasDatasetShardWriter:
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._blocks.append(block)
         else:
-            self._append(self._encode(block))
+            self._store(block)
 
-    def _encode(self, block: bytes) -> bytes:
-        if self._strategy == CompressionStrategy.NO_COMPRESSION:
-            return block
-        if self._compressor is None:
-            level = self.metadata.compression_level
-            if self._compression_dict is None:
-                self._compressor = zstandard.ZstdCompressor(level=level)
-            else:
-                self._compressor = zstandard.ZstdCompressor(
-                    level=level, dict_data=self._compression_dict
-                )
-        return self._compressor.compress(block)
+    def _store(self, block: bytes) -> None:
+        if self.compressor is not None:
+            block = self.compressor.compress(block)
+        self._append(block)
 
     def _append(self, data: bytes) -> None:
         if self._data is None:
@@ -155,6 +198,13 @@ class AtlasDatasetShardWriter:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._finish()
+        except BaseException:
+            self._release()
+            raise
+
+    def _finish(self) -> None:
         if self._pending:
             self._flush_block()
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -163,14 +213,16 @@ class AtlasDatasetShardWriter:
                 self._strategy = CompressionStrategy.STANDARD_COMPRESSION
             else:
                 (self.path / DICT_FILE).write_bytes(zdict.as_bytes())
-                self._compression_dict = zdict
+            self._compression_dict = zdict
+            self.compressor = self._new_compressor(zdict)
             blocks, self._blocks = self._blocks, []
-            for block in blocks:
-                self._append(self._encode(block))
+            blocks.reverse()
+            while blocks:  # each pickled block is let go once stored
+                self._store(blocks.pop())
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
             self._data = open(self.path / DATA_FILE, "wb")
-        self._data.close()
+        self._release()
         total = self._offsets[-1]
         np.save(self.path / INDEX_FILE, np.array(self._offsets, dtype=index_dtype(total)))
         if self.checksums:
@@ -180,21 +232,47 @@ class AtlasDatasetShardWriter:
         )
         dump_meta(self.path / META_FILE, self.metadata._asdict())
 
+    def abort(self) -> None:
+        """Stop without finishing: data.bin is closed as it is and no index, dictionary or
+        meta.json is written, so the directory does not read as a shard."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending, self._blocks = [], []
+        self._release()
+
+    def _release(self) -> None:
+        """Close data.bin."""
+        if self._data is not None:
+            self._data.close()
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self.abort()
+            _incomplete_warning(self.path, "shard", exc_type)
 
 
 class AtlasDatasetWriter:
     """Writes a dataset as shards ``0, 1, 2, ...`` of ``shard_size`` examples each.
 
+    The directory and the first shard writer are created here; a shard is finished when the
+    example after its last one arrives, or at ``close()`` (so there is never an empty trailing
+    shard, and zero examples make one empty shard, as the reference writes them).
+
     With strategy 2 (the default) the first shard trains the dictionary that every shard then
     shares (stored once, in the root); if the first shard has fewer than 7 blocks the whole
-    dataset falls back to strategy 1. ``close()`` writes the root meta.json and pads the shard
-    folder names with zeros to one width. ``checksums=True`` gives every shard a
-    ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
+    dataset falls back to strategy 1. ``close()`` pads the shard folder names with zeros to one
+    width and writes the root meta.json last, atomically. ``checksums=True`` gives every shard
+    a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
+
+    If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
+    a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
+    inspection (readers refuse the directory: its meta.json is missing).
     """
 
     VERSION = VERSION
@@ -210,99 +288,125 @@ class AtlasDatasetWriter:
         *,
         checksums=False,
     ):
-        assert isinstance(shard_size, int) and shard_size > 0, (
-            f"shard_size must be a positive integer, not {shard_size!r}"
-        )
-        assert isinstance(block_size, int) and block_size > 0, (
-            f"block_size must be a positive integer, not {block_size!r}"
-        )
-        assert 0 <= compression_dict_size <= 1, (
-            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-        )
+        shard_size = _positive_int(shard_size, "shard_size")
+        block_size = _positive_int(block_size, "block_size")
+        _check_dict_size(compression_dict_size)
         self.path = Path(path)
         self.shard_size = shard_size
         self.block_size = block_size
+        # Becomes STANDARD_COMPRESSION if strategy 2's first shard cannot train a dictionary.
         self.compression_strategy = CompressionStrategy(compression_strategy)
         self.compression_level = compression_level
         self.compression_dict_size = compression_dict_size
         self.checksums = bool(checksums)
-        self.path.mkdir(parents=True)
-        self._shard_sizes: list = []
-        self._shard = None
-        self._strategy = self.compression_strategy  # may fall back to 1 after shard 0
-        self._shared_dict = None
+        self.shard_sizes: list = []  # sizes of the shards finished so far
+        self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
+        self.path.mkdir(parents=True)
+        self.current_shard = self._new_shard()
+
+    def _new_shard(self):
+        """The next shard writer, created through the module attribute (so a patch of
+        ``atlas_fast.writer.AtlasDatasetShardWriter`` takes effect), keywords only."""
+        number = len(self.shard_sizes)
+        strategy = self.compression_strategy
+        kwargs = {}
+        if number == 0:
+            if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+                strategy = CompressionStrategy.DICTIONARY_COMPRESSION
+        else:
+            kwargs["compression_dict"] = self.shared_dict
+        if self.checksums:
+            kwargs["checksums"] = True
+        return AtlasDatasetShardWriter(
+            path=self.path / str(number),
+            block_size=self.block_size,
+            compression_strategy=strategy,
+            compression_level=self.compression_level,
+            compression_dict_size=self.compression_dict_size,
+            **kwargs,
+        )
 
     def __len__(self) -> int:
-        return sum(self._shard_sizes) + (self._shard.stored_examples if self._shard else 0)
+        return sum(self.shard_sizes) + len(self.current_shard)
 
     def add_example(self, example) -> None:
         """Append one example (anything picklable)."""
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
-        if self._shard is None:
-            self._shard = self._open_shard(len(self._shard_sizes))
-        self._shard.add_example(example)
-        if self._shard.stored_examples == self.shard_size:
-            self._close_shard()
+        if len(self.current_shard) >= self.shard_size:
+            self._finish_shard()
+            self.current_shard = self._new_shard()
+        self.current_shard.add_example(example)
 
-    def _open_shard(self, number: int) -> AtlasDatasetShardWriter:
-        strategy = self._strategy
-        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and number == 0:
-            strategy = CompressionStrategy.DICTIONARY_COMPRESSION
-        return AtlasDatasetShardWriter(
-            self.path / str(number),
-            self.block_size,
-            compression_strategy=strategy,
-            compression_level=self.compression_level,
-            compression_dict=self._shared_dict,
-            compression_dict_size=self.compression_dict_size,
-            checksums=self.checksums,
-        )
-
-    def _close_shard(self) -> None:
-        shard, self._shard = self._shard, None
+    def _finish_shard(self) -> None:
+        shard = self.current_shard
+        self.shard_sizes.append(len(shard))
         shard.close()
-        self._shard_sizes.append(shard.stored_examples)
         if (
-            self._strategy != CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            or self._shared_dict is not None
+            len(self.shard_sizes) == 1
+            and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         ):
+            self._share_first_dictionary(Path(shard.path))
+
+    def _share_first_dictionary(self, shard_dir: Path) -> None:
+        """Strategy 2, after the first shard closed: what it decided is read from its files.
+
+        A first shard that fell back to strategy 1 turns the dataset to strategy 1; otherwise
+        its dictionary moves to the root and its meta.json is rewritten to say strategy 2.
+        """
+        metadata = read_shard_metadata(shard_dir)
+        if metadata.compression_strategy == CompressionStrategy.STANDARD_COMPRESSION:
+            self.compression_strategy = CompressionStrategy.STANDARD_COMPRESSION
             return
-        # Shard 0 of a strategy-2 dataset: its dictionary becomes the dataset's.
-        if shard.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            shutil.move(shard.path / DICT_FILE, self.path / DICT_FILE)
-            shard.metadata = shard.metadata._replace(
-                compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
-            )
-            dump_meta(shard.path / META_FILE, shard.metadata._asdict())
-            self._shared_dict = zstandard.ZstdCompressionDict((self.path / DICT_FILE).read_bytes())
-        else:
-            self._strategy = CompressionStrategy.STANDARD_COMPRESSION
+        source = shard_dir / DICT_FILE
+        try:
+            dict_bytes = source.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{source}: missing: the first shard of a SHARED_DICTIONARY_COMPRESSION "
+                f"dataset says compression_strategy {metadata.compression_strategy} in its "
+                "meta.json but left no dictionary to share"
+            ) from None
+        source.rename(self.path / DICT_FILE)
+        self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
+        metadata = metadata._replace(compression_strategy=int(self.compression_strategy))
+        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict())
 
     def close(self) -> None:
-        """Finish the last shard, write the root meta.json and pad the shard folder names."""
+        """Finish the last shard, pad the shard folder names, then write the root meta.json."""
         if self._closed:
             return
         self._closed = True
-        if self._shard is not None:
-            self._close_shard()
-        if (
-            self._strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            and not self._shard_sizes
-        ):
-            # No first shard trained a dictionary: the fallback rule of a small first shard.
-            self._strategy = CompressionStrategy.STANDARD_COMPRESSION
-        metadata = AtlasDatasetMetadata(VERSION, list(self._shard_sizes), int(self._strategy))
-        dump_meta(self.path / META_FILE, metadata._asdict())
-        width = len(str(len(self._shard_sizes) - 1)) if self._shard_sizes else 1
-        for number in range(len(self._shard_sizes)):
+        self._finish_shard()
+        count = len(self.shard_sizes)
+        width = len(str(count - 1))
+        for number in range(count):
             name = str(number)
             if len(name) < width:
                 (self.path / name).rename(self.path / name.zfill(width))
+        metadata = AtlasDatasetMetadata(
+            VERSION, list(self.shard_sizes), int(self.compression_strategy)
+        )
+        dump_meta_atomic(self.path / META_FILE, metadata._asdict())
+
+    def abort(self) -> None:
+        """Stop without finishing: the shard being written is abandoned (when its writer has
+        an ``abort()``), and no root meta.json is written, so the directory does not read as
+        a dataset."""
+        if self._closed:
+            return
+        self._closed = True
+        abort = getattr(self.current_shard, "abort", None)
+        if abort is not None:
+            abort()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self.abort()
+            _incomplete_warning(self.path, "dataset", exc_type)
