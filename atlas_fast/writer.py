@@ -22,8 +22,12 @@ renamed), so the directory never reads as a complete dataset.
 from __future__ import annotations
 
 import operator
+import os
 import pickle
+import queue
 import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +54,42 @@ __all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
 
 # zstd dictionary training needs at least this many samples (here: blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
+
+# workers=None: the cores this process may run on, at most this many.
+MAX_DEFAULT_WORKERS = 8
+
+# Pickled blocks handed to the compression pool and not yet written, per worker thread.
+IN_FLIGHT_PER_WORKER = 2
+
+
+def default_workers() -> int:
+    """The compression threads ``workers=None`` means: the usable cores, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+
+
+def _resolve_workers(workers) -> int:
+    if workers is None:
+        return default_workers()
+    try:
+        number = operator.index(workers)
+    except TypeError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"workers must be a positive integer or None, not {workers!r}")
+    return number
+
+
+def _with_context(exc: BaseException, context: str) -> BaseException:
+    """``exc`` again, of the same type when it can be, its message prefixed with ``context``."""
+    message = f"{context}: {exc}"
+    try:
+        return type(exc)(message)
+    except Exception:
+        return RuntimeError(f"{context}: {type(exc).__name__}: {exc}")
 
 
 def _positive_int(value, name: str) -> int:
@@ -90,6 +130,13 @@ class AtlasDatasetShardWriter:
     ``checksums=True`` also writes ``checksums.npy``: one BLAKE2b-8 digest per stored block,
     which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
 
+    ``workers`` (default: the usable cores, at most 8) threads compress full blocks while the
+    calling thread pickles the next ones; blocks are written in order, at most
+    ``2 * workers`` of them in flight, and the files are byte-identical to ``workers=1``
+    (which compresses on the calling thread). Each thread has a compressor of its own, with
+    the parameters of ``compressor``. An error on a pool thread is raised on the calling
+    thread, naming the shard and the block.
+
     If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
 
@@ -105,6 +152,7 @@ class AtlasDatasetShardWriter:
         compression_dict_size=0.01,
         *,
         checksums=False,
+        workers=None,
     ):
         block_size = _positive_int(block_size, "block_size")
         _check_dict_size(compression_dict_size)
@@ -120,6 +168,7 @@ class AtlasDatasetShardWriter:
         )
         self.stored_examples = 0
         self.checksums = bool(checksums)
+        self.workers = _resolve_workers(workers)
         self.compressor = None
         if strategy in (
             CompressionStrategy.STANDARD_COMPRESSION,
@@ -134,6 +183,11 @@ class AtlasDatasetShardWriter:
         self._checksums: list = []  # checksums=True: block_checksum of each stored block
         self._data = None  # data.bin, opened with the first block
         self._closed = False
+        # workers > 1: full blocks are compressed on a pool, written in order by this thread.
+        self._pool = None  # ThreadPoolExecutor, started with the first block to compress
+        self._idle = None  # queue of compressors: each is used by one task at a time
+        self._in_flight: deque = deque()  # (block number, future), in block order
+        self._submitted = 0  # blocks handed to _store so far
 
     def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
         level = self.metadata.compression_level
@@ -162,17 +216,60 @@ class AtlasDatasetShardWriter:
             self._store(block)
 
     def _store(self, block: bytes) -> None:
-        if self.compressor is not None:
-            block = self.compressor.compress(block)
-        self._append(block)
+        """Compress (per the strategy) and append a pickled block, in the order given."""
+        number = self._submitted
+        self._submitted += 1
+        if self.compressor is None:
+            self._append(block)
+        elif self.workers == 1:
+            try:
+                data = self.compressor.compress(block)
+            except Exception as exc:
+                raise self._block_error(number, exc) from exc
+            self._append(data)
+        else:
+            if self._pool is None:
+                self._start_pool()
+            self._in_flight.append((number, self._pool.submit(self._compress_task, block)))
+            self._drain(IN_FLIGHT_PER_WORKER * self.workers)
 
-    def _append(self, data: bytes) -> None:
+    def _start_pool(self) -> None:
+        self._idle = queue.SimpleQueue()
+        self._idle.put(self.compressor)
+        for _ in range(self.workers - 1):
+            self._idle.put(self._new_compressor(self._compression_dict))
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="atlas-fast-zstd")
+
+    def _compress_task(self, block: bytes):
+        """On a pool thread: the pool runs at most ``workers`` tasks and the queue holds
+        ``workers`` compressors, so ``get`` never waits and no compressor is shared."""
+        compressor = self._idle.get()
+        try:
+            data = compressor.compress(block)
+        finally:
+            self._idle.put(compressor)
+        return data, block_checksum(data) if self.checksums else None
+
+    def _drain(self, keep: int) -> None:
+        """Write the oldest compressed blocks until at most ``keep`` are in flight."""
+        while len(self._in_flight) > keep:
+            number, future = self._in_flight.popleft()
+            try:
+                data, checksum = future.result()
+            except Exception as exc:
+                raise self._block_error(number, exc) from exc
+            self._append(data, checksum)
+
+    def _block_error(self, number: int, exc: Exception) -> BaseException:
+        return _with_context(exc, f"{self.path}: compressing block {number}")
+
+    def _append(self, data: bytes, checksum=None) -> None:
         if self._data is None:
             self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
         if self.checksums:
-            self._checksums.append(block_checksum(data))
+            self._checksums.append(block_checksum(data) if checksum is None else checksum)
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -219,6 +316,7 @@ class AtlasDatasetShardWriter:
             blocks.reverse()
             while blocks:  # each pickled block is let go once stored
                 self._store(blocks.pop())
+        self._drain(0)
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
             self._data = open(self.path / DATA_FILE, "wb")
@@ -242,7 +340,11 @@ class AtlasDatasetShardWriter:
         self._release()
 
     def _release(self) -> None:
-        """Close data.bin."""
+        """Stop the pool (blocks not started are dropped) and close data.bin."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = self._idle = None
+        self._in_flight.clear()
         if self._data is not None:
             self._data.close()
 
@@ -270,6 +372,12 @@ class AtlasDatasetWriter:
     width and writes the root meta.json last, atomically. ``checksums=True`` gives every shard
     a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
 
+    ``workers`` (default: the usable cores, at most 8) is the shard writers' compression
+    threads (passed on to them only when given). Under strategy 3 it also lets up to
+    ``workers - 1`` full shards train their dictionaries on other threads while the next one
+    fills, so up to ``workers`` shards' pickled blocks are held at once (the reference holds
+    one; ``workers=1`` does the same).
+
     If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
     a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
     inspection (readers refuse the directory: its meta.json is missing).
@@ -287,6 +395,7 @@ class AtlasDatasetWriter:
         compression_dict_size=0.01,
         *,
         checksums=False,
+        workers=None,
     ):
         shard_size = _positive_int(shard_size, "shard_size")
         block_size = _positive_int(block_size, "block_size")
@@ -299,9 +408,15 @@ class AtlasDatasetWriter:
         self.compression_level = compression_level
         self.compression_dict_size = compression_dict_size
         self.checksums = bool(checksums)
+        self.workers = _resolve_workers(workers)
+        self._workers_given = workers is not None  # passed on to shard writers only if given
         self.shard_sizes: list = []  # sizes of the shards finished so far
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
+        # Strategy 3 with workers > 1: up to workers - 1 full shards train their dictionaries
+        # and compress on threads of their own while this thread fills the next shard.
+        self._finisher = None  # ThreadPoolExecutor, started with the first such shard
+        self._finishing: deque = deque()  # (shard writer, future of its close())
         self.path.mkdir(parents=True)
         self.current_shard = self._new_shard()
 
@@ -318,6 +433,8 @@ class AtlasDatasetWriter:
             kwargs["compression_dict"] = self.shared_dict
         if self.checksums:
             kwargs["checksums"] = True
+        if self._workers_given:
+            kwargs["workers"] = self.workers
         return AtlasDatasetShardWriter(
             path=self.path / str(number),
             block_size=self.block_size,
@@ -339,15 +456,49 @@ class AtlasDatasetWriter:
             self.current_shard = self._new_shard()
         self.current_shard.add_example(example)
 
-    def _finish_shard(self) -> None:
+    def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
         self.shard_sizes.append(len(shard))
+        if (
+            not last
+            and self.workers > 1
+            and self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+        ):
+            self._collect(wait=False)
+            if len(self._finishing) < self.workers - 1:
+                if self._finisher is None:
+                    self._finisher = ThreadPoolExecutor(
+                        self.workers - 1, thread_name_prefix="atlas-fast-shard"
+                    )
+                self._finishing.append((shard, self._finisher.submit(shard.close)))
+                return
+            # Every other thread is busy with a shard: this one trains this shard itself.
         shard.close()
         if (
             len(self.shard_sizes) == 1
             and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         ):
             self._share_first_dictionary(Path(shard.path))
+
+    def _collect(self, wait: bool) -> None:
+        """Take the shards finished on other threads (all of them if ``wait``); the first
+        error is raised here, naming the shard."""
+        still = deque()
+        error = None
+        while self._finishing:
+            shard, future = self._finishing.popleft()
+            if not wait and not future.done():
+                still.append((shard, future))
+                continue
+            exc = future.exception()
+            if exc is not None and error is None:
+                error = exc
+                if str(shard.path) not in str(exc):
+                    error = _with_context(exc, f"{shard.path}: finishing the shard")
+                    error.__cause__ = exc
+        self._finishing = still
+        if error is not None:
+            raise error
 
     def _share_first_dictionary(self, shard_dir: Path) -> None:
         """Strategy 2, after the first shard closed: what it decided is read from its files.
@@ -378,7 +529,11 @@ class AtlasDatasetWriter:
         if self._closed:
             return
         self._closed = True
-        self._finish_shard()
+        try:
+            self._finish_shard(last=True)
+            self._collect(wait=True)
+        finally:
+            self._stop_finisher()
         count = len(self.shard_sizes)
         width = len(str(count - 1))
         for number in range(count):
@@ -400,6 +555,15 @@ class AtlasDatasetWriter:
         abort = getattr(self.current_shard, "abort", None)
         if abort is not None:
             abort()
+        self._stop_finisher()
+
+    def _stop_finisher(self) -> None:
+        """Wait for the shards finishing on other threads (errors were or will not be
+        reported: this runs after close() raised or on abort) and stop their threads."""
+        if self._finisher is not None:
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
+        self._finishing.clear()
 
     def __enter__(self):
         return self

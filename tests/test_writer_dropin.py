@@ -294,7 +294,7 @@ def test_shard_writer_with_block_that_raises_is_not_finished(atlas, tmp_path):
             for i in range(3):
                 w.add_example(i)
             raise RuntimeError
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["data.bin"]
+    assert {p.name for p in (tmp_path / "s").iterdir()} <= {"data.bin"}  # no index, no meta
     with pytest.raises(atlas_fast.AtlasFormatError, match="the shard was not completed"):
         atlas.AtlasDatasetShard(tmp_path / "s")
 
