@@ -106,17 +106,30 @@ def _check_dict_size(value) -> None:
     assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
 
 
-def _incomplete_warning(path: Path, what: str, exc_type) -> None:
-    warnings.warn(
-        f"{path}: the {what} is incomplete and has no meta.json: the with block raised "
-        f"{exc_type.__name__}. What was written so far is left for inspection; remove the "
-        "directory before writing there again.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+class _FinishedOnlyOnSuccess:
+    """The context manager of both writers: ``close()`` when the ``with`` block succeeds;
+    ``abort()`` and a warning naming the directory when it raises."""
+
+    _kind = ""  # "shard" or "dataset", for the warning
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self.abort()
+            warnings.warn(
+                f"{self.path}: the {self._kind} is incomplete and has no meta.json: the with "
+                f"block raised {exc_type.__name__}. What was written so far is left for "
+                "inspection; remove the directory before writing there again.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
-class AtlasDatasetShardWriter:
+class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     """Writes one shard: examples are grouped into blocks of ``block_size``, pickled,
     compressed per ``compression_strategy`` and appended to data.bin.
 
@@ -141,6 +154,7 @@ class AtlasDatasetShardWriter:
     """
 
     VERSION = VERSION
+    _kind = "shard"
 
     def __init__(
         self,
@@ -348,18 +362,8 @@ class AtlasDatasetShardWriter:
         if self._data is not None:
             self._data.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        elif not self._closed:
-            self.abort()
-            _incomplete_warning(self.path, "shard", exc_type)
-
-
-class AtlasDatasetWriter:
+class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     """Writes a dataset as shards ``0, 1, 2, ...`` of ``shard_size`` examples each.
 
     The directory and the first shard writer are created here; a shard is finished when the
@@ -384,6 +388,7 @@ class AtlasDatasetWriter:
     """
 
     VERSION = VERSION
+    _kind = "dataset"
 
     def __init__(
         self,
@@ -558,19 +563,9 @@ class AtlasDatasetWriter:
         self._stop_finisher()
 
     def _stop_finisher(self) -> None:
-        """Wait for the shards finishing on other threads (errors were or will not be
-        reported: this runs after close() raised or on abort) and stop their threads."""
+        """Wait for the shards still finishing on other threads and stop those threads. Runs
+        after close() collected them, or on a failure, when their errors no longer matter."""
         if self._finisher is not None:
             self._finisher.shutdown(wait=True)
             self._finisher = None
         self._finishing.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        elif not self._closed:
-            self.abort()
-            _incomplete_warning(self.path, "dataset", exc_type)

@@ -317,3 +317,8 @@ def test_meta_json_is_the_last_file_written(tmp_path, monkeypatch):
         for i in range(11):
             w.add_example(i)
     assert seen == [[f"{n:02d}" for n in range(11)]]
+
+
+def test_opening_a_directory_that_is_not_there_says_so(atlas, tmp_path):
+    with pytest.raises(atlas_fast.AtlasFormatError, match="the dataset directory does not exist"):
+        atlas.AtlasDataset(tmp_path / "nowhere")
