@@ -10,7 +10,7 @@ patches ``atlas_fast.writer.AtlasDatasetShardWriter`` (a test double) sees the s
 each shard writer is created through that module attribute, looked up at call time, with
 keyword arguments only (``path``, ``block_size``, ``compression_strategy``,
 ``compression_level``, ``compression_dict_size``, and ``compression_dict`` from the second
-shard on); our own options (``checksums=``) are passed only when they are not the default.
+shard on); our own options (``checksums=``, ``workers=``) are passed only when they are set.
 The only other things the dataset writer uses are ``add_example``, ``len()``, ``close()``
 and, under strategy 2, the files the first shard leaves on disk.
 
@@ -78,7 +78,7 @@ def _resolve_workers(workers) -> int:
         number = operator.index(workers)
     except TypeError:
         number = 0
-    if number < 1:
+    if number < 1 or isinstance(workers, bool):
         raise ValueError(f"workers must be a positive integer or None, not {workers!r}")
     return number
 

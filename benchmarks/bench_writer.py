@@ -76,6 +76,32 @@ def time_write(make, path: Path, docs: list, shard: int, block: int, strategy: i
     return tuple(b - a for a, b in zip(start, end))
 
 
+def headroom(docs: list) -> float:
+    """How much faster two threads compress than one, right now: zstd on the corpus's text,
+    the same work serially and on two threads (python-zstandard releases the GIL). 2.0 means
+    two free cores; on a busy machine it tells what any parallel writer can gain."""
+    import threading
+
+    import zstandard
+
+    data = "".join(d["text"] for d in docs[:2000]).encode()
+
+    def work():
+        zstandard.ZstdCompressor(level=3).compress(data)
+
+    start = time.perf_counter()
+    work()
+    work()
+    serial = time.perf_counter() - start
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return serial / (time.perf_counter() - start)
+
+
 def profile(docs, shard, block, strategies, base: Path) -> None:
     for strategy in strategies:
         prof = cProfile.Profile()
@@ -117,9 +143,14 @@ def main(argv=None) -> int:
             return 0
         contestants = writers([int(n) for n in args.workers.split(",")])
         times = {(s, name): [] for s in strategies for name in contestants}
+        room = []
         for rep in range(args.repeats):
+            room.append(headroom(docs))
             for strategy in strategies:
-                for name, make in contestants.items():
+                # a different contestant goes first in each repetition
+                order = list(contestants.items())
+                order = order[rep % len(order) :] + order[: rep % len(order)]
+                for name, make in order:
                     t = time_write(
                         make, base / f"{rep}-{strategy}-{name}", docs,
                         args.shard_size, args.block_size, strategy,
@@ -134,7 +165,8 @@ def main(argv=None) -> int:
         f"{len(docs)} documents ({mb:.0f} MB of text), shard_size={args.shard_size}, "
         f"block_size={args.block_size}, medians of {args.repeats}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"atlas_fast {atlas_fast.__version__}"
+        f"atlas_fast {atlas_fast.__version__}; two-thread headroom "
+        f"{statistics.median(room):.2f}x (min {min(room):.2f}, max {max(room):.2f})"
     )
     names = list(contestants)
     header = ["strategy"] + [f"{n} ex/s" for n in names]

@@ -68,7 +68,7 @@ def test_workers_argument(tmp_path):
     assert 1 <= default_workers() <= 8
     w = AtlasDatasetShardWriter(tmp_path / "s", 4, 1)
     assert w.workers == default_workers()
-    for bad in (0, -1, 1.5, "2"):
+    for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match="workers must be a positive integer"):
             AtlasDatasetShardWriter(tmp_path / f"x{bad}", 4, 1, workers=bad)
         with pytest.raises(ValueError, match="workers must be a positive integer"):
