@@ -222,7 +222,11 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._flush_block()
 
     def _flush_block(self) -> None:
-        block = pickle.dumps(self._pending)
+        try:
+            block = pickle.dumps(self._pending)
+        except Exception as exc:
+            number = self._submitted + len(self._blocks)
+            raise _with_context(exc, f"{self.path}: pickling block {number}") from exc
         self._pending = []
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._blocks.append(block)

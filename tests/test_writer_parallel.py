@@ -207,3 +207,16 @@ def test_peak_memory_holds_a_fixed_number_of_blocks(tmp_path, monkeypatch, worke
             w.add_example(i)
     in_flight = IN_FLIGHT_PER_WORKER * workers if workers > 1 else 0
     assert GatedCompressor.added_when_opened == in_flight + 1
+
+
+@pytest.mark.parametrize("strategy", [1, 3])
+def test_an_example_that_does_not_pickle_names_the_shard_and_block(tmp_path, strategy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with (
+            pytest.raises(TypeError, match=r"ds/1: pickling block 1: cannot pickle"),
+            AtlasDatasetWriter(tmp_path / "ds", 10, 2, compression_strategy=strategy) as w,
+        ):
+            for i in range(20):
+                w.add_example(threading.Lock() if i == 13 else i)
+    assert not (tmp_path / "ds" / "meta.json").exists()
