@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import ray
 import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
@@ -56,6 +57,16 @@ def check_write_arguments(path: Path, shard_size, block_size, compression_dict_s
             f"{path}: write_atlas writes a new dataset: the path must be absent or an empty "
             "directory"
         )
+
+
+def _task_cpus() -> int:
+    """The CPUs Ray assigned to the running task: the shard writer's compression threads
+    (its default, the machine's cores, would oversubscribe a node running a task per CPU)."""
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    except Exception:  # outside a task (tests calling write() directly)
+        cpus = 1
+    return max(1, int(cpus))
 
 
 def train_shared_dictionary(
@@ -184,6 +195,7 @@ class AtlasDatasink(Datasink):
             zdict = zstandard.ZstdCompressionDict(self.compression_dict)
         shards: list = []
         writer = None
+        threads = _task_cpus()
         try:
             # Not with parents: a staging area removed by a failed job is not made again.
             attempt.mkdir()
@@ -200,6 +212,7 @@ class AtlasDatasink(Datasink):
                             compression_level=self.compression_level,
                             compression_dict=zdict,
                             compression_dict_size=self.compression_dict_size,
+                            workers=threads,
                         )
                     writer.add_example(row_to_example(row, self.item_column))
                     if len(writer) == self.shard_size:
