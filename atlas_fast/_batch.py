@@ -228,29 +228,34 @@ def _place(examples: list, places: list, out: list) -> None:
 
 
 def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
-    """Decode the blocks ``todo`` and place their examples: decompress them all, then
-    unpickle in order.
+    """Decode the blocks ``todo`` and place their examples, a few blocks at a time.
 
-    The pool takes blocks from the front while this thread decompresses from the back, so
-    every thread spends this phase mostly without the GIL. Unpickling while the pool still
-    decompresses would hold the GIL for long runs and starve the pool threads.
+    A chunk of ``2 * pool_size()`` blocks is decompressed (the pool takes blocks from the
+    front while this thread decompresses from the back, so every thread spends this phase
+    mostly without the GIL), then unpickled in order. Unpickling while the pool still
+    decompresses would hold the GIL for long runs and starve the pool threads. Chunks bound
+    the decompressed bytes alive at once: a batch of random indices touches a block per
+    index, and holding them all would grow the heap by the whole batch's decoded size.
     """
-    futures = [_submit(reader.block_bytes, key[1]) for reader, key in todo]
-    data: list = [None] * len(todo)
-    try:
-        for k in range(len(todo) - 1, -1, -1):
-            if futures[k].cancel():  # not started: decode it here
-                reader, key = todo[k]
-                data[k] = reader.block_bytes(key[1])
-        for k, future in enumerate(futures):
-            if data[k] is None:
-                data[k] = future.result()
-    finally:
-        for future in futures:
-            future.cancel()
-    for k, (reader, key) in enumerate(todo):
-        _place(reader._store(key[1], data[k]), wanted[key], out)
-        data[k] = None
+    step = 2 * pool_size()
+    for first in range(0, len(todo), step):
+        chunk = todo[first : first + step]
+        futures = [_submit(reader.block_bytes, key[1]) for reader, key in chunk]
+        data: list = [None] * len(chunk)
+        try:
+            for k in range(len(chunk) - 1, -1, -1):
+                if futures[k].cancel():  # not started: decode it here
+                    reader, key = chunk[k]
+                    data[k] = reader.block_bytes(key[1])
+            for k, future in enumerate(futures):
+                if data[k] is None:
+                    data[k] = future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+        for k, (reader, key) in enumerate(chunk):
+            _place(reader._store(key[1], data[k]), wanted[key], out)
+            data[k] = None
 
 
 # -- read-ahead -----------------------------------------------------------------------------
