@@ -3,7 +3,8 @@
 Part of the core side of the contract (``_contract``): called by ``_reader`` and ``_pyreader``
 only, never by the facade. It works on a core's shard readers through their core-internal
 methods ``_lookup(b)`` (the cached examples of block ``b``, or None, counted as a hit or a
-miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them) and ``block_bytes``.
+miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them),
+``_unpickle_block(b, data)`` (the same, not cached), ``_load(b)`` and ``block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -279,13 +280,15 @@ class _Ahead:
     def result(self) -> list:
         if self.examples is not None:
             return self.examples
-        if not self.reader._compressed:
-            return self.reader._load(self.b)
+        reader = self.reader
         if self.future.cancel():  # not started (or never submitted): decode it here
-            data = self.reader.block_bytes(self.b)
+            data = reader.block_bytes(self.b)
         else:
             data = self.future.result()
-        return self.reader._store(self.b, data)
+        # Not cached: a pass in order would evict every block others keep, and holding
+        # decoded blocks it will not read again costs the pass itself (memory gone cold,
+        # longer garbage-collector passes). Blocks already cached are used.
+        return reader._unpickle_block(self.b, data)
 
 
 # Below this many stored bytes per block (on average), a pool hand-off costs about as much as
@@ -311,6 +314,7 @@ def read_ahead(blocks):
 
     The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
     unpickled and handed out; when the block needed has not started, this thread decodes it.
+    Blocks found in the cache are used; blocks decoded here are not added to it.
     Closing or dropping the generator cancels what has not started.
     """
     pending: deque = deque()

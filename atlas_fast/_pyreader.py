@@ -409,6 +409,9 @@ class ShardCore:
     def _load(self, b: int) -> list:
         return self._examples(b)
 
+    def _unpickle_block(self, b: int, data) -> list:
+        return self._unpickle(data, b)
+
     def _store(self, b: int, data) -> list:
         return self._cache._put((self._tag, b), b, self._unpickle(data, b), len(data))[1]
 

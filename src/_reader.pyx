@@ -1294,6 +1294,9 @@ cdef class ShardCore:
     def _load(self, Py_ssize_t b):
         return self._examples(b)
 
+    def _unpickle_block(self, Py_ssize_t b, data):
+        return self._unpickle_c(data, b)
+
     def _store(self, Py_ssize_t b, data):
         cdef list examples = self._unpickle_c(data, b)
         cdef _Entry e = self._cache._put((self._tag, b), b, examples, _data_size(data))
