@@ -26,6 +26,7 @@ from ._format import (
     DICT_FILE,
     META_FILE,
     CompressionStrategy,
+    block_count,
     load_offsets,
     read_dict_file,
     read_shard_metadata,
@@ -33,8 +34,9 @@ from ._format import (
 
 __all__ = [
     "check_shared_dict",
+    "shard_layout",
     "open_files",
-    "shard_reader",
+    "ShardOpener",
     "gather",
     "read_ahead",
     "pool_size",
@@ -115,6 +117,18 @@ def check_shared_dict(root, metadata, dict_bytes) -> None:
         )
 
 
+def shard_layout(root, metadata, dict_bytes) -> tuple:
+    """What a shard core derives from its arguments, computed once for both cores:
+    ``(root, data path, examples, block size, blocks, compressed)``; refuses a strategy-2
+    shard without its dictionary."""
+    check_shared_dict(root, metadata, dict_bytes)
+    root = str(root)
+    n = metadata.stored_examples
+    size = metadata.block_size
+    compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
+
+
 def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
     """What reading a shard needs: (validated offsets, digested dictionary or None)."""
     offsets = load_offsets(root, metadata)
@@ -128,28 +142,41 @@ def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
     return offsets, None
 
 
-def shard_reader(shard_type, root, shard_dir, metadata, size, dict_bytes, loads, cache, tag):
-    """A dataset's reader of shard ``tag`` (``shard_dir``), made on its first use.
+class ShardOpener:
+    """What a dataset core needs to make the reader of shard ``s`` on its first use."""
 
-    ``metadata`` None: the shard's meta.json is read now and must agree with ``size``, the
-    number of examples the dataset's meta.json gives it.
-    """
-    if metadata is None:
-        metadata = read_shard_metadata(shard_dir)
-        if metadata.stored_examples != size:
+    __slots__ = ("root", "shard_dirs", "sizes", "metadatas", "dict_bytes", "loads", "cache")
+
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+        self.root = str(root)
+        self.shard_dirs = list(shard_dirs)
+        self.sizes = list(sizes)
+        self.metadatas = list(metadatas)
+        self.dict_bytes = dict_bytes
+        self.loads = loads
+        self.cache = cache
+
+    def make(self, shard_type, s: int):
+        """Shard ``s``'s reader. Its meta.json, when not parsed yet, is read now and must
+        agree with the size the dataset's meta.json gives it."""
+        shard_dir = self.shard_dirs[s]
+        metadata = self.metadatas[s]
+        if metadata is None:
+            metadata = read_shard_metadata(shard_dir)
+            if metadata.stored_examples != self.sizes[s]:
+                raise AtlasFormatError(
+                    f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                    f"{metadata.stored_examples} but {os.path.join(self.root, META_FILE)} "
+                    f"lists {self.sizes[s]} for shard {s}"
+                )
+        try:
+            return shard_type(shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s)
+        except MissingSharedDictionary as exc:
             raise AtlasFormatError(
-                f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
-                f"{metadata.stored_examples} but {os.path.join(root, META_FILE)} lists {size} "
-                f"for shard {tag}"
-            )
-    try:
-        return shard_type(str(shard_dir), metadata, dict_bytes, loads, cache, tag)
-    except MissingSharedDictionary as exc:
-        raise AtlasFormatError(
-            f"{Path(root) / META_FILE}: the dataset has no shared dictionary (its "
-            f"compression_strategy is not 2), but shard "
-            f"{exc.shard_root} uses one (compression_strategy 2)"
-        ) from None
+                f"{os.path.join(self.root, META_FILE)}: the dataset has no shared dictionary "
+                f"(its compression_strategy is not 2), but shard {exc.shard_root} uses one "
+                "(compression_strategy 2)"
+            ) from None
 
 
 # -- the pool -------------------------------------------------------------------------------

@@ -66,13 +66,11 @@ import os
 import pickle
 import sys
 
-from ._batch import check_shared_dict, gather, open_files, read_ahead, shard_reader
+from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
-    DATA_FILE,
     INDEX_FILE,
-    block_count,
     check_block_examples,
     check_zstd_content_size,
     expected_block_length,
@@ -1175,19 +1173,14 @@ cdef class ShardCore:
         self._lock_generation = _generation
 
     def __init__(self, root, metadata, dict_bytes=None, loads=None, cache=None, tag=0):
-        check_shared_dict(root, metadata, dict_bytes)
-        self._root = str(root)
-        self._data_path = os.path.join(self._root, DATA_FILE)
+        (self._root, self._data_path, self._n, self._block_size, self._n_blocks,
+         self._compressed) = shard_layout(root, metadata, dict_bytes)
         self._metadata = metadata
         self._dict_bytes = dict_bytes
-        self._n = metadata.stored_examples
-        self._block_size = metadata.block_size
-        self._n_blocks = block_count(self._n, self._block_size)
         self._last_length = (
             expected_block_length(self._n, self._block_size, self._n_blocks - 1)
             if self._n_blocks else 0
         )
-        self._compressed = metadata.compression_strategy != 0
         self._loads = pickle.loads if loads is None else loads
         self._cache = BlockCache(DEFAULT_CACHE_BYTES, None) if cache is None else cache
         self._tag = tag
@@ -1409,12 +1402,8 @@ cdef class DatasetCore:
     reader is made on its first use."""
 
     cdef list _readers  # ShardCore or None (not used yet)
-    cdef list _shard_dirs
+    cdef object _opener  # a _batch.ShardOpener
     cdef list _sizes
-    cdef list _metadatas
-    cdef object _root
-    cdef object _dict_bytes
-    cdef object _loads
     cdef BlockCache _cache
     cdef Py_ssize_t _total
     cdef Py_ssize_t* _c_ends
@@ -1437,12 +1426,8 @@ cdef class DatasetCore:
         self._c_ends = c_ends
         self._n_shards = n
         self._total = total
-        self._root = str(root)
-        self._shard_dirs = list(shard_dirs)
-        self._sizes = list(sizes)
-        self._metadatas = list(metadatas)
-        self._dict_bytes = dict_bytes
-        self._loads = loads
+        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache)
+        self._sizes = self._opener.sizes
         self._cache = cache
         self._readers = [None] * n
 
@@ -1459,10 +1444,7 @@ cdef class DatasetCore:
         return self._make_reader(s)
 
     cdef ShardCore _make_reader(self, Py_ssize_t s):
-        made = shard_reader(
-            ShardCore, self._root, self._shard_dirs[s], self._metadatas[s], self._sizes[s],
-            self._dict_bytes, self._loads, self._cache, s,
-        )
+        made = self._opener.make(ShardCore, s)
         reader = self._readers[s]
         if reader is None:  # another thread may have made it meanwhile: keep one
             reader = self._readers[s] = made
