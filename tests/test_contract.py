@@ -122,7 +122,11 @@ def test_cores_behave_alike(root):
         assert isinstance(missing.value, AtlasFormatError)
         ds.close()
         assert ds.cache_info().currsize == 0
-        results.append((info, keys, raw, data, errors))
+        # The compiled core decodes a random read's example alone and keeps the block's pickle
+        # (partial decoding): which blocks it holds and their bytes are the same, its hit/miss
+        # split and recency order may differ.
+        alike = (info.hits + info.misses, info.max_bytes, info.currsize, info.blocks)
+        results.append((alike, info.max_blocks, sorted(keys), raw, data, errors))
     assert all(r == results[0] for r in results)
 
 
