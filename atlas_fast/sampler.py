@@ -14,16 +14,17 @@ PCG64 stream), so a rank builds only its own share and a resumed run skips ahead
 
 from __future__ import annotations
 
-import importlib.util
 import operator
 
 import numpy as np
+
+from ._compat import torch_installed
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
 
 
 def _sampler_bases() -> tuple:
-    if importlib.util.find_spec("torch") is None:
+    if not torch_installed():
         return ()
     try:
         from torch.utils.data import Sampler
@@ -34,7 +35,7 @@ def _sampler_bases() -> tuple:
 
 def _distributed_defaults() -> tuple:
     """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
-    if importlib.util.find_spec("torch") is None:
+    if not torch_installed():
         return 1, 0
     try:
         import torch.distributed as dist
