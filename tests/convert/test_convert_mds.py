@@ -212,9 +212,10 @@ def test_pickled_columns_need_allow_unsafe_types(tmp_path, streaming):
 
 
 def _shard(root, k=0):
+    """Shard ``k``'s file (the compressed one if any) and its index.json entry."""
     index = json.loads((root / "index.json").read_text())
     info = index["shards"][k]
-    return root / info["raw_data"]["basename"], info
+    return root / info["zip_data" if info["compression"] else "raw_data"]["basename"], info
 
 
 def _error(root) -> str:
@@ -232,21 +233,23 @@ def _simple(root, compression=None, hashes=None):
     return samples
 
 
-def test_corrupt_offset_table(tmp_path, streaming):
+def _simple_shard(tmp_path, k=0, compression=None, hashes=None):
+    """A small MDS directory, shard ``k``'s file, index entry and bytes (to damage)."""
     root = tmp_path / "m"
-    _simple(root)
-    path, _ = _shard(root, 0)
-    data = bytearray(path.read_bytes())
+    _simple(root, compression, hashes)
+    path, info = _shard(root, k)
+    return root, path, info, bytearray(path.read_bytes())
+
+
+def test_corrupt_offset_table(tmp_path, streaming):
+    root, path, _, data = _simple_shard(tmp_path)
     data[4 + 4 * 3 : 4 + 4 * 4] = np.uint32(len(data) + 50).tobytes()  # sample 3's start
     path.write_bytes(bytes(data))
     assert _error(root).startswith(f"{path}: sample 3: offset table corrupt (offset 3 is ")
 
 
 def test_corrupt_sample_sizes_and_text(tmp_path, streaming):
-    root = tmp_path / "m"
-    _simple(root)
-    path, info = _shard(root, 0)
-    data = bytearray(path.read_bytes())
+    root, path, info, data = _simple_shard(tmp_path)
     offsets = np.frombuffer(bytes(data), np.uint32, info["samples"] + 1, 4)
     start = int(offsets[4])  # sample 4: "doc 4", 4, b"xxxx"
     variable = [n for n, size in zip(info["column_names"], info["column_sizes"]) if not size]
@@ -268,24 +271,18 @@ def test_corrupt_sample_sizes_and_text(tmp_path, streaming):
 
 
 def test_truncated_and_hashed_shards(tmp_path, streaming):
-    root = tmp_path / "m"
-    _simple(root, hashes=["sha1"])
-    path, _ = _shard(root, 1)
-    data = path.read_bytes()
+    root, path, _, data = _simple_shard(tmp_path, 1, hashes=["sha1"])
     path.write_bytes(data[:-10])
     assert _error(root) == (
         f"{path}: {len(data) - 10} bytes, index.json says {len(data)}: truncated?"
     )
-    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
     assert _error(root) == f"{path}: sha1 hash differs from index.json's: corrupt"
 
 
 def test_corrupt_zstd_shard(tmp_path, streaming):
-    root = tmp_path / "m"
-    _simple(root, "zstd")
-    index = json.loads((root / "index.json").read_text())
-    path = root / index["shards"][0]["zip_data"]["basename"]
-    data = bytearray(path.read_bytes())
+    root, path, _, data = _simple_shard(tmp_path, 0, "zstd")
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     assert _error(root).startswith(f"{path}: ")
