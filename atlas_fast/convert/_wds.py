@@ -81,7 +81,7 @@ def energon_sources(src, decode: bool = False) -> list[Source]:
     try:
         spec = yaml.safe_load(split_file.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{split_file}: not valid YAML: {exc}") from None
+        raise SourceError(f"{split_file}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("split_parts"), dict):
         raise SourceError(f"{split_file}: no 'split_parts' mapping of split name to shards")
     exclude = spec.get("exclude") or []
