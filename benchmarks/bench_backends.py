@@ -135,12 +135,14 @@ def floor_time(ds, indices) -> float:
     until the shard decodes another (otherwise the floor would reuse warm freed memory that
     a reader, holding its cache, cannot).
     """
-    located = [ds._locate(i) for i in indices]
+    ends = ds.cumulative_shard_sizes
+    shard_of = np.searchsorted(ends, indices, side="right").tolist()
+    located = [(s, i - (int(ends[s - 1]) if s else 0)) for s, i in zip(shard_of, indices)]
     raw = {}
     for s, j in located:
         b = j // ds.shards[s].metadata.block_size
         if (s, b) not in raw:
-            raw[s, b] = ds.shards[s]._raw_block(b)
+            raw[s, b] = ds.shards[s].raw_block(b)
     decompressors = {}
     for s, shard in enumerate(ds.shards):
         strategy = shard.metadata.compression_strategy
@@ -188,7 +190,7 @@ def measure(cy, py, n: int, reads: int, rng: random.Random) -> dict:
             for ds in (cy, py):  # no cached block, but files open: opening is not timed
                 ds.close()
                 for shard in ds.shards:
-                    shard._ensure_open()
+                    shard.offsets()
             if name == "cached":  # the block is decoded before timing starts
                 cy[indices[0]]
                 py[indices[0]]

@@ -8,11 +8,11 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject_GetItem
 from cpython.ref cimport PyObject
 from cpython.pythread cimport (
@@ -62,12 +62,17 @@ from zstd cimport (
     ZSTD_versionString_fn,
 )
 
-import operator
 import os
+import pickle
 import sys
 
+from ._batch import check_shared_dict, gather, open_files, read_ahead, shard_reader
+from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
+    DATA_FILE,
+    INDEX_FILE,
+    block_count,
     check_block_examples,
     check_zstd_content_size,
     expected_block_length,
@@ -96,6 +101,7 @@ cdef extern from *:
 
 __all__ = [
     "ZstdDict",
+    "BlockCache",
     "ShardCore",
     "DatasetCore",
     "zstd_library",
@@ -105,6 +111,14 @@ __all__ = [
 ]
 
 BACKEND = "cython"
+
+# The C constants that mirror Python ones (tests check them equal): MAX_ZSTD_RATIO and
+# _DEFAULT_MAX_BLOCK_BYTES of _format, and the input step _pyreader streams sizeless frames by.
+C_CONSTANTS = {
+    "MAX_ZSTD_RATIO": ATLAS_MAX_ZSTD_RATIO,
+    "DEFAULT_MAX_BLOCK_BYTES": ATLAS_DEFAULT_MAX_BLOCK_BYTES,
+    "STREAM_STEP": _STEP,
+}
 
 # ---------------------------------------------------------------------------------------------
 # libzstd, bound at import with dlopen/dlsym (no header, no link-time dependency)
@@ -913,14 +927,8 @@ cdef object _diagnose(const char* src, size_t src_size, ZstdDict zdict, str data
 
 
 # ---------------------------------------------------------------------------------------------
-# Indices
-
-cdef Py_ssize_t _index_error(object i, Py_ssize_t n) except -1:
-    i = operator.index(i)
-    if i < 0:
-        raise IndexError(f"index {int(i)} out of range for {n} examples")
-    raise IndexError(f"index {i} out of range for {n} examples")
-
+# Indices: the rules (and their messages) are _contract.normalize_index and block_number; the
+# common case is decided here in C, anything else is handed to them.
 
 cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
     """``i`` as an index in [0, n): negative counts from the end; IndexError outside."""
@@ -928,39 +936,206 @@ cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
     cdef long long k
     if PyLong_CheckExact(i):
         k = PyLong_AsLongLongAndOverflow(i, &overflow)
-    else:
-        k = PyLong_AsLongLongAndOverflow(PyNumber_Index(i), &overflow)
-    if overflow == 0:
-        if k < 0:
-            k += n
-            if k >= 0:
+        if overflow == 0:
+            if k < 0:
+                k += n
+                if k >= 0:
+                    return <Py_ssize_t>k
+            elif k < n:
                 return <Py_ssize_t>k
-        elif k < n:
-            return <Py_ssize_t>k
-    return _index_error(i, n)
+    return normalize_index(i, n)
 
 
-cdef inline Py_ssize_t _block_of(object b, Py_ssize_t n_blocks) noexcept:
-    """``b`` if it is an int in [0, n_blocks), else -1 (never raises)."""
+cdef inline Py_ssize_t _block_index(object b, Py_ssize_t n_blocks) except -1:
+    """``b`` as a block number in [0, n_blocks); IndexError outside."""
     cdef int overflow = 0
     cdef long long k
-    if not PyLong_CheckExact(b):
-        return -1
-    k = PyLong_AsLongLongAndOverflow(b, &overflow)
-    if overflow or k < 0 or k >= n_blocks:
-        return -1
-    return <Py_ssize_t>k
+    if PyLong_CheckExact(b):
+        k = PyLong_AsLongLongAndOverflow(b, &overflow)
+        if overflow == 0 and 0 <= k < n_blocks:
+            return <Py_ssize_t>k
+    return block_number(b, n_blocks)
 
 
-cdef Py_ssize_t _block_index(object b, Py_ssize_t n_blocks) except -1:
-    """``b`` as a block number, IndexError outside [0, n_blocks) (however large ``b`` is)."""
-    cdef int overflow = 0
-    cdef long long k = PyLong_AsLongLongAndOverflow(
-        b if PyLong_CheckExact(b) else PyNumber_Index(b), &overflow
-    )
-    if overflow == 0 and 0 <= k < n_blocks:
-        return <Py_ssize_t>k
-    raise IndexError(f"block {b} out of range for {n_blocks} blocks")
+# ---------------------------------------------------------------------------------------------
+# The block cache (see atlas_fast._contract for its semantics)
+#
+# Every method runs with the GIL held and calls no Python code while the list and the dict
+# disagree, so the GIL alone guards them: no lock to take, none to renew after fork. Entries
+# dropped are released only once the structure is consistent again (freeing examples may run
+# arbitrary code, which may come back here).
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class _Entry:
+    """A cached block: its examples, and room for what partial decoding will keep.
+
+    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None),
+    ``offsets`` per-example positions in ``data`` and ``partial`` a resumable decompression
+    state (None until a core fills them); ``nbytes`` what it counts against the budget.
+    ``live``: the cache holds it (it is then in the dict and the list); a reader's last entry
+    may outlive it, emptied.
+    """
+
+    cdef object key
+    cdef Py_ssize_t block
+    cdef list examples
+    cdef object data
+    cdef object offsets
+    cdef object partial
+    cdef Py_ssize_t nbytes
+    cdef bint live
+    cdef PyObject* newer  # borrowed: the cache's dict owns every live entry
+    cdef PyObject* older
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class BlockCache:
+    """Decoded blocks, least recently used evicted first, bounded in bytes and/or blocks."""
+
+    cdef dict _entries  # key -> _Entry: owns them
+    cdef PyObject* _newest
+    cdef PyObject* _oldest
+    cdef Py_ssize_t _count
+    cdef Py_ssize_t _bytes
+    cdef Py_ssize_t _max_bytes  # -1: no bound
+    cdef Py_ssize_t _max_blocks  # -1: no bound
+    cdef Py_ssize_t _reserved
+    cdef unsigned long long _hits
+    cdef unsigned long long _misses
+
+    def __cinit__(self, max_bytes=None, max_blocks=None):
+        self._entries = {}
+        self._max_bytes = -1 if max_bytes is None else max_bytes
+        self._max_blocks = -1 if max_blocks is None else max_blocks
+        self._reserved = 1
+
+    def cache_info(self):
+        return CacheInfo(
+            self._hits,
+            self._misses,
+            None if self._max_bytes < 0 else self._max_bytes,
+            self._bytes,
+            self._count,
+            None if self._max_blocks < 0 else self._max_blocks,
+        )
+
+    @property
+    def reserved(self):
+        return self._reserved
+
+    def reserve(self, Py_ssize_t blocks):
+        if blocks > self._reserved:
+            self._reserved = blocks
+
+    def keys(self):
+        """``(tag, block)`` of the blocks held, least recently used first."""
+        cdef list out = []
+        cdef PyObject* p = self._oldest
+        while p != NULL:
+            out.append((<_Entry>p).key)
+            p = (<_Entry>p).newer
+        return out
+
+    def clear(self):
+        cdef list dropped = []
+        while self._oldest != NULL:
+            self._drop(<_Entry>self._oldest, dropped)
+
+    def _discard(self, tag):
+        """Drop every block of the reader tagged ``tag``."""
+        cdef list dropped = []
+        for e in [e for e in self._entries.values() if (<_Entry>e).key[0] == tag]:
+            self._drop(<_Entry>e, dropped)
+
+    cdef inline void _unlink(self, _Entry e) noexcept:
+        if e.newer != NULL:
+            (<_Entry>e.newer).older = e.older
+        else:
+            self._newest = e.older
+        if e.older != NULL:
+            (<_Entry>e.older).newer = e.newer
+        else:
+            self._oldest = e.newer
+        e.newer = NULL
+        e.older = NULL
+
+    cdef inline void _push(self, _Entry e) noexcept:
+        e.newer = NULL
+        e.older = self._newest
+        if self._newest != NULL:
+            (<_Entry>self._newest).newer = <PyObject*>e
+        self._newest = <PyObject*>e
+        if self._oldest == NULL:
+            self._oldest = <PyObject*>e
+
+    cdef inline void _hit(self, _Entry e) noexcept:
+        """A hit on live entry ``e``: now the most recent."""
+        self._hits += 1
+        if self._newest != <PyObject*>e:
+            self._unlink(e)
+            self._push(e)
+
+    cdef _Entry _get(self, object key):
+        """The live entry holding examples for ``key`` (a hit), or None (a miss)."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        if found == NULL or (<_Entry>found).examples is None:
+            self._misses += 1
+            return None
+        self._hit(<_Entry>found)
+        return <_Entry>found
+
+    cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
+        """Cache ``examples`` as block ``key``; an entry already there (another thread's) wins."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        cdef list dropped = []
+        cdef _Entry e
+        if found != NULL:
+            e = <_Entry>found
+            if e.examples is not None:
+                if self._newest != found:
+                    self._unlink(e)
+                    self._push(e)
+                return e
+            self._drop(e, dropped)
+        e = _Entry.__new__(_Entry)
+        e.key = key
+        e.block = block
+        e.examples = examples
+        e.nbytes = nbytes
+        self._entries[key] = e
+        e.live = True
+        self._push(e)
+        self._count += 1
+        self._bytes += nbytes
+        while self._count > self._reserved and (
+            (self._max_bytes >= 0 and self._bytes > self._max_bytes)
+            or (self._max_blocks >= 0 and self._count > self._max_blocks)
+        ):
+            self._drop(<_Entry>self._oldest, dropped)
+        return e
+
+    cdef int _drop(self, _Entry e, list dropped) except -1:
+        """Unlink ``e``; what it held goes to ``dropped``, released by the caller's return."""
+        dropped.append((e, e.examples, e.data, e.offsets, e.partial))
+        self._unlink(e)
+        del self._entries[e.key]
+        self._count -= 1
+        self._bytes -= e.nbytes
+        e.live = False
+        e.examples = None
+        e.data = None
+        e.offsets = None
+        e.partial = None
+        return 0
+
+
+cdef inline Py_ssize_t _data_size(object data) noexcept:
+    if type(data) is bytes:
+        return PyBytes_GET_SIZE(data)
+    return (<_BlockView>data).size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -969,57 +1144,53 @@ cdef Py_ssize_t _block_index(object b, Py_ssize_t n_blocks) except -1:
 
 @cython.auto_pickle(False)
 cdef class ShardCore:
-    """Reads the blocks of one shard: mmap'd data.bin, C index math, libzstd, cached block.
+    """Reads the blocks of one shard: mmap'd data.bin, C index math, libzstd, the cache."""
 
-    On a miss of its one cached block, ``__getitem__`` and ``_read_block`` call
-    ``self._load_block(b)`` by attribute lookup, so the public class's block cache sits
-    behind the C fast path (see atlas_fast._pyreader for the contract), unless
-    ``_direct_load`` is set: then a miss decodes in C.
-    """
-
-    cdef readonly str _path
+    cdef readonly str _root
     cdef readonly str _data_path
     cdef readonly Py_ssize_t _n
     cdef readonly Py_ssize_t _block_size
     cdef readonly Py_ssize_t _n_blocks
+    cdef Py_ssize_t _last_length  # examples in the last block
     cdef readonly bint _compressed
-    cdef readonly object _loads
-    # Set together by _ensure_open under _lock (and cleared by _close under it); read under
-    # the GIL, and held in locals by a reader across its nogil decompression.
+    cdef object _loads
+    cdef object _metadata
+    cdef object _dict_bytes
+    cdef BlockCache _cache
+    cdef object _tag
+    # The entry of the block last read: a hit on it skips the dict. Read and replaced under
+    # the GIL; only trusted while live.
+    cdef _Entry _last
+    # Set together by _open under _lock (and cleared by close under it); read under the GIL,
+    # and held in locals by a reader across its nogil decompression.
     cdef object _offsets  # the validated numpy array (None: not open)
     cdef const uint64_t* _offs  # its data
     cdef _Mapping _mapping
     cdef ZstdDict _zdict
-    # The last block loaded: read and replaced under the GIL. It is a list handed out by
-    # _read_block too, so a hit checks its length (a caller may have emptied it).
-    cdef Py_ssize_t _cache_block
-    cdef object _cache_list
-    # True: a miss decodes in C without calling the _load_block hook. Set by the public
-    # class when its block cache adds nothing to this one (see _batch.ShardLoading).
-    cdef public bint _direct_load
     cdef PyThread_type_lock _lock
     cdef unsigned long _lock_generation
 
     def __cinit__(self, *args, **kwargs):
-        self._cache_block = -1
         self._lock = _new_lock()
         self._lock_generation = _generation
 
-    def _core_init(self, path, data_path, n_examples, block_size, compressed, loads):
-        """Set the shard up; nothing is opened until first use."""
-        self._path = str(path)
-        self._data_path = str(data_path)
-        self._n = n_examples
-        self._block_size = block_size
-        self._compressed = bool(compressed)
-        self._loads = loads
-        self._n_blocks = -(-n_examples // block_size)
-        self._offsets = None
-        self._offs = NULL
-        self._mapping = None
-        self._zdict = None
-        self._cache_block = -1
-        self._cache_list = None
+    def __init__(self, root, metadata, dict_bytes=None, loads=None, cache=None, tag=0):
+        check_shared_dict(root, metadata, dict_bytes)
+        self._root = str(root)
+        self._data_path = os.path.join(self._root, DATA_FILE)
+        self._metadata = metadata
+        self._dict_bytes = dict_bytes
+        self._n = metadata.stored_examples
+        self._block_size = metadata.block_size
+        self._n_blocks = block_count(self._n, self._block_size)
+        self._last_length = (
+            expected_block_length(self._n, self._block_size, self._n_blocks - 1)
+            if self._n_blocks else 0
+        )
+        self._compressed = metadata.compression_strategy != 0
+        self._loads = pickle.loads if loads is None else loads
+        self._cache = BlockCache(DEFAULT_CACHE_BYTES, None) if cache is None else cache
+        self._tag = tag
 
     def __len__(self):
         return self._n
@@ -1031,27 +1202,102 @@ cdef class ShardCore:
         """Example ``k``, 0 <= k < _n."""
         cdef Py_ssize_t b = k // self._block_size
         cdef Py_ssize_t j = k - b * self._block_size
-        cdef object examples
-        if b == self._cache_block:
-            examples = self._cache_list
-            if j < PyList_GET_SIZE(examples):
-                return <object>PyList_GET_ITEM(examples, j)
-            return PyObject_GetItem(examples, j)  # checked (boundscheck is off for [j])
-        if self._direct_load:
-            examples = self._load_c(b)
+        cdef _Entry e = self._last
+        cdef list examples
+        if e is not None and e.block == b and e.examples is not None:
+            self._cache._hit(e)  # runs no Python code: e.examples stays
+            examples = e.examples
         else:
-            examples = self._load_block(b)
-        self._remember(b, examples)
-        if type(examples) is list and j < PyList_GET_SIZE(examples):
+            examples = self._examples(b)
+        # A list handed out by read_block may have been emptied by its caller.
+        if j < PyList_GET_SIZE(examples):
             return <object>PyList_GET_ITEM(examples, j)
         return PyObject_GetItem(examples, j)
 
-    cdef inline void _remember(self, Py_ssize_t b, object examples) noexcept:
-        """Make ``examples`` the cached block ``b`` (only a list: the hit path indexes it)."""
-        cdef object _old = self._cache_list  # released only once the cache is consistent
-        if type(examples) is list:
-            self._cache_list = examples
-            self._cache_block = b
+    cdef list _examples(self, Py_ssize_t b):
+        """The examples of block ``b`` (0 <= b < blocks), from the cache or decoded (then
+        cached)."""
+        key = (self._tag, b)
+        cdef _Entry e = self._cache._get(key)
+        cdef list examples
+        if e is not None:
+            examples = e.examples  # read before any Python code can run
+        else:
+            data = self._decoded(b, True, True)
+            examples = self._unpickle_c(data, b)
+            e = self._cache._put(key, b, examples, _data_size(data))
+            # Another thread's copy may have won; releasing what _put evicted may have run
+            # code that evicted it already: ``examples`` stays valid either way.
+            if e.examples is not None:
+                examples = e.examples
+        self._last = e
+        return examples
+
+    # -- the contract (atlas_fast._contract.ShardCoreProtocol) ------------------------------
+
+    def read_block(self, b):
+        """The examples of block ``b``, through the cache."""
+        return self._examples(_block_index(b, self._n_blocks))
+
+    def block_bytes(self, b):
+        """The decoded pickle bytes of block ``b`` (not cached)."""
+        return self._decoded(_block_index(b, self._n_blocks), True)
+
+    def raw_block(self, b):
+        """The stored (possibly compressed) bytes of block ``b``."""
+        return self._decoded(_block_index(b, self._n_blocks), False)
+
+    def offsets(self):
+        """The validated block offsets (opening the shard's files on first use)."""
+        while self._offsets is None:
+            self._open()
+        return self._offsets
+
+    def __getitems__(self, indices):
+        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        cdef Py_ssize_t n = self._n
+        return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
+
+    def __iter__(self):
+        """Every example in order, the next blocks decompressing while one is handed out."""
+        return read_ahead((self, b) for b in range(self._n_blocks))
+
+    def cache_info(self):
+        return self._cache.cache_info()
+
+    def cache_reserve(self, blocks):
+        self._cache.reserve(blocks)
+
+    def close(self):
+        """Release the mapping, the dictionary and the cached blocks (reopened on next use)."""
+        cdef PyThread_type_lock lock = self._lock_get()
+        if lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        _acquire(lock)
+        # Dropped after the lock is released: freeing them may run arbitrary code.
+        dropped = (self._last, self._mapping, self._zdict, self._offsets)
+        self._last = None
+        self._offsets = None
+        self._offs = NULL
+        self._mapping = None
+        self._zdict = None
+        PyThread_release_lock(lock)
+        del dropped
+        self._cache._discard(self._tag)
+
+    # -- for _batch -------------------------------------------------------------------------
+
+    def _lookup(self, Py_ssize_t b):
+        cdef _Entry e = self._cache._get((self._tag, b))
+        return None if e is None else e.examples
+
+    def _load(self, Py_ssize_t b):
+        return self._examples(b)
+
+    def _store(self, Py_ssize_t b, data):
+        cdef list examples = self._unpickle_c(data, b)
+        cdef _Entry e = self._cache._put((self._tag, b), b, examples, _data_size(data))
+        return examples if e.examples is None else e.examples
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -1063,16 +1309,14 @@ cdef class ShardCore:
         return self._lock
 
     cdef int _open_lock_held(self) except -1:
-        offsets, zdict = self._open_files()
-        if zdict is not None and not isinstance(zdict, ZstdDict):
-            raise TypeError(f"{self._path}: _open_files returned a {type(zdict).__name__}")
+        offsets, zdict = open_files(self._root, self._metadata, self._dict_bytes, ZstdDict)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:
             raise AtlasFormatError(
-                f"{self._path}: {view.shape[0]} offsets for {self._n_blocks} blocks"
+                f"{self._root}: {view.shape[0]} offsets for {self._n_blocks} blocks"
             )
         cdef uint64_t end = view[self._n_blocks]
-        cdef str index_path = os.path.join(self._path, "index.npy")
+        cdef str index_path = os.path.join(self._root, INDEX_FILE)
         mapping = None
         if self._n_blocks:
             mapping = _map_file(self._data_path, end, index_path)
@@ -1094,12 +1338,6 @@ cdef class ShardCore:
         finally:
             PyThread_release_lock(lock)
         return 0
-
-    def _ensure_open(self):
-        """The validated offsets (opening the shard's files on first use)."""
-        while self._offsets is None:
-            self._open()
-        return self._offsets
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -1139,91 +1377,17 @@ cdef class ShardCore:
             memcpy(dst, mapping.ptr + start, size)
         return out
 
-    cdef object _load_c(self, Py_ssize_t b):
-        """The core's own miss path: block ``b`` decoded and unpickled; 0 <= b < blocks.
-
-        An uncompressed block is unpickled straight from the mapping (its size checked first,
-        as for every read; see the data.bin notes above).
-        """
-        return self._unpickle_c(self._decoded(b, True, True), b)
-
-    cdef object _unpickle_c(self, data, object b):
-        cdef Py_ssize_t k
+    cdef list _unpickle_c(self, data, Py_ssize_t b):
+        """Block ``b``'s examples from its pickle bytes, checked to be a list of its length."""
         cdef Py_ssize_t expected
         try:
             examples = self._loads(data)
         except Exception as exc:
             raise unpickle_error(exc, self._data_path, b) from exc
-        k = _block_of(b, self._n_blocks)
-        if k >= 0:
-            expected = min(self._block_size, self._n - k * self._block_size)
-            if type(examples) is list and PyList_GET_SIZE(examples) == expected:
-                return examples
+        expected = self._block_size if b < self._n_blocks - 1 else self._last_length
+        if type(examples) is not list or PyList_GET_SIZE(examples) != expected:
             check_block_examples(examples, expected, self._data_path, b)
-            return examples
-        expected_any = expected_block_length(self._n, self._block_size, b)
-        if type(examples) is not list or len(examples) != expected_any:
-            check_block_examples(examples, expected_any, self._data_path, b)
         return examples
-
-    def _read_block(self, b):
-        """The examples of block ``b`` (decoded once, then served from the cache)."""
-        cdef Py_ssize_t k = _block_of(b, self._n_blocks)
-        if k >= 0 and k == self._cache_block:
-            return self._cache_list
-        if self._direct_load and k >= 0:
-            examples = self._load_c(k)
-        else:
-            examples = self._load_block(b)
-        if k >= 0:
-            self._remember(k, examples)
-        return examples
-
-    def _load_block(self, b):
-        """The miss path of ``_read_block``: decode block ``b`` (the public class overrides
-        it to consult its block cache first)."""
-        return self._load_c(_block_index(b, self._n_blocks))
-
-    def _block_bytes(self, b):
-        """The decoded pickle bytes of block ``b``."""
-        return self._decoded(_block_index(b, self._n_blocks), True)
-
-    def _raw_block(self, b):
-        """The stored (possibly compressed) bytes of block ``b``."""
-        return self._decoded(_block_index(b, self._n_blocks), False)
-
-    def _decompress(self, raw, b):
-        """Decode ``raw``, stored bytes of block ``b``, with the shard's dictionary."""
-        cdef Py_buffer buf
-        cdef Py_ssize_t k = _block_index(b, self._n_blocks)
-        self._ensure_open()
-        cdef ZstdDict zdict = self._zdict
-        PyObject_GetBuffer(raw, &buf, 0)
-        try:
-            return _decompress(<const char*>buf.buf, <size_t>buf.len, zdict, self._data_path, k)
-        finally:
-            PyBuffer_Release(&buf)
-
-    def _unpickle(self, data, b):
-        """Unpickle block ``b``'s bytes and check it is a list of the right length."""
-        return self._unpickle_c(data, b)
-
-    def _close(self):
-        """Release the mapping, the dictionary and the cached block (reopened on next use)."""
-        cdef PyThread_type_lock lock = self._lock_get()
-        if lock == NULL:
-            raise MemoryError("cannot allocate a lock")
-        _acquire(lock)
-        # Dropped after the lock is released: freeing them may run arbitrary code.
-        dropped = (self._cache_list, self._mapping, self._zdict, self._offsets)
-        self._cache_block = -1
-        self._cache_list = None
-        self._offsets = None
-        self._offs = NULL
-        self._mapping = None
-        self._zdict = None
-        PyThread_release_lock(lock)
-        del dropped
 
     def __dealloc__(self):
         # self._lock is not freed: a lock from before a fork may be held by a lost thread,
@@ -1238,50 +1402,71 @@ cdef class ShardCore:
 
 @cython.auto_pickle(False)
 cdef class DatasetCore:
-    """Maps global indices onto the shards of a dataset (binary search in C)."""
+    """Maps global indices onto the shards of a dataset (binary search in C); a shard's
+    reader is made on its first use."""
 
-    cdef readonly list _shard_cores
-    cdef readonly list _ends
-    cdef readonly Py_ssize_t _total
+    cdef list _readers  # ShardCore or None (not used yet)
+    cdef list _shard_dirs
+    cdef list _sizes
+    cdef list _metadatas
+    cdef object _root
+    cdef object _dict_bytes
+    cdef object _loads
+    cdef BlockCache _cache
+    cdef Py_ssize_t _total
     cdef Py_ssize_t* _c_ends
     cdef Py_ssize_t _n_shards
-    cdef bint _direct  # every shard is a ShardCore whose __getitem__ is not overridden
 
     def __cinit__(self, *args, **kwargs):
         self._c_ends = NULL
-        self._shard_cores = []
-        self._ends = []
+        self._readers = []
 
-    def _core_init(self, shards, sizes):
-        """Set up the index over ``shards`` of ``sizes`` examples."""
-        shards = list(shards)
-        ends = []
-        total = 0
-        for size in sizes:
-            total += size
-            ends.append(total)
-        cdef Py_ssize_t n = len(ends)
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache):
+        cdef Py_ssize_t n = len(sizes)
+        cdef Py_ssize_t total = 0
         cdef Py_ssize_t* c_ends = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
         if c_ends == NULL:
             raise MemoryError()
         for k in range(n):
-            c_ends[k] = ends[k]
+            total += sizes[k]
+            c_ends[k] = total
         PyMem_Free(self._c_ends)
         self._c_ends = c_ends
         self._n_shards = n
-        self._shard_cores = shards
-        self._ends = ends
         self._total = total
-        base = ShardCore.__getitem__
-        self._direct = len(shards) == n and all(
-            isinstance(s, ShardCore) and type(s).__getitem__ is base for s in shards
-        )
+        self._root = str(root)
+        self._shard_dirs = list(shard_dirs)
+        self._sizes = list(sizes)
+        self._metadatas = list(metadatas)
+        self._dict_bytes = dict_bytes
+        self._loads = loads
+        self._cache = cache
+        self._readers = [None] * n
 
     def __dealloc__(self):
         PyMem_Free(self._c_ends)
 
     def __len__(self):
         return self._total
+
+    cdef inline ShardCore _reader_c(self, Py_ssize_t s):
+        cdef object reader = <object>PyList_GET_ITEM(self._readers, s)
+        if reader is not None:
+            return <ShardCore>reader
+        return self._make_reader(s)
+
+    cdef ShardCore _make_reader(self, Py_ssize_t s):
+        made = shard_reader(
+            ShardCore, self._root, self._shard_dirs[s], self._metadatas[s], self._sizes[s],
+            self._dict_bytes, self._loads, self._cache, s,
+        )
+        reader = self._readers[s]
+        if reader is None:  # another thread may have made it meanwhile: keep one
+            reader = self._readers[s] = made
+        return <ShardCore>reader
+
+    def _reader(self, Py_ssize_t s):
+        return self._reader_c(s)
 
     cdef inline Py_ssize_t _shard_of(self, Py_ssize_t k) noexcept:
         """The first shard whose end is past ``k`` (bisect_right over the ends)."""
@@ -1297,8 +1482,7 @@ cdef class DatasetCore:
                 hi = mid
         return lo
 
-    def _locate(self, i):
-        """The (shard number, local index) of global index ``i``."""
+    cdef tuple _locate(self, i):
         cdef Py_ssize_t k = _normalize(i, self._total)
         cdef Py_ssize_t s = self._shard_of(k)
         return s, k - (self._c_ends[s - 1] if s else 0)
@@ -1306,10 +1490,30 @@ cdef class DatasetCore:
     def __getitem__(self, i):
         cdef Py_ssize_t k = _normalize(i, self._total)
         cdef Py_ssize_t s = self._shard_of(k)
-        cdef Py_ssize_t j = k - (self._c_ends[s - 1] if s else 0)
-        cdef ShardCore shard
-        if self._direct:
-            shard = <ShardCore>PyList_GET_ITEM(self._shard_cores, s)
-            if j < shard._n:
-                return shard._get(j)
-        return self._shard_cores[s][j]
+        return self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0))
+
+    def __getitems__(self, indices):
+        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        return gather(self._reader, [self._locate(i) for i in indices])
+
+    def __iter__(self):
+        """Every example in order, the next blocks decompressing while one is handed out."""
+        return read_ahead(
+            (self._reader_c(s), b)
+            for s in range(self._n_shards)
+            if self._sizes[s]
+            for b in range(self._reader_c(s)._n_blocks)
+        )
+
+    def cache_info(self):
+        return self._cache.cache_info()
+
+    def cache_reserve(self, blocks):
+        self._cache.reserve(blocks)
+
+    def close(self):
+        """Release every shard's files and the cached blocks (they reopen on next use)."""
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+        self._cache.clear()

@@ -33,6 +33,8 @@ from ._source import Part, Source, SourceError
 __all__ = ["sources"]
 
 _FEATURE = "the mds converter"
+# Columns the library decodes to PIL images (one, or a list).
+_IMAGES = {"pil", "jpeg", "png", "list[pil]", "list[jpeg]", "list[png]", "jpeg_array", "jpegarray"}
 _KEYS = ("column_names", "column_encodings", "column_sizes", "raw_data", "samples")
 
 
@@ -135,15 +137,20 @@ def _read_shard(root: str, shard: dict) -> Iterator[dict]:
         raise SourceError(f"{path}: its index.json entry: {type(exc).__name__}: {exc}") from None
     offsets = _offsets(path, data, shard["samples"])
     fixed = list(reader.column_sizes)
+    images = [n for n, c in zip(shard["column_names"], shard["column_encodings"]) if c in _IMAGES]
     for j in range(shard["samples"]):
         sample = data[offsets[j] : offsets[j + 1]]
         _check_sizes(path, j, sample, fixed)
         try:
-            yield reader.decode_sample(sample)
+            example = reader.decode_sample(sample)
+            for name in images:  # PIL decodes lazily: load now, while the error is ours
+                for image in example[name] if isinstance(example[name], list) else [example[name]]:
+                    image.load()
         except Exception as exc:
             raise SourceError(
                 f"{path}: sample {j}: cannot decode: {type(exc).__name__}: {exc}"
             ) from None
+        yield example
 
 
 def _check_file(path: str, data: bytes, info: dict, hashing) -> None:

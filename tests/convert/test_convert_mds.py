@@ -302,3 +302,75 @@ def test_missing_files(tmp_path, streaming):
         sources(root)
     with pytest.raises(SourceError, match=r"nothing: no such file or directory"):
         sources(tmp_path / "nothing")
+
+
+# End to end, through the framework: ``convert()`` and ``atlas-fast convert``.
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_convert_end_to_end(tmp_path, atlas, streaming, reference, workers):
+    from convert_helpers import read_back
+
+    from atlas_fast.convert import convert
+
+    _, _, theirs = reference
+    _write(tmp_path / "src", compression="zstd", hashes=["xxh64"])
+    summary = convert(
+        tmp_path / "src", tmp_path / "out", "mds", workers=workers, verify=True, shard_size=15
+    )
+    assert summary.examples == SAMPLES and summary.shards >= 3 and summary.verified
+    got = read_back(atlas, tmp_path / "out")
+    assert len(got) == SAMPLES
+    for g, t in zip(got, theirs):
+        assert same(_plain(g), t)
+
+
+def test_cli_corrupt_shard_leaves_no_destination(tmp_path, capsys, streaming):
+    from convert_helpers import assert_absent
+
+    from atlas_fast import cli
+
+    root, path, _, data = _simple_shard(tmp_path, 2)
+    data[-3:] = b"\xff\xff\xff"  # the last sample's text: not UTF-8
+    path.write_bytes(bytes(data))
+    dst = tmp_path / "out"
+    assert cli.main(["convert", str(root), str(dst), "--from", "mds", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: sample " in err and "cannot decode" in err
+    assert_absent(dst)
+
+
+def test_convert_pickled_columns_option(tmp_path, atlas, streaming):
+    from convert_helpers import read_back
+
+    from atlas_fast.convert import convert
+
+    samples = [{"obj": {"set": {1, 2}}, "n": i} for i in range(4)]
+    _write(tmp_path / "p", columns={"obj": "pkl", "n": "int"}, samples=samples)
+    with pytest.raises(SourceError, match="allow_unsafe_types"):
+        convert(tmp_path / "p", tmp_path / "out", "mds")
+    convert(tmp_path / "p", tmp_path / "out", "mds", allow_unsafe_types=True)
+    assert read_back(atlas, tmp_path / "out") == samples
+
+
+def test_corrupt_image_is_named_by_sample(tmp_path, streaming):
+    """Images are decoded (PIL loads lazily) while the sample is read, so a broken one is a
+    SourceError here, not a PIL error when the writer pickles the example."""
+    from PIL import Image
+
+    from atlas_fast.convert._mds import sources
+
+    rng = np.random.default_rng(0)
+    samples = [{"png": _image(rng), "n": i} for i in range(3)]
+    _write(tmp_path / "m", columns={"png": "png", "n": "int"}, samples=samples)
+    path, info = _shard(tmp_path / "m")
+    data = bytearray(path.read_bytes())
+    offsets = np.frombuffer(bytes(data), np.uint32, info["samples"] + 1, 4)
+    idat = data.index(b"IDAT", int(offsets[1])) + 4
+    data[idat : idat + 8] = b"\x00" * 8
+    path.write_bytes(bytes(data))
+    part = sources(tmp_path / "m")[0].parts[0]
+    got = []
+    with pytest.raises(SourceError, match=rf"^{path}: sample 1: cannot decode: "):
+        got.extend(part.read())
+    assert len(got) == 1 and isinstance(got[0]["png"], Image.Image)
