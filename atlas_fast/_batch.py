@@ -3,7 +3,8 @@
 Part of the core side of the contract (``_contract``): called by ``_reader`` and ``_pyreader``
 only, never by the facade. It works on a core's shard readers through their core-internal
 methods ``_lookup(b)`` (the cached examples of block ``b``, or None, counted as a hit or a
-miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them) and ``block_bytes``.
+miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them),
+``_unpickle_block(b, data)`` (the same, not cached), ``_load(b)`` and ``block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -25,6 +26,7 @@ from ._format import (
     DICT_FILE,
     META_FILE,
     CompressionStrategy,
+    block_count,
     load_offsets,
     read_dict_file,
     read_shard_metadata,
@@ -32,8 +34,9 @@ from ._format import (
 
 __all__ = [
     "check_shared_dict",
+    "shard_layout",
     "open_files",
-    "shard_reader",
+    "ShardOpener",
     "gather",
     "read_ahead",
     "pool_size",
@@ -114,6 +117,18 @@ def check_shared_dict(root, metadata, dict_bytes) -> None:
         )
 
 
+def shard_layout(root, metadata, dict_bytes) -> tuple:
+    """What a shard core derives from its arguments, computed once for both cores:
+    ``(root, data path, examples, block size, blocks, compressed)``; refuses a strategy-2
+    shard without its dictionary."""
+    check_shared_dict(root, metadata, dict_bytes)
+    root = str(root)
+    n = metadata.stored_examples
+    size = metadata.block_size
+    compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
+
+
 def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
     """What reading a shard needs: (validated offsets, digested dictionary or None)."""
     offsets = load_offsets(root, metadata)
@@ -127,28 +142,41 @@ def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
     return offsets, None
 
 
-def shard_reader(shard_type, root, shard_dir, metadata, size, dict_bytes, loads, cache, tag):
-    """A dataset's reader of shard ``tag`` (``shard_dir``), made on its first use.
+class ShardOpener:
+    """What a dataset core needs to make the reader of shard ``s`` on its first use."""
 
-    ``metadata`` None: the shard's meta.json is read now and must agree with ``size``, the
-    number of examples the dataset's meta.json gives it.
-    """
-    if metadata is None:
-        metadata = read_shard_metadata(shard_dir)
-        if metadata.stored_examples != size:
+    __slots__ = ("root", "shard_dirs", "sizes", "metadatas", "dict_bytes", "loads", "cache")
+
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+        self.root = str(root)
+        self.shard_dirs = list(shard_dirs)
+        self.sizes = list(sizes)
+        self.metadatas = list(metadatas)
+        self.dict_bytes = dict_bytes
+        self.loads = loads
+        self.cache = cache
+
+    def make(self, shard_type, s: int):
+        """Shard ``s``'s reader. Its meta.json, when not parsed yet, is read now and must
+        agree with the size the dataset's meta.json gives it."""
+        shard_dir = self.shard_dirs[s]
+        metadata = self.metadatas[s]
+        if metadata is None:
+            metadata = read_shard_metadata(shard_dir)
+            if metadata.stored_examples != self.sizes[s]:
+                raise AtlasFormatError(
+                    f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                    f"{metadata.stored_examples} but {os.path.join(self.root, META_FILE)} "
+                    f"lists {self.sizes[s]} for shard {s}"
+                )
+        try:
+            return shard_type(shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s)
+        except MissingSharedDictionary as exc:
             raise AtlasFormatError(
-                f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
-                f"{metadata.stored_examples} but {os.path.join(root, META_FILE)} lists {size} "
-                f"for shard {tag}"
-            )
-    try:
-        return shard_type(str(shard_dir), metadata, dict_bytes, loads, cache, tag)
-    except MissingSharedDictionary as exc:
-        raise AtlasFormatError(
-            f"{Path(root) / META_FILE}: the dataset has no shared dictionary (its "
-            f"compression_strategy is not 2), but shard "
-            f"{exc.shard_root} uses one (compression_strategy 2)"
-        ) from None
+                f"{os.path.join(self.root, META_FILE)}: the dataset has no shared dictionary "
+                f"(its compression_strategy is not 2), but shard {exc.shard_root} uses one "
+                "(compression_strategy 2)"
+            ) from None
 
 
 # -- the pool -------------------------------------------------------------------------------
@@ -228,29 +256,34 @@ def _place(examples: list, places: list, out: list) -> None:
 
 
 def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
-    """Decode the blocks ``todo`` and place their examples: decompress them all, then
-    unpickle in order.
+    """Decode the blocks ``todo`` and place their examples, a few blocks at a time.
 
-    The pool takes blocks from the front while this thread decompresses from the back, so
-    every thread spends this phase mostly without the GIL. Unpickling while the pool still
-    decompresses would hold the GIL for long runs and starve the pool threads.
+    A chunk of ``2 * pool_size()`` blocks is decompressed (the pool takes blocks from the
+    front while this thread decompresses from the back, so every thread spends this phase
+    mostly without the GIL), then unpickled in order. Unpickling while the pool still
+    decompresses would hold the GIL for long runs and starve the pool threads. Chunks bound
+    the decompressed bytes alive at once: a batch of random indices touches a block per
+    index, and holding them all would grow the heap by the whole batch's decoded size.
     """
-    futures = [_submit(reader.block_bytes, key[1]) for reader, key in todo]
-    data: list = [None] * len(todo)
-    try:
-        for k in range(len(todo) - 1, -1, -1):
-            if futures[k].cancel():  # not started: decode it here
-                reader, key = todo[k]
-                data[k] = reader.block_bytes(key[1])
-        for k, future in enumerate(futures):
-            if data[k] is None:
-                data[k] = future.result()
-    finally:
-        for future in futures:
-            future.cancel()
-    for k, (reader, key) in enumerate(todo):
-        _place(reader._store(key[1], data[k]), wanted[key], out)
-        data[k] = None
+    step = 2 * pool_size()
+    for first in range(0, len(todo), step):
+        chunk = todo[first : first + step]
+        futures = [_submit(reader.block_bytes, key[1]) for reader, key in chunk]
+        data: list = [None] * len(chunk)
+        try:
+            for k in range(len(chunk) - 1, -1, -1):
+                if futures[k].cancel():  # not started: decode it here
+                    reader, key = chunk[k]
+                    data[k] = reader.block_bytes(key[1])
+            for k, future in enumerate(futures):
+                if data[k] is None:
+                    data[k] = future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+        for k, (reader, key) in enumerate(chunk):
+            _place(reader._store(key[1], data[k]), wanted[key], out)
+            data[k] = None
 
 
 # -- read-ahead -----------------------------------------------------------------------------
@@ -274,13 +307,15 @@ class _Ahead:
     def result(self) -> list:
         if self.examples is not None:
             return self.examples
-        if not self.reader._compressed:
-            return self.reader._load(self.b)
+        reader = self.reader
         if self.future.cancel():  # not started (or never submitted): decode it here
-            data = self.reader.block_bytes(self.b)
+            data = reader.block_bytes(self.b)
         else:
             data = self.future.result()
-        return self.reader._store(self.b, data)
+        # Not cached: a pass in order would evict every block others keep, and holding
+        # decoded blocks it will not read again costs the pass itself (memory gone cold,
+        # longer garbage-collector passes). Blocks already cached are used.
+        return reader._unpickle_block(self.b, data)
 
 
 # Below this many stored bytes per block (on average), a pool hand-off costs about as much as
@@ -306,6 +341,7 @@ def read_ahead(blocks):
 
     The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
     unpickled and handed out; when the block needed has not started, this thread decodes it.
+    Blocks found in the cache are used; blocks decoded here are not added to it.
     Closing or dropping the generator cancels what has not started.
     """
     pending: deque = deque()

@@ -125,14 +125,21 @@ def _regular_size(path: Path) -> int:
     return st.st_size
 
 
-def _read_json_object(path: Path) -> dict:
+def _read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in ``path``, the meta.json of ``what`` ("dataset" or "shard")."""
     try:
         if _regular_size(path) > MAX_META_BYTES:
             raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
         with open(path, "rb") as f:
             text = f.read()
     except FileNotFoundError:
-        raise AtlasFormatError(f"{path}: missing (the root and each shard need one)") from None
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            raise AtlasFormatError(f"{parent}: the {what} directory does not exist") from None
+        raise AtlasFormatError(
+            f"{path}: meta.json is missing: the {what} was not completed (its writer did not "
+            f"finish: it writes meta.json last) or this is not an Atlas {what} directory"
+        ) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
     try:
@@ -198,7 +205,7 @@ def _check_strategy(path: Path, value: dict) -> int:
 def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
     """Parse and validate ``shard_dir/meta.json``."""
     path = os.path.join(shard_dir, META_FILE)  # a string: read on every shard's first use
-    value = _read_json_object(path)
+    value = _read_json_object(path, "shard")
     _check_keys(path, value, AtlasDatasetShardMetadata._fields)
     version = _check_version(path, value)
     block_size = _check_int(path, value, "block_size", minimum=1, maximum=MAX_COUNT)
@@ -216,7 +223,7 @@ def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
 def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
     """Parse and validate ``root/meta.json``."""
     path = Path(root) / META_FILE
-    value = _read_json_object(path)
+    value = _read_json_object(path, "dataset")
     _check_keys(path, value, AtlasDatasetMetadata._fields)
     version = _check_version(path, value)
     sizes = value["shard_sizes"]

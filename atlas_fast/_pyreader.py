@@ -30,13 +30,10 @@ from collections import OrderedDict
 
 import zstandard
 
-from ._batch import check_shared_dict, gather, open_files, read_ahead, shard_reader
+from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
 from ._contract import CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
-    DATA_FILE,
-    CompressionStrategy,
-    block_count,
     check_block_examples,
     check_zstd_content_size,
     expected_block_length,
@@ -312,15 +309,16 @@ class ShardCore:
     """Reads the blocks of one shard (the pure-Python core)."""
 
     def __init__(self, root, metadata, dict_bytes=None, loads=pickle.loads, cache=None, tag=0):
-        check_shared_dict(root, metadata, dict_bytes)
-        self._root = str(root)
-        self._data_path = os.path.join(self._root, DATA_FILE)
+        (
+            self._root,
+            self._data_path,
+            self._n,
+            self._block_size,
+            self._n_blocks,
+            self._compressed,
+        ) = shard_layout(root, metadata, dict_bytes)
         self._metadata = metadata
         self._dict_bytes = dict_bytes
-        self._n = metadata.stored_examples
-        self._block_size = metadata.block_size
-        self._n_blocks = block_count(self._n, self._block_size)
-        self._compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
         self._loads = loads
         self._cache = BlockCache() if cache is None else cache
         self._tag = tag
@@ -408,6 +406,9 @@ class ShardCore:
 
     def _load(self, b: int) -> list:
         return self._examples(b)
+
+    def _unpickle_block(self, b: int, data) -> list:
+        return self._unpickle(data, b)
 
     def _store(self, b: int, data) -> list:
         return self._cache._put((self._tag, b), b, self._unpickle(data, b), len(data))[1]
@@ -555,14 +556,10 @@ class DatasetCore:
     """Maps global indices onto the shards of a dataset; shard readers made on first use."""
 
     def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
-        self._root = str(root)
-        self._shard_dirs = list(shard_dirs)
-        self._sizes = list(sizes)
-        self._metadatas = list(metadatas)
-        self._dict_bytes = dict_bytes
-        self._loads = loads
+        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache)
+        self._sizes = self._opener.sizes
         self._cache = cache
-        self._readers = [None] * len(self._shard_dirs)
+        self._readers = [None] * len(self._sizes)
         ends = []
         total = 0
         for size in self._sizes:
@@ -577,17 +574,7 @@ class DatasetCore:
     def _reader(self, s: int) -> ShardCore:
         reader = self._readers[s]
         if reader is None:
-            made = shard_reader(
-                ShardCore,
-                self._root,
-                self._shard_dirs[s],
-                self._metadatas[s],
-                self._sizes[s],
-                self._dict_bytes,
-                self._loads,
-                self._cache,
-                s,
-            )
+            made = self._opener.make(ShardCore, s)
             reader = self._readers[s]
             if reader is None:  # another thread may have made it meanwhile: keep one
                 reader = self._readers[s] = made

@@ -122,6 +122,9 @@ class WriteJob:
     # Strategy 2, run 0: train in a thread while this run goes on reading (zstd's trainer
     # releases the GIL), as with several workers nobody else waits on this one core.
     train_in_background: bool = False
+    # Compression threads per shard writer: None for the writer's default (the cores); 1
+    # when several worker processes already share the cores.
+    compress_threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,7 @@ def write_run(job: WriteJob, emit) -> tuple:
             compression_dict=zdict,
             compression_dict_size=opts["compression_dict_size"],
             checksums=opts["checksums"],
+            **({} if job.compress_threads is None else {"workers": job.compress_threads}),
         )
         w.dict_dir = dict_dir
         return w
@@ -643,7 +647,15 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     tasks = [
         (
             write_run,
-            WriteJob(run, str(work / str(k)), str(dict_dir), options, k == 0, len(runs) > 1),
+            WriteJob(
+                run,
+                str(work / str(k)),
+                str(dict_dir),
+                options,
+                k == 0,
+                len(runs) > 1,
+                1 if len(runs) > 1 else None,
+            ),
         )
         for k, run in enumerate(runs)
     ]
