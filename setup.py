@@ -9,6 +9,7 @@ pure-Python backend, which is correct there. On CPython a failed compile is a fa
 install, never a silent fallback.
 """
 
+import glob
 import os
 import platform
 import sys
@@ -38,6 +39,8 @@ def _extensions() -> list:
     reader = Extension(
         "atlas_fast._reader",
         ["src/_reader.pyx"],
+        # Its units, included textually (see src/_reader.pyx): a change to one rebuilds it.
+        depends=[*sorted(glob.glob("src/*.pxi")), "src/zstd.pxd"],
         libraries=["dl"] if sys.platform.startswith("linux") else [],
         extra_compile_args=["-O0", "-g"] if debug else [],
         extra_link_args=["-g"] if debug else [],

@@ -10,7 +10,8 @@ A drop-in replacement for ``torch_atlas_ds``::
 
 from ._backend import BACKEND
 from ._backend import core as _core
-from ._errors import AtlasFormatError, UnsafePickleError
+from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
+from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
 from ._version import __version__
 from .atlas import (
     AtlasDataset,
@@ -32,7 +33,10 @@ __all__ = [
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
     "AtlasFormatError",
+    "MissingSharedDictionary",
     "UnsafePickleError",
+    "CacheInfo",
+    "DEFAULT_CACHE_BYTES",
     "BACKEND",
     "zstd_library",
     "__version__",

@@ -1,12 +1,10 @@
-"""High-throughput reading shared by both backends: batches, read-ahead, a bounded block cache.
+"""What both cores share above the hot path: opening a shard, batches and read-ahead.
 
-Built only on the backend core's primitives (``_block_bytes``, ``_unpickle``, ``_locate``, and
-the ``_load_block`` hook), so it serves the pure-Python and the compiled core alike.
-
-The block cache has two levels. The core keeps the last block it decoded and checks it first
-(the hot path, ``ds[i]`` in order, never leaves the core). On a miss the core calls
-``self._load_block(b)``, which ``ShardLoading`` overrides to consult a ``BlockCache``: an LRU
-bounded by a number of blocks and/or by decoded bytes, shared by every shard of a dataset.
+Part of the core side of the contract (``_contract``): called by ``_reader`` and ``_pyreader``
+only, never by the facade. It works on a core's shard readers through their core-internal
+methods ``_lookup(b)`` (the cached examples of block ``b``, or None, counted as a hit or a
+miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them),
+``_unpickle_block(b, data)`` (the same, not cached), ``_load(b)`` and ``block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -15,21 +13,38 @@ a forked child, whose copy has no threads, so DataLoader workers make their own.
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from ._format import DATA_FILE
+from ._errors import AtlasFormatError, MissingSharedDictionary
+from ._format import (
+    DATA_FILE,
+    DICT_FILE,
+    META_FILE,
+    CompressionStrategy,
+    block_count,
+    load_offsets,
+    read_dict_file,
+    read_shard_metadata,
+)
 
-__all__ = ["BlockCache", "ShardLoading", "DatasetLoading", "pool_size", "READ_AHEAD"]
+__all__ = [
+    "check_shared_dict",
+    "shard_layout",
+    "open_files",
+    "ShardOpener",
+    "gather",
+    "read_ahead",
+    "pool_size",
+    "READ_AHEAD",
+]
 
 # Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
-# READ_AHEAD + 1 decoded blocks are held per iterator). Enough that the pool never runs dry
-# while this thread unpickles: with 2 cores, 100-document compressed blocks read 1.44x the
-# sequential ``ds[i]`` loop with 8 ahead, 1.32x with 4, 1.18x with 2.
+# READ_AHEAD + 1 decoded blocks are held per iterator besides the cache).
 READ_AHEAD = 8
 
 
@@ -40,7 +55,6 @@ def pool_size() -> int:
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
 
 
 def _thread_pool() -> ThreadPoolExecutor:
@@ -57,15 +71,115 @@ def _thread_pool() -> ThreadPoolExecutor:
 def _after_fork_in_child() -> None:
     # The parent's pool threads do not exist here, and a lock may have been held by one of
     # them at fork time: start from nothing (the executor module forgets its threads itself).
-    global _pool, _pool_lock
+    global _pool, _pool_lock, _dicts_lock
     _pool = None
     _pool_lock = threading.Lock()
-    for cache in list(_caches):
-        cache._lock = threading.Lock()
+    _dicts_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- opening a shard ------------------------------------------------------------------------
+
+# One digested dictionary per backend and distinct dictionary content, shared by every shard
+# that uses it (strategy 2 digests its shared dictionary once per process, not once per shard).
+_dicts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_dicts_lock = threading.Lock()
+
+
+def _digested_dict(zstd_dict_type, data: bytes, path):
+    key = (zstd_dict_type, data)
+    with _dicts_lock:
+        zdict = _dicts.get(key)
+        if zdict is None:
+            try:
+                zdict = zstd_dict_type(data, str(path))
+            except Exception as exc:
+                raise AtlasFormatError(f"{path}: not a usable zstd dictionary: {exc}") from exc
+            _dicts[key] = zdict
+        return zdict
+
+
+def check_shared_dict(root, metadata, dict_bytes) -> None:
+    """Refuse a strategy-2 shard with examples but no shared dictionary."""
+    if (
+        metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+        and metadata.stored_examples
+        and dict_bytes is None
+    ):
+        raise MissingSharedDictionary(
+            f"{root}: the shard uses a shared dictionary (compression_strategy 2): pass "
+            "compression_dict_bytes, the bytes of the dataset's zstd_dict.bin, or open the "
+            "dataset with AtlasDataset",
+            root,
+        )
+
+
+def shard_layout(root, metadata, dict_bytes) -> tuple:
+    """What a shard core derives from its arguments, computed once for both cores:
+    ``(root, data path, examples, block size, blocks, compressed)``; refuses a strategy-2
+    shard without its dictionary."""
+    check_shared_dict(root, metadata, dict_bytes)
+    root = str(root)
+    n = metadata.stored_examples
+    size = metadata.block_size
+    compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
+
+
+def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
+    """What reading a shard needs: (validated offsets, digested dictionary or None)."""
+    offsets = load_offsets(root, metadata)
+    strategy = metadata.compression_strategy
+    if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        path = Path(root) / DICT_FILE
+        return offsets, _digested_dict(zstd_dict_type, read_dict_file(path), path)
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        path = Path(root).parent / DICT_FILE
+        return offsets, _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
+    return offsets, None
+
+
+class ShardOpener:
+    """What a dataset core needs to make the reader of shard ``s`` on its first use."""
+
+    __slots__ = ("root", "shard_dirs", "sizes", "metadatas", "dict_bytes", "loads", "cache")
+
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+        self.root = str(root)
+        self.shard_dirs = list(shard_dirs)
+        self.sizes = list(sizes)
+        self.metadatas = list(metadatas)
+        self.dict_bytes = dict_bytes
+        self.loads = loads
+        self.cache = cache
+
+    def make(self, shard_type, s: int):
+        """Shard ``s``'s reader. Its meta.json, when not parsed yet, is read now and must
+        agree with the size the dataset's meta.json gives it."""
+        shard_dir = self.shard_dirs[s]
+        metadata = self.metadatas[s]
+        if metadata is None:
+            metadata = read_shard_metadata(shard_dir)
+            if metadata.stored_examples != self.sizes[s]:
+                raise AtlasFormatError(
+                    f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                    f"{metadata.stored_examples} but {os.path.join(self.root, META_FILE)} "
+                    f"lists {self.sizes[s]} for shard {s}"
+                )
+        try:
+            return shard_type(shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s)
+        except MissingSharedDictionary as exc:
+            raise AtlasFormatError(
+                f"{os.path.join(self.root, META_FILE)}: the dataset has no shared dictionary "
+                f"(its compression_strategy is not 2), but shard {exc.shard_root} uses one "
+                "(compression_strategy 2)"
+            ) from None
+
+
+# -- the pool -------------------------------------------------------------------------------
 
 
 class _Inline:
@@ -91,127 +205,25 @@ def _submit(fn, *args):
         return _INLINE
 
 
-# -- the block cache ------------------------------------------------------------------------
+# -- batches --------------------------------------------------------------------------------
 
 
-def check_cache_limits(cache_blocks, cache_bytes) -> None:
-    """Refuse cache limits that are not positive integers (None: no limit of that kind)."""
-    for name, value, minimum in (
-        ("cache_blocks", cache_blocks, 1),
-        ("cache_bytes", cache_bytes, 0),
-    ):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} must be at least {minimum}, not {value}")
-    if cache_blocks is None and cache_bytes is None:
-        raise ValueError("cache_blocks=None (no limit on blocks) needs a cache_bytes limit")
-
-
-class BlockCache:
-    """Decoded blocks, least recently used evicted first; thread-safe.
-
-    Bounded by ``max_blocks`` blocks and/or ``max_bytes`` bytes of decoded pickle data (the
-    size of a block's pickle stands for the memory its examples take); None: no bound of that
-    kind. The most recent block is always kept, however large. Keys are
-    ``(shard tag, block number)``. ``_lock`` guards ``_entries`` and ``_bytes``.
-    """
-
-    __slots__ = ("max_blocks", "max_bytes", "_entries", "_bytes", "_lock", "__weakref__")
-
-    def __init__(self, max_blocks: int | None = 1, max_bytes: int | None = None) -> None:
-        check_cache_limits(max_blocks, max_bytes)
-        self.max_blocks = max_blocks
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict = OrderedDict()  # key -> (examples, nbytes)
-        self._bytes = 0
-        self._lock = threading.Lock()
-        _caches.add(self)
-
-    def get(self, key):
-        """The examples cached under ``key`` (now the most recent), or None."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
-
-    def put(self, key, examples: list, nbytes: int) -> None:
-        with self._lock:
-            entries = self._entries
-            old = entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            entries[key] = (examples, nbytes)
-            self._bytes += nbytes
-            max_blocks = self.max_blocks
-            max_bytes = self.max_bytes
-            while len(entries) > 1 and (
-                (max_blocks is not None and len(entries) > max_blocks)
-                or (max_bytes is not None and self._bytes > max_bytes)
-            ):
-                _, (_, size) = entries.popitem(last=False)
-                self._bytes -= size
-
-    def discard_tag(self, tag) -> None:
-        """Drop every block of the shard tagged ``tag``."""
-        with self._lock:
-            for key in [k for k in self._entries if k[0] == tag]:
-                _, size = self._entries.pop(key)
-                self._bytes -= size
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        """Decoded bytes of the blocks held."""
-        return self._bytes
-
-    def keys(self) -> list:
-        with self._lock:
-            return list(self._entries)
-
-
-# -- batches and read-ahead -----------------------------------------------------------------
-
-
-def _check_index(i, n: int) -> int:
-    # Same rules and messages as the core's __getitem__.
-    i = operator.index(i)
-    if i < 0:
-        i += n
-        if i < 0:
-            raise IndexError(f"index {i - n} out of range for {n} examples")
-    elif i >= n:
-        raise IndexError(f"index {i} out of range for {n} examples")
-    return i
-
-
-def _gather(shards: list, located: list) -> list:
+def gather(reader_of, located: list) -> list:
     """The examples at ``located`` ((shard number, local index) pairs, already checked).
 
-    Each block needed is decoded once: cached ones come from the cache, uncompressed ones are
-    read here, compressed ones are decompressed in parallel and unpickled here. A decoded
-    block gives its examples to the batch at once and is then let go (the cache keeps what
-    it is sized for), so a batch of random indices holds only its own examples, not every
-    block it touched.
+    ``reader_of(s)`` is shard ``s``'s reader. Each block needed is looked up once in the
+    cache; uncompressed misses are read here, compressed ones decompressed in parallel and
+    unpickled here, and every decoded block is cached.
     """
     out: list = [None] * len(located)
-    sizes: dict = {}  # shard number -> block size, for the shards involved
+    readers: dict = {}  # shard number -> (reader, block size)
     wanted: dict = {}  # (shard number, block) -> [(position in out, index in block)]
     for pos, (s, j) in enumerate(located):
-        size = sizes.get(s)
-        if size is None:
-            size = sizes[s] = shards[s].metadata.block_size
+        known = readers.get(s)
+        if known is None:
+            reader = reader_of(s)
+            known = readers[s] = (reader, reader._block_size)
+        size = known[1]
         key = (s, j // size)
         places = wanted.get(key)
         if places is None:
@@ -220,22 +232,21 @@ def _gather(shards: list, located: list) -> list:
             places.append((pos, j % size))
     todo = []
     for key, places in wanted.items():
-        shard = shards[key[0]]
-        examples = shard._cached_block(key[1])
-        if examples is None and not shard.metadata.compression_strategy:
+        reader = readers[key[0]][0]
+        examples = reader._lookup(key[1])
+        if examples is None and not reader._compressed:
             # Nothing to decompress: a thread would only add hand-offs (and the compiled
             # core unpickles straight from the mapping on this path).
-            examples = shard._read_block(key[1])
+            examples = reader._load(key[1])
         if examples is None:
-            todo.append(key)
+            todo.append((reader, key))
         else:
-            for pos, k in places:
-                out[pos] = examples[k]
+            _place(examples, places, out)
     if len(todo) == 1:
-        s, b = todo[0]
-        _place(_decoded(shards[s], b, shards[s]._block_bytes(b)), wanted[todo[0]], out)
+        reader, key = todo[0]
+        _place(reader._store(key[1], reader.block_bytes(key[1])), wanted[key], out)
     elif todo:
-        _decode_in_parallel(shards, todo, wanted, out)
+        _decode_in_parallel(todo, wanted, out)
     return out
 
 
@@ -244,94 +255,97 @@ def _place(examples: list, places: list, out: list) -> None:
         out[pos] = examples[k]
 
 
-def _decoded(shard, b: int, data) -> list:
-    examples = shard._unpickle(data, b)
-    shard._remember_block(b, examples, len(data))
-    return examples
+def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
+    """Decode the blocks ``todo`` and place their examples, a few blocks at a time.
 
-
-def _decode_in_parallel(shards: list, todo: list, wanted: dict, out: list) -> None:
-    """Decode the blocks ``todo`` and place their examples: decompress them all, then
-    unpickle in order.
-
-    The pool takes blocks from the front while this thread decompresses from the back, so
-    every thread spends this phase mostly without the GIL. Unpickling while the pool still
-    decompresses would hold the GIL for long runs and starve the pool threads, which need it
-    briefly around each block and otherwise wait a whole switch interval for it.
+    A chunk of ``2 * pool_size()`` blocks is decompressed (the pool takes blocks from the
+    front while this thread decompresses from the back, so every thread spends this phase
+    mostly without the GIL), then unpickled in order. Unpickling while the pool still
+    decompresses would hold the GIL for long runs and starve the pool threads. Chunks bound
+    the decompressed bytes alive at once: a batch of random indices touches a block per
+    index, and holding them all would grow the heap by the whole batch's decoded size.
     """
-    futures = [_submit(shards[s]._block_bytes, b) for s, b in todo]
-    data: list = [None] * len(todo)
-    try:
-        for k in range(len(todo) - 1, -1, -1):
-            if futures[k].cancel():  # not started: decode it here
-                s, b = todo[k]
-                data[k] = shards[s]._block_bytes(b)
-        for k, future in enumerate(futures):
-            if data[k] is None:
-                data[k] = future.result()
-    finally:
-        for future in futures:
-            future.cancel()
-    for k, (s, b) in enumerate(todo):
-        _place(_decoded(shards[s], b, data[k]), wanted[(s, b)], out)
-        data[k] = None
+    step = 2 * pool_size()
+    for first in range(0, len(todo), step):
+        chunk = todo[first : first + step]
+        futures = [_submit(reader.block_bytes, key[1]) for reader, key in chunk]
+        data: list = [None] * len(chunk)
+        try:
+            for k in range(len(chunk) - 1, -1, -1):
+                if futures[k].cancel():  # not started: decode it here
+                    reader, key = chunk[k]
+                    data[k] = reader.block_bytes(key[1])
+            for k, future in enumerate(futures):
+                if data[k] is None:
+                    data[k] = future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+        for k, (reader, key) in enumerate(chunk):
+            _place(reader._store(key[1], data[k]), wanted[key], out)
+            data[k] = None
+
+
+# -- read-ahead -----------------------------------------------------------------------------
 
 
 class _Ahead:
-    """One block of the read-ahead: its future, or its bytes once decoded here."""
+    """One block of the read-ahead: cached examples, its future, or its bytes decoded here."""
 
-    __slots__ = ("shard", "b", "future", "data")
+    __slots__ = ("reader", "b", "examples", "future", "data")
 
-    def __init__(self, shard, b: int, on_pool: bool) -> None:
-        self.shard = shard
+    def __init__(self, reader, b: int, on_pool: bool) -> None:
+        self.reader = reader
         self.b = b
         self.data = None
-        self.future = _submit(shard._block_bytes, b) if on_pool else _INLINE
+        self.examples = reader._lookup(b)
+        if self.examples is not None or not on_pool:
+            self.future = _INLINE
+        else:
+            self.future = _submit(reader.block_bytes, b)
 
-    def steal(self) -> bool:
-        """Decode here if the pool has not started; False if it has (or it is done)."""
-        if self.data is None and self.future.cancel():
-            self.data = self.shard._block_bytes(self.b)
-            return True
-        return False
-
-    def result(self):
-        if self.data is None and not self.steal():
-            self.data = self.future.result()
-        data, self.data = self.data, None
-        return data
+    def result(self) -> list:
+        if self.examples is not None:
+            return self.examples
+        reader = self.reader
+        if self.future.cancel():  # not started (or never submitted): decode it here
+            data = reader.block_bytes(self.b)
+        else:
+            data = self.future.result()
+        # Not cached: a pass in order would evict every block others keep, and holding
+        # decoded blocks it will not read again costs the pass itself (memory gone cold,
+        # longer garbage-collector passes). Blocks already cached are used.
+        return reader._unpickle_block(self.b, data)
 
 
 # Below this many stored bytes per block (on average), a pool hand-off costs about as much as
-# the decompression it moves (measured: 8-document zstd blocks of ~4 KB read at 0.66x the
-# ds[i] loop through the pool); such blocks are decoded on the calling thread.
+# the decompression it moves: such blocks are decoded on the calling thread.
 POOL_MIN_BLOCK_BYTES = 16 * 1024
 
 
-def _worth_the_pool(shard) -> bool:
-    """Whether ``shard``'s blocks are worth decompressing on the pool: compressed, and large
-    enough on average."""
-    if not shard.metadata.compression_strategy:
-        return False  # nothing to decompress
-    blocks = _block_count(shard)
+def _worth_the_pool(reader) -> bool:
+    """Whether ``reader``'s blocks are worth decompressing on the pool: compressed, and
+    large enough on average."""
+    if not reader._compressed:
+        return False
+    blocks = reader._n_blocks
     try:
-        stored = os.stat(shard.root / DATA_FILE).st_size
+        stored = os.stat(os.path.join(reader._root, DATA_FILE)).st_size
     except OSError:
         return True  # reading will report the problem
     return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES
 
 
-def _read_ahead(blocks):
-    """Every example of ``blocks`` ((shard, block number) pairs), in order.
+def read_ahead(blocks):
+    """Every example of ``blocks`` ((reader, block number) pairs), in order.
 
-    The next ``READ_AHEAD`` blocks are decompressed on the pool while one is unpickled and
-    handed out. When the block needed has not started, this thread decodes it; when it is
-    being decompressed, this thread waits (decompressing a later block here instead was
-    measured slower: it leaves the pool short of work and the cores oversubscribed).
-    Closing or dropping the generator cancels what has not started; nothing else outlives it.
+    The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
+    unpickled and handed out; when the block needed has not started, this thread decodes it.
+    Blocks found in the cache are used; blocks decoded here are not added to it.
+    Closing or dropping the generator cancels what has not started.
     """
     pending: deque = deque()
-    pooled: dict = {}  # id(shard) -> whether its blocks go to the pool
+    pooled: dict = {}  # id(reader) -> whether its blocks go to the pool
     blocks = iter(blocks)
     try:
         while True:
@@ -339,119 +353,14 @@ def _read_ahead(blocks):
                 nxt = next(blocks, None)
                 if nxt is None:
                     break
-                shard = nxt[0]
-                on_pool = pooled.get(id(shard))
+                reader = nxt[0]
+                on_pool = pooled.get(id(reader))
                 if on_pool is None:
-                    on_pool = pooled[id(shard)] = _worth_the_pool(shard)
-                pending.append(_Ahead(shard, nxt[1], on_pool))
+                    on_pool = pooled[id(reader)] = _worth_the_pool(reader)
+                pending.append(_Ahead(reader, nxt[1], on_pool))
             if not pending:
                 return
-            current = pending.popleft()
-            examples = current.shard._unpickle(current.result(), current.b)
-            yield from examples
+            yield from pending.popleft().result()
     finally:
         for later in pending:
             later.future.cancel()
-
-
-def _block_count(shard) -> int:
-    return -(-len(shard) // shard.metadata.block_size)
-
-
-# -- the mixins -----------------------------------------------------------------------------
-
-
-def _decodes_directly(cls, cache: BlockCache) -> bool:
-    """Whether the core may decode its misses itself, skipping the ``_load_block`` hook.
-
-    Only when that changes nothing: a one-block cache keeps no block the core's own last
-    block does not (so the default costs no Python call per block decoded), and the class
-    overrides none of the hook, ``_block_bytes`` and ``_unpickle`` (checked when the reader
-    is made: a class patched later is seen by readers made later).
-    """
-    if cache.max_blocks != 1 or cache.max_bytes is not None:
-        return False
-    core = next(c for c in cls.__mro__ if "_core_init" in vars(c))
-    return (
-        cls._load_block is ShardLoading._load_block
-        and cls._block_bytes is core._block_bytes
-        and cls._unpickle is core._unpickle
-    )
-
-
-class ShardLoading:
-    """Batched reads, read-ahead iteration and the bounded block cache of a shard."""
-
-    def _init_loading(self, cache_blocks, cache_bytes) -> None:
-        self.cache_blocks = cache_blocks
-        self.cache_bytes = cache_bytes
-        self._block_cache = BlockCache(cache_blocks, cache_bytes)
-        self._block_tag = 0
-        self._direct_load = _decodes_directly(type(self), self._block_cache)
-
-    def _share_block_cache(self, cache: BlockCache, tag) -> None:
-        """Use ``cache`` (a dataset's, shared by its shards) under key prefix ``tag``."""
-        self.cache_blocks = cache.max_blocks
-        self.cache_bytes = cache.max_bytes
-        self._block_cache = cache
-        self._block_tag = tag
-        self._direct_load = _decodes_directly(type(self), cache)
-
-    def _load_block(self, b: int) -> list:
-        # The core's miss path (its last block was not ``b``): the LRU, then decode.
-        key = (self._block_tag, b)
-        cache = self._block_cache
-        examples = cache.get(key)
-        if examples is None:
-            data = self._block_bytes(b)
-            examples = self._unpickle(data, b)
-            cache.put(key, examples, len(data))
-        return examples
-
-    def _cached_block(self, b: int):
-        return self._block_cache.get((self._block_tag, b))
-
-    def _remember_block(self, b: int, examples: list, nbytes: int) -> None:
-        self._block_cache.put((self._block_tag, b), examples, nbytes)
-
-    def _forget_blocks(self) -> None:
-        self._block_cache.discard_tag(self._block_tag)
-
-    def __getitems__(self, indices) -> list:
-        """The examples at ``indices``, in that order; each block needed is decoded once.
-
-        What ``DataLoader`` calls with a whole batch. Indices follow ``shard[i]``'s rules and
-        are all checked before anything is read. Blocks are decompressed in parallel.
-        """
-        n = len(self)
-        located = [(0, _check_index(i, n)) for i in indices]
-        return _gather([self], located)
-
-    def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return _read_ahead((self, b) for b in range(_block_count(self)))
-
-
-class DatasetLoading:
-    """Batched reads, read-ahead iteration and the block cache of a dataset (all shards)."""
-
-    def _init_loading(self, cache_blocks, cache_bytes) -> None:
-        self.cache_blocks = cache_blocks
-        self.cache_bytes = cache_bytes
-        self._block_cache = BlockCache(cache_blocks, cache_bytes)
-        for tag, shard in enumerate(self.shards):
-            shard._share_block_cache(self._block_cache, tag)
-
-    def __getitems__(self, indices) -> list:
-        """The examples at ``indices``, in that order; each block needed is decoded once.
-
-        What ``DataLoader`` calls with a whole batch. Indices follow ``ds[i]``'s rules and are
-        all checked before anything is read. Blocks are decompressed in parallel.
-        """
-        locate = self._locate
-        located = [locate(i) for i in indices]
-        return _gather(self.shards, located)
-
-    def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return _read_ahead((shard, b) for shard in self.shards for b in range(_block_count(shard)))

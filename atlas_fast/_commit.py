@@ -61,11 +61,15 @@ def commit_staged_shards(
     *,
     compression_strategy: int,
     shared_dict: bytes | None = None,
+    discard: Sequence = (),
 ) -> AtlasDatasetMetadata:
     """Move the shard directories ``staged`` (in dataset order) into ``root`` as its shards.
 
     ``root`` must hold no shard and no meta.json yet (staging directories inside it are fine).
     ``shared_dict`` is the strategy-2 dictionary every staged shard was compressed with.
+    ``discard``: directories (a staging area inside ``root``) removed once the shards are moved
+    and before meta.json appears, so no reader ever sees a complete dataset with a staging
+    directory in it (the reference takes every sub-directory for a shard, hidden ones too).
     Returns the dataset metadata written to ``root/meta.json``, the last file to appear.
     """
     root = Path(root)
@@ -84,6 +88,8 @@ def commit_staged_shards(
             os.replace(src, root / name)
         else:
             shutil.move(src, root / name)
+    for path in discard:
+        shutil.rmtree(path, ignore_errors=True)
     if shared_dict is not None:
         write_bytes_atomic(root / DICT_FILE, shared_dict)
     metadata = AtlasDatasetMetadata(VERSION, sizes, int(compression_strategy))

@@ -1,12 +1,28 @@
-"""Exceptions raised by atlas_fast (both backends raise the same ones)."""
+"""Exceptions raised by atlas_fast (both backends raise the same ones).
+
+Callers tell errors apart by type, never by message text: every problem with a dataset on disk
+is an ``AtlasFormatError``; the subclasses below name the cases a caller handles on its own.
+"""
 
 import pickle
 
-__all__ = ["AtlasFormatError", "UnsafePickleError"]
+__all__ = ["AtlasFormatError", "MissingSharedDictionary", "UnsafePickleError"]
 
 
 class AtlasFormatError(ValueError):
     """A dataset on disk is malformed: the message names the file and the problem."""
+
+
+class MissingSharedDictionary(AtlasFormatError):
+    """A shard compressed with a dataset's shared dictionary (strategy 2) was opened without it.
+
+    ``shard_root`` is the shard's directory. ``AtlasDataset`` raises a plain
+    ``AtlasFormatError`` about its own meta.json instead when one of its shards says so.
+    """
+
+    def __init__(self, message: str, shard_root) -> None:
+        super().__init__(message)
+        self.shard_root = shard_root
 
 
 class UnsafePickleError(pickle.UnpicklingError):

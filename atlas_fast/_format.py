@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import stat
 from enum import IntEnum
 from pathlib import Path
@@ -31,6 +33,7 @@ __all__ = [
     "read_shard_metadata",
     "read_dataset_metadata",
     "find_shard_dirs",
+    "shard_dir_names",
     "check_shard_sizes",
     "load_offsets",
     "read_dict_file",
@@ -122,13 +125,21 @@ def _regular_size(path: Path) -> int:
     return st.st_size
 
 
-def _read_json_object(path: Path) -> dict:
+def _read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in ``path``, the meta.json of ``what`` ("dataset" or "shard")."""
     try:
         if _regular_size(path) > MAX_META_BYTES:
             raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
-        text = path.read_bytes()
+        with open(path, "rb") as f:
+            text = f.read()
     except FileNotFoundError:
-        raise AtlasFormatError(f"{path}: missing (the root and each shard need one)") from None
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            raise AtlasFormatError(f"{parent}: the {what} directory does not exist") from None
+        raise AtlasFormatError(
+            f"{path}: meta.json is missing: the {what} was not completed (its writer did not "
+            f"finish: it writes meta.json last) or this is not an Atlas {what} directory"
+        ) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
     try:
@@ -193,8 +204,8 @@ def _check_strategy(path: Path, value: dict) -> int:
 
 def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
     """Parse and validate ``shard_dir/meta.json``."""
-    path = Path(shard_dir) / META_FILE
-    value = _read_json_object(path)
+    path = os.path.join(shard_dir, META_FILE)  # a string: read on every shard's first use
+    value = _read_json_object(path, "shard")
     _check_keys(path, value, AtlasDatasetShardMetadata._fields)
     version = _check_version(path, value)
     block_size = _check_int(path, value, "block_size", minimum=1, maximum=MAX_COUNT)
@@ -212,7 +223,7 @@ def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
 def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
     """Parse and validate ``root/meta.json``."""
     path = Path(root) / META_FILE
-    value = _read_json_object(path)
+    value = _read_json_object(path, "dataset")
     _check_keys(path, value, AtlasDatasetMetadata._fields)
     version = _check_version(path, value)
     sizes = value["shard_sizes"]
@@ -224,21 +235,28 @@ def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
     return AtlasDatasetMetadata(version, sizes, strategy)
 
 
-def find_shard_dirs(root: Path) -> list:
-    """The shard directories of ``root``, sorted by name as the reference sorts them.
+def shard_dir_names(root) -> list:
+    """The names of the shard directories of ``root``, sorted as the reference sorts them.
 
     Hidden directories (a leading dot, such as editor or notebook checkpoints) are not shards.
     """
-    root = Path(root)
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        with os.scandir(root) as entries:
+            names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
     except FileNotFoundError:
         raise AtlasFormatError(f"{root}: dataset root does not exist") from None
     except NotADirectoryError:
         raise AtlasFormatError(f"{root}: dataset root is not a directory") from None
     except OSError as exc:
         raise AtlasFormatError(f"{root}: cannot list the dataset root: {exc}") from exc
-    return [Path(e.path) for e in entries if e.is_dir() and not e.name.startswith(".")]
+    names.sort()
+    return names
+
+
+def find_shard_dirs(root: Path) -> list:
+    """The shard directories of ``root`` (Paths), sorted as the reference sorts them."""
+    root = Path(root)
+    return [root / name for name in shard_dir_names(root)]
 
 
 def check_shard_sizes(root: Path, metadata: AtlasDatasetMetadata, shards: list) -> None:
@@ -277,9 +295,9 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
     Checked here: a 1-D unsigned integer array, of the length the metadata implies, starting
     at 0 and never decreasing, ending at the size of data.bin.
     """
-    shard_dir = Path(shard_dir)
-    path = shard_dir / INDEX_FILE
-    data_path = shard_dir / DATA_FILE
+    # Plain strings (os.path): this runs on the first read of every shard.
+    path = os.path.join(shard_dir, INDEX_FILE)
+    data_path = os.path.join(shard_dir, DATA_FILE)
     raw = _load_npy(path)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1:
         raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
@@ -294,14 +312,17 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
     offsets = np.ascontiguousarray(raw, dtype=np.uint64)
     if offsets[0] != 0:
         raise AtlasFormatError(f"{path}: the first offset is {int(offsets[0])}, not 0")
-    if blocks and bool(np.any(offsets[1:] < offsets[:-1])):
-        bad = int(np.argmax(offsets[1:] < offsets[:-1]))
-        raise AtlasFormatError(
-            f"{path}: offsets decrease at block {bad} "
-            f"({int(offsets[bad])} then {int(offsets[bad + 1])})"
-        )
-    if blocks and bool(np.any(offsets[1:] == offsets[:-1])):
-        bad = int(np.argmax(offsets[1:] == offsets[:-1]))
+    if blocks == 1:
+        increasing = int(offsets[1]) > 0
+    else:
+        increasing = blocks == 0 or not bool((offsets[1:] <= offsets[:-1]).any())
+    if not increasing:
+        bad = int(np.argmax(offsets[1:] <= offsets[:-1]))
+        if offsets[bad + 1] < offsets[bad]:
+            raise AtlasFormatError(
+                f"{path}: offsets decrease at block {bad} "
+                f"({int(offsets[bad])} then {int(offsets[bad + 1])})"
+            )
         raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
     try:
         size = _regular_size(data_path)
@@ -322,38 +343,60 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    """A .npy array, its header checked against the file size before anything is allocated.
+# The header numpy writes for a 1-D array (what every index.npy and checksums.npy holds), parsed
+# without ``ast.literal_eval``; any other header goes through numpy's own parser.
+_NPY_SIMPLE_HEADER = re.compile(
+    rb"\{'descr': '([<>|]?[uif][1248])', 'fortran_order': (False|True), "
+    rb"'shape': \((\d+),\), \} *\n?"
+)
+
+
+def _npy_header(f) -> tuple:
+    """``(shape, fortran_order, dtype)`` of the .npy file ``f`` (at its start)."""
+    start = f.read(10)
+    if start[6:8] == b"\x01\x00" and len(start) == 10:
+        length = int.from_bytes(start[8:10], "little")
+        match = _NPY_SIMPLE_HEADER.fullmatch(f.read(length))
+        if match is not None:
+            shape = (int(match.group(3)),)
+            return shape, match.group(2) == b"True", np.dtype(match.group(1).decode())
+    f.seek(0)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f"unsupported .npy version {version}")
+
+
+def _load_npy(path) -> np.ndarray:
+    """A .npy array (read-only), its header checked against the file size before anything is
+    allocated.
 
     ``np.load`` alone would treat a non-.npy file as a pickle (refused, with a confusing
     message) and trust a header's shape when allocating.
     """
     try:
-        _regular_size(path)
+        _regular_size(path)  # before opening: a FIFO would block open()
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
                 raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
             f.seek(0)
             try:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif version == (2, 0):
-                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise ValueError(f"unsupported .npy version {version}")
+                shape, fortran, dtype = _npy_header(f)
                 if dtype.hasobject:
                     raise ValueError(f"dtype {dtype} holds Python objects")
-                needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                needed = math.prod(shape) * dtype.itemsize
                 available = size - f.tell()
                 if needed != available:
                     raise ValueError(
                         f"the header declares shape {shape} of {dtype} ({needed} bytes) but "
                         f"{available} bytes follow it"
                     )
-                f.seek(0)
-                return np.load(f, allow_pickle=False)
+                # Read once, the header parsed once (np.load would parse it again).
+                array = np.frombuffer(f.read(needed), dtype=dtype)
+                return array.reshape(shape, order="F" if fortran else "C")
             except AtlasFormatError:
                 raise
             except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...

@@ -1,45 +1,18 @@
-"""The pure-Python backend: the hot path of reading blocks, in plain Python.
+"""The pure-Python backend: the core of reading blocks, in plain Python.
 
-This module and the compiled ``atlas_fast._reader`` expose the same names with the same
-behaviour; the facade picks one at import (``atlas_fast.BACKEND``). The public classes in
-``atlas_fast.atlas`` subclass ``ShardCore`` and ``DatasetCore`` and add everything that is not
-hot: metadata, file discovery, pickling, validation (``_format``).
+This module and the compiled ``atlas_fast._reader`` implement the same contract
+(``atlas_fast._contract``) with the same behaviour; the facade picks one at import
+(``atlas_fast.BACKEND``). What both share above the hot path (opening a shard, batches,
+read-ahead) lives in ``_batch``; metadata and error wording in ``_format``.
 
-The contract a backend implements:
-
-``ZstdDict(data, path)``
-    A decompression dictionary, digested once and shared read-only by every shard using it.
-``ShardCore``
-    ``_core_init(path, data_path, n_examples, block_size, compressed, loads)`` sets it up.
-    Nothing is opened then: on first use the core calls ``self._open_files()`` (defined by the
-    public class) which returns ``(offsets, zdict)``: validated uint64 offsets and a
-    ``ZstdDict`` or None. ``__len__``, ``__getitem__`` (an int, negative from the end,
-    IndexError outside), ``_read_block(b)`` the cached list of block ``b``,
-    ``_block_bytes(b)`` its decoded pickle bytes, ``_unpickle(data, b)`` the checked list,
-    ``_close()`` releasing files and caches. The core caches only the last block it decoded;
-    on a miss, ``__getitem__`` and ``_read_block`` call ``self._load_block(b)`` through normal
-    attribute lookup (the core's own version is ``_unpickle(_block_bytes(b), b)``), so the
-    public classes can put a larger cache behind the one-block fast path. ``_direct_load``
-    (an attribute, False at ``_core_init``) set true skips the hook: a miss then decodes
-    with the core's own ``_block_bytes`` and ``_unpickle``, whatever the class overrides.
-``DatasetCore``
-    ``_core_init(shards, sizes)``; ``__len__``; ``__getitem__`` mapping a global index to its
-    shard; ``_locate(i)`` the (shard number, local index) pair.
-``zstd_library()``
-    Which libzstd decompresses, as a dict.
-
-Errors (both backends word them identically, by building them with the ``_format`` helpers):
-a short read of data.bin is ``truncated_block_error``; a frame declaring its size is checked
-with ``check_zstd_content_size`` before anything is allocated; a frame without one is
-streamed, never past ``max_block_bytes()`` (read when a shard opens or per block, not at
-import); a truncated frame is "<where>: the zstd frame is truncated", bytes after the frame
-"<where>: N bytes follow the zstd frame" (where = "<data.bin>: block <b>"), any other zstd
-failure ``zstd_frame_error`` (which names a wrong or missing dictionary from the frame's
-dictionary ID); an exception from ``loads`` through ``unpickle_error``; a result that is not
-a list of ``expected_block_length`` examples through ``check_block_examples``. ``ZstdDict``
-raises when zstd rejects the dictionary (the caller names the file). ``loads`` is
-``pickle.loads`` or the restricted unpickler of ``_safe_pickle`` (``trusted=False``): the core
-calls whichever it got.
+Errors as the compiled core words them: a short read of data.bin is
+``truncated_block_error``; a zstd frame whose header declares its size is decoded in one call
+and checked (``check_zstd_content_size`` first); one without a recorded size is streamed,
+never past ``max_block_bytes()``; a truncated frame is "<where>: the zstd frame is truncated",
+bytes after the frame "<where>: N bytes follow the zstd frame" (where = "<data.bin>: block
+<b>"), any other zstd failure ``zstd_frame_error``; an exception from ``loads`` through
+``unpickle_error``; a result that is not a list of ``expected_block_length`` examples through
+``check_block_examples``.
 
 Invariants: a core is safe to call from several threads (at method level) and in a forked
 child whatever the parent did; it holds no file descriptor between calls except through the
@@ -48,14 +21,17 @@ process-wide, bounded ``_FilePool``.
 
 from __future__ import annotations
 
-import operator
 import os
+import pickle
 import threading
+import weakref
 from bisect import bisect_right
 from collections import OrderedDict
 
 import zstandard
 
+from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
+from ._contract import CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
     check_block_examples,
@@ -67,9 +43,13 @@ from ._format import (
     zstd_frame_error,
 )
 
-__all__ = ["ZstdDict", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
+__all__ = ["ZstdDict", "BlockCache", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
 
 BACKEND = "python"
+
+# Input fed per step to a zstd frame without a recorded size (at most STREAM_STEP *
+# MAX_ZSTD_RATIO bytes of output each); the compiled core's C_CONSTANTS mirror it.
+STREAM_STEP = 4096
 
 
 def zstd_library() -> dict:
@@ -155,11 +135,14 @@ _files = _FilePool()
 # Bumped in a forked child: a shard's lock from an older generation may have been held by a
 # parent thread that does not exist in the child, so the shard replaces it on next use.
 _generation = [0]
+_caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
 
 
 def _after_fork_in_child() -> None:
     _files._after_fork_in_child()
     _generation[0] += 1
+    for cache in list(_caches):
+        cache._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -184,24 +167,165 @@ class _ThreadState(threading.local):
     zdict = None  # the ZstdDict that dctx was made for
 
 
-class ShardCore:
-    """Reads the blocks of one shard (the pure-Python hot path)."""
+class _Entry:
+    """A cached block: its examples, and room for what partial decoding will keep.
 
-    def _core_init(self, path, data_path, n_examples, block_size, compressed, loads) -> None:
-        self._path = str(path)
-        self._data_path = str(data_path)
-        self._n = n_examples
-        self._block_size = block_size
-        self._compressed = compressed
+    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None),
+    ``offsets`` per-example positions in ``data``, ``partial`` a resumable decompression
+    state (both None until a core fills them), ``nbytes`` what the block counts against the
+    budget, ``live`` whether the cache still holds it (a reader's last entry may outlive it).
+    """
+
+    __slots__ = ("key", "block", "examples", "data", "offsets", "partial", "nbytes", "live")
+
+    def __init__(self, key, block: int, examples, nbytes: int) -> None:
+        self.key = key
+        self.block = block
+        self.examples = examples
+        self.data = None
+        self.offsets = None
+        self.partial = None
+        self.nbytes = nbytes
+        self.live = True
+
+
+class BlockCache:
+    """Decoded blocks, least recently used evicted first (see ``atlas_fast._contract``).
+
+    ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts.
+    """
+
+    def __init__(self, max_bytes=None, max_blocks=None) -> None:
+        self.max_bytes = max_bytes
+        self.max_blocks = max_blocks
+        self._reserved = 1
+        self._entries: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._lock = threading.Lock()
+        _caches.add(self)
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(
+                self._hits,
+                self._misses,
+                self.max_bytes,
+                self._bytes,
+                len(self._entries),
+                self.max_blocks,
+            )
+
+    @property
+    def reserved(self) -> int:
+        return self._reserved
+
+    def reserve(self, blocks: int) -> None:
+        with self._lock:
+            self._reserved = max(self._reserved, int(blocks))
+
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._entries)
+
+    def _touch(self, entry: _Entry):
+        """A hit on ``entry`` (a reader's last one): its examples, or None if evicted since."""
+        with self._lock:
+            examples = entry.examples
+            if examples is not None:
+                self._hits += 1
+                self._entries.move_to_end(entry.key)
+            return examples
+
+    def _get(self, key) -> tuple:
+        """``(entry, examples)`` for ``key`` (now the most recent), or (None, None); counted."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.examples is None:
+                self._misses += 1
+                return None, None
+            self._hits += 1
+            self._entries.move_to_end(key)
+            return entry, entry.examples
+
+    def _put(self, key, block: int, examples: list, nbytes: int) -> tuple:
+        """Cache ``examples``: ``(entry, examples)``; an entry already there (another
+        thread's) wins."""
+        dropped = []
+        with self._lock:
+            entries = self._entries
+            entry = entries.get(key)
+            if entry is not None and entry.examples is not None:
+                entries.move_to_end(key)
+                return entry, entry.examples
+            if entry is not None:
+                self._drop_lock_held(entry, dropped)
+            entry = _Entry(key, block, examples, nbytes)
+            entries[key] = entry
+            self._bytes += nbytes
+            self._evict_lock_held(dropped)
+        return entry, examples
+
+    def _evict_lock_held(self, dropped: list) -> None:
+        entries = self._entries
+        max_bytes = self.max_bytes
+        max_blocks = self.max_blocks
+        while len(entries) > self._reserved and (
+            (max_bytes is not None and self._bytes > max_bytes)
+            or (max_blocks is not None and len(entries) > max_blocks)
+        ):
+            self._drop_lock_held(next(iter(entries.values())), dropped)
+
+    def _drop_lock_held(self, entry: _Entry, dropped: list) -> None:
+        # Dropped entries are freed by the caller once the lock is released: freeing
+        # examples may run arbitrary code.
+        del self._entries[entry.key]
+        self._bytes -= entry.nbytes
+        entry.live = False
+        dropped.append((entry.examples, entry.data))
+        entry.examples = entry.data = entry.offsets = entry.partial = None
+
+    def _discard(self, tag) -> None:
+        """Drop every block of the reader tagged ``tag``."""
+        dropped = []
+        with self._lock:
+            for entry in [e for e in self._entries.values() if e.key[0] == tag]:
+                self._drop_lock_held(entry, dropped)
+
+    def clear(self) -> None:
+        dropped = []
+        with self._lock:
+            for entry in list(self._entries.values()):
+                self._drop_lock_held(entry, dropped)
+
+
+class _ThreadState(threading.local):
+    dctx = None
+    zdict = None  # the ZstdDict that dctx was made for
+
+
+class ShardCore:
+    """Reads the blocks of one shard (the pure-Python core)."""
+
+    def __init__(self, root, metadata, dict_bytes=None, loads=pickle.loads, cache=None, tag=0):
+        (
+            self._root,
+            self._data_path,
+            self._n,
+            self._block_size,
+            self._n_blocks,
+            self._compressed,
+        ) = shard_layout(root, metadata, dict_bytes)
+        self._metadata = metadata
+        self._dict_bytes = dict_bytes
         self._loads = loads
-        self._n_blocks = -(-n_examples // block_size)
+        self._cache = BlockCache() if cache is None else cache
+        self._tag = tag
+        self._last = None  # the _Entry of the block last read (a fast path for hits)
         # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
         # never pairs one opening's offsets with another's dictionary.
         self._opened = None
-        self._cache = (-1, None)  # (block number, list): replaced whole, never mutated
-        # True: a miss decodes here without calling the _load_block hook. Set by the public
-        # class when its block cache adds nothing to this one (see _batch.ShardLoading).
-        self._direct_load = False
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
         self._tls = _ThreadState()
@@ -210,19 +334,84 @@ class ShardCore:
         return self._n
 
     def __getitem__(self, i):
-        n = self._n
-        i = operator.index(i)
-        if i < 0:
-            i += n
-            if i < 0:
-                raise IndexError(f"index {i - n} out of range for {n} examples")
-        elif i >= n:
-            raise IndexError(f"index {i} out of range for {n} examples")
-        b, j = divmod(i, self._block_size)
-        cached_block, examples = self._cache
-        if cached_block != b:
-            examples = self._read_block(b)
+        b, j = divmod(normalize_index(i, self._n), self._block_size)
+        entry = self._last
+        examples = None
+        if entry is not None and entry.block == b:
+            examples = self._cache._touch(entry)
+        if examples is None:
+            examples = self._examples(b)
         return examples[j]
+
+    def _examples(self, b: int) -> list:
+        """The examples of block ``b``, from the cache or decoded (then cached)."""
+        key = (self._tag, b)
+        entry, examples = self._cache._get(key)
+        if entry is None:
+            data = self._decoded(b)
+            entry, examples = self._cache._put(key, b, self._unpickle(data, b), len(data))
+        self._last = entry
+        return examples
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def read_block(self, b) -> list:
+        """The examples of block ``b``, through the cache."""
+        return self._examples(block_number(b, self._n_blocks))
+
+    def block_bytes(self, b) -> bytes:
+        """The decoded pickle bytes of block ``b``."""
+        return self._decoded(block_number(b, self._n_blocks))
+
+    def raw_block(self, b) -> bytes:
+        """The stored (possibly compressed) bytes of block ``b``."""
+        return self._raw(block_number(b, self._n_blocks))
+
+    def offsets(self):
+        """The validated block offsets, opening the shard's files on first use."""
+        return self._opened_files()[0]
+
+    def __getitems__(self, indices) -> list:
+        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        n = self._n
+        located = [(0, normalize_index(i, n)) for i in indices]
+        return gather(self._self_reader, located)
+
+    def _self_reader(self, s):
+        return self
+
+    def __iter__(self):
+        """Every example in order, the next blocks decompressing while one is handed out."""
+        return read_ahead((self, b) for b in range(self._n_blocks))
+
+    def cache_info(self) -> CacheInfo:
+        return self._cache.cache_info()
+
+    def cache_reserve(self, blocks: int) -> None:
+        self._cache.reserve(blocks)
+
+    def close(self) -> None:
+        """Release the shard's files and its cached blocks (it reopens on next use)."""
+        with self._lock():
+            self._last = None
+            self._opened = None
+            self._tls = _ThreadState()
+            _files.forget(self._data_path)
+        self._cache._discard(self._tag)
+
+    # -- for _batch -------------------------------------------------------------------------
+
+    def _lookup(self, b: int):
+        return self._cache._get((self._tag, b))[1]
+
+    def _load(self, b: int) -> list:
+        return self._examples(b)
+
+    def _unpickle_block(self, b: int, data) -> list:
+        return self._unpickle(data, b)
+
+    def _store(self, b: int, data) -> list:
+        return self._cache._put((self._tag, b), b, self._unpickle(data, b), len(data))[1]
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -233,7 +422,7 @@ class ShardCore:
         return self._open_lock
 
     def _opened_files(self) -> tuple:
-        """``(offsets, zdict)``, loading them on first use (again after ``_close``)."""
+        """``(offsets, zdict)``, loading them on first use (again after ``close``)."""
         opened = self._opened
         if opened is None:
             with self._lock():
@@ -242,16 +431,14 @@ class ShardCore:
                     # A descriptor pooled by an earlier opening may be of a file since
                     # replaced at this path: read the file that is validated now.
                     _files.forget(self._data_path)
-                    opened = self._opened = tuple(self._open_files())
+                    opened = self._opened = open_files(
+                        self._root, self._metadata, self._dict_bytes, ZstdDict
+                    )
         return opened
 
-    def _ensure_open(self):
-        return self._opened_files()[0]
-
-    def _raw_block(self, b: int, offsets=None) -> bytes:
-        """The stored (possibly compressed) bytes of block ``b``."""
+    def _raw(self, b: int, offsets=None) -> bytes:
         if offsets is None:
-            offsets = self._ensure_open()
+            offsets = self._opened_files()[0]
         start = int(offsets[b])
         end = int(offsets[b + 1])
         try:
@@ -262,12 +449,9 @@ class ShardCore:
             raise truncated_block_error(self._data_path, b, start, end, len(raw))
         return raw
 
-    def _block_bytes(self, b: int) -> bytes:
-        """The decoded pickle bytes of block ``b``."""
-        if not 0 <= b < self._n_blocks:
-            raise IndexError(f"block {b} out of range for {self._n_blocks} blocks")
+    def _decoded(self, b: int) -> bytes:
         offsets, zdict = self._opened_files()
-        raw = self._raw_block(b, offsets)
+        raw = self._raw(b, offsets)
         if not self._compressed:
             return raw
         return self._decompress(raw, b, zdict)
@@ -311,7 +495,7 @@ class ShardCore:
         parts = []
         total = 0
         pos = 0
-        step = 4096  # input per step: at most 4096 * MAX_ZSTD_RATIO bytes of output each
+        step = STREAM_STEP
         for pos in range(0, len(raw), step):
             part = stream.decompress(raw[pos : pos + step])
             total += len(part)
@@ -357,26 +541,6 @@ class ShardCore:
             )
         return error
 
-    def _read_block(self, b: int) -> list:
-        """The examples of block ``b`` (decoded once, then served from the cache)."""
-        cached_block, examples = self._cache
-        if cached_block == b:
-            return examples
-        if self._direct_load:
-            examples = self._unpickle(self._block_bytes(b), b)
-        else:
-            examples = self._load_block(b)
-        self._cache = (b, examples)
-        return examples
-
-    def _load_block(self, b: int) -> list:
-        """The miss path of ``_read_block``: decode block ``b``.
-
-        The public classes override it (``_batch.ShardLoading``) to consult their larger
-        block cache first; the core only ever checks its own last block before calling it.
-        """
-        return self._unpickle(self._block_bytes(b), b)
-
     def _unpickle(self, data, b: int) -> list:
         try:
             examples = self._loads(data)
@@ -387,22 +551,18 @@ class ShardCore:
             check_block_examples(examples, expected, self._data_path, b)
         return examples
 
-    def _close(self) -> None:
-        with self._lock():
-            self._cache = (-1, None)
-            self._opened = None
-            self._tls = _ThreadState()
-            _files.forget(self._data_path)
-
 
 class DatasetCore:
-    """Maps global indices onto the shards of a dataset (pure Python)."""
+    """Maps global indices onto the shards of a dataset; shard readers made on first use."""
 
-    def _core_init(self, shards, sizes) -> None:
-        self._shard_cores = list(shards)
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache)
+        self._sizes = self._opener.sizes
+        self._cache = cache
+        self._readers = [None] * len(self._sizes)
         ends = []
         total = 0
-        for size in sizes:
+        for size in self._sizes:
             total += size
             ends.append(total)
         self._ends = ends
@@ -411,18 +571,47 @@ class DatasetCore:
     def __len__(self) -> int:
         return self._total
 
-    def _locate(self, i):
-        n = self._total
-        i = operator.index(i)
-        if i < 0:
-            i += n
-            if i < 0:
-                raise IndexError(f"index {i - n} out of range for {n} examples")
-        elif i >= n:
-            raise IndexError(f"index {i} out of range for {n} examples")
-        s = bisect_right(self._ends, i)
-        return s, i - (self._ends[s - 1] if s else 0)
+    def _reader(self, s: int) -> ShardCore:
+        reader = self._readers[s]
+        if reader is None:
+            made = self._opener.make(ShardCore, s)
+            reader = self._readers[s]
+            if reader is None:  # another thread may have made it meanwhile: keep one
+                reader = self._readers[s] = made
+        return reader
+
+    def _locate(self, i) -> tuple:
+        k = normalize_index(i, self._total)
+        s = bisect_right(self._ends, k)
+        return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
         s, j = self._locate(i)
-        return self._shard_cores[s][j]
+        return self._reader(s)[j]
+
+    def __getitems__(self, indices) -> list:
+        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        locate = self._locate
+        return gather(self._reader, [locate(i) for i in indices])
+
+    def __iter__(self):
+        """Every example in order, the next blocks decompressing while one is handed out."""
+        return read_ahead(
+            (self._reader(s), b)
+            for s in range(len(self._readers))
+            if self._sizes[s]
+            for b in range(self._reader(s)._n_blocks)
+        )
+
+    def cache_info(self) -> CacheInfo:
+        return self._cache.cache_info()
+
+    def cache_reserve(self, blocks: int) -> None:
+        self._cache.reserve(blocks)
+
+    def close(self) -> None:
+        """Release every shard's files and the cached blocks (they reopen on next use)."""
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+        self._cache.clear()

@@ -206,7 +206,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                         ),
                     )
                 )
-        _record(found, data_path, b, lambda: shard._read_block(b))
+        _record(found, data_path, b, lambda: shard.read_block(b))
         return found
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -245,7 +245,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                     allowed_globals=allowed_globals,
                 )
                 offsets = load_offsets(shard_dir, metadata)
-                shard._open_files()  # the dictionary, as the reader will load it
+                shard.offsets()  # index and dictionary, as the reader will load them
             except Exception as exc:  # AtlasFormatError; anything else is reported too
                 problems.append(_problem(shard_dir, None, exc))
                 continue

@@ -5,37 +5,34 @@ are correct after ``fork``, readers pickle at any time, file descriptors stay bo
 below ``-len`` raise ``IndexError``, empty shards and roots read as empty, methods are safe to
 call from several threads, and zstd frames without a recorded size are read too.
 
-The hot path (``__getitem__`` and block decoding) comes from the backend's ``ShardCore`` and
-``DatasetCore``; this module adds what is not hot.
+The hot path (``__getitem__``, batches, iteration, the block cache) comes from the backend's
+``ShardCore`` and ``DatasetCore``, reached only through ``atlas_fast._contract``; this module
+adds what is not hot: metadata, shard discovery, pickling, settings.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
-import threading
-import weakref
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ._backend import core as _core
-from ._batch import DatasetLoading, ShardLoading, check_cache_limits
 from ._compat import torch_dataset_bases
-from ._errors import AtlasFormatError
+from ._contract import cache_limits
 from ._format import (
-    DATA_FILE,
     DICT_FILE,
-    META_FILE,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
     check_shard_sizes,
-    find_shard_dirs,
-    load_offsets,
     read_dataset_metadata,
     read_dict_file,
     read_shard_metadata,
+    shard_dir_names,
 )
 from ._safe_pickle import make_loads
 
@@ -48,33 +45,6 @@ __all__ = [
 ]
 
 _TORCH_BASES = torch_dataset_bases()
-
-# One digested dictionary per backend and distinct dictionary content, shared by every shard
-# that uses it (strategy 2 digests its shared dictionary once per process, not once per shard).
-# Keyed by backend too: a backend's cores accept only its own ZstdDict.
-_dicts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_dicts_lock = threading.Lock()
-
-
-def _digested_dict(core, data: bytes, path) -> object:
-    key = (core.BACKEND, data)
-    with _dicts_lock:
-        zdict = _dicts.get(key)
-        if zdict is None:
-            try:
-                zdict = core.ZstdDict(data, str(path))
-            except Exception as exc:
-                raise AtlasFormatError(f"{path}: not a usable zstd dictionary: {exc}") from exc
-            _dicts[key] = zdict
-        return zdict
-
-
-class _NeedsSharedDict(AtlasFormatError):
-    """A strategy-2 shard opened without the shared dictionary (the dataset rewords it)."""
-
-    def __init__(self, shard_root, message: str) -> None:
-        super().__init__(message)
-        self.shard_root = shard_root
 
 
 def _rebuild(cls, args, kwargs):
@@ -97,30 +67,51 @@ def _trust_kwargs(reader) -> dict:
     return {"trusted": reader.trusted, "allowed_globals": reader.allowed_globals}
 
 
-def _settings_kwargs(reader) -> dict:
-    """The keyword arguments a reader pickles with: its cache and trust settings."""
-    return {
-        "cache_blocks": reader.cache_blocks,
-        "cache_bytes": reader.cache_bytes,
-        **_trust_kwargs(reader),
-    }
-
-
 def _block_loads(trusted: bool, allowed_globals: tuple):
-    """The ``loads`` a shard core calls on each block's pickle bytes."""
+    """The ``loads`` a core calls on each block's pickle bytes."""
     if trusted:
         return pickle.loads
     return make_loads(allowed_globals)
 
 
-class _ShardMethods(ShardLoading):
+class _Settings:
+    """Settings shared by shards and datasets: trust, the cache, pickling, ``with``."""
+
+    def _init_settings(self, cache_blocks, cache_bytes, trusted, allowed_globals) -> tuple:
+        limits = cache_limits(cache_blocks, cache_bytes)
+        self.cache_blocks = cache_blocks
+        self.cache_bytes = cache_bytes
+        self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
+        return limits
+
+    def _settings_kwargs(self) -> dict:
+        """The keyword arguments a reader pickles with: its cache and trust settings."""
+        return {
+            "cache_blocks": self.cache_blocks,
+            "cache_bytes": self.cache_bytes,
+            **_trust_kwargs(self),
+        }
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __setstate__(self, state) -> None:
+        # What pickling keeps beyond the constructor's arguments: the blocks reserved in the
+        # cache (a BlockShuffleSampler's window), so DataLoader workers keep them too.
+        self.cache_reserve(state["cache_reserved"])
+
+
+class _ShardMethods(_Settings):
     """One shard of an Atlas dataset, read block by block.
 
     ``shard[i]`` returns example ``i`` (negative counts from the end). Files are opened on
-    first access; ``close()`` (or leaving a ``with`` block) releases them and the cached block,
-    and the shard stays usable. For strategy 2, ``compression_dict_bytes`` must hold the
-    dataset's shared dictionary. ``mmap_index`` is accepted for compatibility: the index is
-    small, so it is read once into memory and validated.
+    first access; ``close()`` (or leaving a ``with`` block) releases them and the cached
+    blocks, and the shard stays usable. For strategy 2, ``compression_dict_bytes`` must hold
+    the dataset's shared dictionary. ``mmap_index`` is accepted for compatibility: the index
+    is small, so it is read once into memory and validated.
 
     ``trusted=False`` unpickles blocks with a restricted unpickler that admits only plain
     data (builtin scalars and containers, datetime, numpy arrays, dtypes and scalars) and the
@@ -128,9 +119,11 @@ class _ShardMethods(ShardLoading):
     global raises ``atlas_fast.UnsafePickleError`` before its code runs. The default,
     ``trusted=True``, unpickles as the reference does: only open datasets you trust with it.
 
-    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound a cache of decoded blocks
-    (least recently used evicted; default: the last block only), ``shard.__getitems__(indices)``
-    reads a batch decoding each block once, in parallel, and ``iter(shard)`` reads ahead.
+    Beyond the reference: decoded blocks are kept in a cache bounded in bytes
+    (``cache_bytes``, default 32 MiB of decoded pickle) and/or in blocks (``cache_blocks``),
+    least recently used evicted first, reported by ``cache_info()``; ``shard.read_block(b)``
+    returns block ``b``'s examples; ``shard.__getitems__(indices)`` reads a batch decoding
+    each block once, in parallel; ``iter(shard)`` reads ahead.
     """
 
     VERSION = 1
@@ -141,70 +134,41 @@ class _ShardMethods(ShardLoading):
         mmap_index=True,
         compression_dict_bytes=None,
         *,
-        cache_blocks=1,
+        cache_blocks=None,
         cache_bytes=None,
         trusted=True,
         allowed_globals=(),
+        _dataset_cache=None,
     ):
-        check_cache_limits(cache_blocks, cache_bytes)
+        max_bytes, max_blocks = self._init_settings(
+            cache_blocks, cache_bytes, trusted, allowed_globals
+        )
         self.root = Path(root)
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
-        self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
         self.metadata = read_shard_metadata(self.root)
-        strategy = self.metadata.compression_strategy
-        if (
-            strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            and self.metadata.stored_examples
-            and compression_dict_bytes is None
-        ):
-            raise _NeedsSharedDict(
-                self.root,
-                f"{self.root}: the shard uses a shared dictionary "
-                "(compression_strategy 2): pass compression_dict_bytes, the bytes of the "
-                "dataset's zstd_dict.bin, or open the dataset with AtlasDataset",
-            )
-        self._core_init(
+        if _dataset_cache is None:  # a shard of its own
+            self._block_cache, tag = self._backend.BlockCache(max_bytes, max_blocks), 0
+        else:  # one of AtlasDataset.shards: the dataset's cache, under its shard number
+            self._block_cache, tag = _dataset_cache
+        super().__init__(
             str(self.root),
-            str(self.root / DATA_FILE),
-            self.metadata.stored_examples,
-            self.metadata.block_size,
-            strategy != CompressionStrategy.NO_COMPRESSION,
+            self.metadata,
+            compression_dict_bytes,
             _block_loads(self.trusted, self.allowed_globals),
+            self._block_cache,
+            tag,
         )
-        self._init_loading(cache_blocks, cache_bytes)
-
-    def _open_files(self):
-        """Load and check what reading needs: (validated offsets, digested dictionary)."""
-        offsets = load_offsets(self.root, self.metadata)
-        strategy = self.metadata.compression_strategy
-        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            path = self.root / DICT_FILE
-            zdict = _digested_dict(self._core, read_dict_file(path), path)
-        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            zdict = _digested_dict(
-                self._core, bytes(self.compression_dict_bytes), self.root.parent / DICT_FILE
-            )
-        else:
-            zdict = None
-        return offsets, zdict
-
-    def close(self) -> None:
-        """Release the shard's files and cached blocks (it reopens on next use)."""
-        self._close()
-        self._forget_blocks()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def __reduce__(self):
-        return _rebuild, (
-            type(self),
-            (self.root, self.mmap_index, self.compression_dict_bytes),
-            _settings_kwargs(self),
+        return (
+            _rebuild,
+            (
+                type(self),
+                (self.root, self.mmap_index, self.compression_dict_bytes),
+                self._settings_kwargs(),
+            ),
+            {"cache_reserved": self._block_cache.reserved},
         )
 
     def __repr__(self):
@@ -215,18 +179,89 @@ class _ShardMethods(ShardLoading):
         )
 
 
-class _DatasetMethods(DatasetLoading):
+def _shard_sizes(root: Path, metadata: AtlasDatasetMetadata, names: list) -> tuple:
+    """``(sizes, metadatas)`` of the shards in the folders ``names`` of ``root``.
+
+    When the shard folders are exactly those the root's ``shard_sizes`` lists, the sizes come
+    from it and no shard is read now (each shard's meta.json is checked against it on first
+    use: metadatas are None). Otherwise (a node holding only some shards) each present shard's
+    own meta.json gives its size, as the reference reads them.
+    """
+    listed = metadata.shard_sizes
+    if len(names) == len(listed) and all(n.isascii() and n.isdigit() for n in names):
+        if [int(n) for n in names] == list(range(len(listed))):
+            return list(listed), [None] * len(listed)
+    shard_dirs = [root / n for n in names]
+    metadatas = [read_shard_metadata(d) for d in shard_dirs]
+    check_shard_sizes(root, metadata, list(zip(shard_dirs, metadatas)))
+    return [m.stored_examples for m in metadatas], metadatas
+
+
+class _Shards(Sequence):
+    """``AtlasDataset.shards``: the shard objects, each made on first access.
+
+    Each reads through the dataset's block cache, under its shard number. Holds what making
+    them needs, not the dataset (no reference cycle: a dataset is freed, and its mappings
+    released, as soon as it is dropped).
+    """
+
+    def __init__(self, dataset, cache) -> None:
+        self._module = type(dataset).__module__
+        self._dirs = dataset._shard_dirs
+        self._args = (dataset.mmap_index, dataset._dict_bytes)
+        self._kwargs = _trust_kwargs(dataset)
+        self._cache = cache
+        self._made = [None] * len(self._dirs)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self._made)))]
+        shard = self._made[k]
+        if shard is None:
+            k = k % len(self._made)
+            # Looked up in the module at call time, as the reference does, so that patching
+            # ``atlas_fast.atlas.AtlasDatasetShard`` is honoured.
+            shard_class = sys.modules[self._module].AtlasDatasetShard
+            shard = shard_class(
+                self._dirs[k], *self._args, **self._kwargs, _dataset_cache=(self._cache, k)
+            )
+            self._made[k] = shard
+        return shard
+
+    def __eq__(self, other):
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def made(self) -> list:
+        """The shard objects made so far."""
+        return [s for s in self._made if s is not None]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} shards>"
+
+
+class _DatasetMethods(_Settings):
     """An Atlas dataset: the shards under ``root``, indexed as one sequence.
 
-    The shards are the sub-directories of ``root`` in sorted order; each shard's size comes
-    from its own meta.json, so a node holding only some shards reads the ones it has, with
-    indices running over the shards present. ``close()`` (or a ``with`` block) releases every
-    shard's files. ``trusted`` and ``allowed_globals`` are passed to every shard (see
-    ``AtlasDatasetShard``).
+    The shards are the sub-directories of ``root`` in sorted order. When they are exactly the
+    shards the root's meta.json lists, opening reads only that file: a shard's own files are
+    read on its first use (its meta.json checked against the root's). Otherwise each shard's
+    size comes from its own meta.json, so a node holding only some shards reads the ones it
+    has, with indices running over the shards present. ``close()`` (or a ``with`` block)
+    releases every shard's files. ``trusted`` and ``allowed_globals`` are passed to every
+    shard (see ``AtlasDatasetShard``).
 
-    Beyond the reference: ``cache_blocks`` / ``cache_bytes`` bound one cache of decoded blocks
-    shared by all shards (default: the last block only), ``ds.__getitems__(indices)`` reads a
-    batch decoding each block once, in parallel, and ``iter(ds)`` reads ahead.
+    Beyond the reference: one cache of decoded blocks shared by all shards, bounded in bytes
+    (``cache_bytes``, default 32 MiB of decoded pickle) and/or in blocks (``cache_blocks``),
+    least recently used evicted first, reported by ``cache_info()``;
+    ``ds.__getitems__(indices)`` reads a batch decoding each block once, in parallel, and
+    ``iter(ds)`` reads ahead.
     """
 
     VERSION = 1
@@ -236,55 +271,51 @@ class _DatasetMethods(DatasetLoading):
         root,
         mmap_index=True,
         *,
-        cache_blocks=1,
+        cache_blocks=None,
         cache_bytes=None,
         trusted=True,
         allowed_globals=(),
     ):
-        check_cache_limits(cache_blocks, cache_bytes)
+        max_bytes, max_blocks = self._init_settings(
+            cache_blocks, cache_bytes, trusted, allowed_globals
+        )
         self.root = Path(root)
         self.mmap_index = mmap_index
-        self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
         self.metadata = read_dataset_metadata(self.root)
-        shard_dirs = find_shard_dirs(self.root)
+        names = shard_dir_names(self.root)
         dict_bytes = None
         if self.metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if shard_dirs or (self.root / DICT_FILE).exists():  # an empty root needs none
+            if names or (self.root / DICT_FILE).exists():  # an empty root needs none
                 dict_bytes = read_dict_file(self.root / DICT_FILE)
-        # Looked up in the module at call time, so patching ``atlas.AtlasDatasetShard`` works.
-        shard_class = sys.modules[type(self)._classes_module].AtlasDatasetShard
-        trust = _trust_kwargs(self)
-        try:
-            self.shards = [shard_class(d, mmap_index, dict_bytes, **trust) for d in shard_dirs]
-        except _NeedsSharedDict as exc:
-            strategy = self.metadata.compression_strategy
-            raise AtlasFormatError(
-                f"{self.root / META_FILE}: compression_strategy {int(strategy)}, but shard "
-                f"{exc.shard_root} uses the dataset's shared dictionary "
-                "(compression_strategy 2), which only a strategy-2 dataset has"
-            ) from None
-        check_shard_sizes(self.root, self.metadata, [(s.root, s.metadata) for s in self.shards])
-        self.actual_shard_sizes = [len(s) for s in self.shards]
-        self.cumulative_shard_sizes = np.cumsum(self.actual_shard_sizes, dtype=np.int64)
-        self._core_init(self.shards, self.actual_shard_sizes)
-        self._init_loading(cache_blocks, cache_bytes)
+        sizes, metadatas = _shard_sizes(self.root, self.metadata, names)
+        base = os.path.join(self.root, "")
+        self._shard_dirs = [base + n for n in names]  # strings: 10,000 Paths cost
+        self._dict_bytes = dict_bytes
+        self._block_cache = self._backend.BlockCache(max_bytes, max_blocks)
+        self.actual_shard_sizes = sizes
+        self.cumulative_shard_sizes = np.cumsum(sizes, dtype=np.int64)
+        self.shards = _Shards(self, self._block_cache)
+        super().__init__(
+            str(self.root),
+            self._shard_dirs,
+            sizes,
+            metadatas,
+            dict_bytes,
+            _block_loads(self.trusted, self.allowed_globals),
+            self._block_cache,
+        )
 
     def close(self) -> None:
-        """Release every shard's files and cached blocks (they reopen on next use)."""
-        for shard in self.shards:
+        """Release every shard's files and the cached blocks (they reopen on next use)."""
+        for shard in self.shards.made():
             shard.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
+        super().close()
 
     def __reduce__(self):
-        return _rebuild, (
-            type(self),
-            (self.root, self.mmap_index),
-            _settings_kwargs(self),
+        return (
+            _rebuild,
+            (type(self), (self.root, self.mmap_index), self._settings_kwargs()),
+            {"cache_reserved": self._block_cache.reserved},
         )
 
     def __repr__(self):
@@ -305,13 +336,13 @@ def _reader_classes(core, module: str):
         __doc__ = _ShardMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDatasetShard"
-        _core = core
+        _backend = core
 
     class AtlasDataset(_DatasetMethods, core.DatasetCore, *_TORCH_BASES):
         __doc__ = _DatasetMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDataset"
-        _classes_module = module
+        _backend = core
 
     return AtlasDataset, AtlasDatasetShard
 

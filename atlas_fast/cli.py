@@ -18,6 +18,7 @@ COMMANDS: dict = {
     "bench": (".bench", "time atlas_fast side by side with the peers, on the same data"),
     "verify": ("._verify", "check a dataset completely: metadata, every block, checksums"),
     "info": ("._info", "describe a dataset: shards, examples, strategy, sizes, compression"),
+    "convert": ("._convert_cli", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
 }
 
 

@@ -2,8 +2,10 @@
 
 A block format decodes whole blocks, so drawing examples uniformly at random decodes a block
 per example. This sampler permutes the blocks, then shuffles the examples within windows of
-``window_blocks`` consecutive (permuted) blocks: a batch touches a few blocks, each decoded once
-(with a block cache of about twice ``window_blocks``: ``AtlasDataset(root, cache_blocks=...)``).
+``window_blocks`` consecutive (permuted) blocks: a batch touches a few blocks, each decoded once.
+The sampler reserves ``2 * window_blocks`` blocks in the dataset's cache (a batch may straddle
+two windows), so window and cache agree whatever the cache's budget, also in DataLoader
+workers, which receive the dataset with its reservation.
 
 Each epoch's order is a function of ``(seed, epoch)`` alone and can be produced from any
 position without the ones before it (the in-window shuffle keys come from a counter-addressable
@@ -12,16 +14,17 @@ PCG64 stream), so a rank builds only its own share and a resumed run skips ahead
 
 from __future__ import annotations
 
-import importlib.util
 import operator
 
 import numpy as np
+
+from ._compat import torch_installed
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
 
 
 def _sampler_bases() -> tuple:
-    if importlib.util.find_spec("torch") is None:
+    if not torch_installed():
         return ()
     try:
         from torch.utils.data import Sampler
@@ -32,7 +35,7 @@ def _sampler_bases() -> tuple:
 
 def _distributed_defaults() -> tuple:
     """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
-    if importlib.util.find_spec("torch") is None:
+    if not torch_installed():
         return 1, 0
     try:
         import torch.distributed as dist
@@ -92,9 +95,11 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     Each epoch: the blocks (of all shards) are permuted; then the examples of each window of
     ``window_blocks`` consecutive permuted blocks are shuffled together. Every index appears
-    exactly once per epoch. ``window_blocks=None`` shuffles the whole epoch uniformly (no
-    locality). The order depends only on ``(seed, epoch)``; call ``set_epoch(e)`` before each
-    epoch, as with ``DistributedSampler``.
+    exactly once per epoch. The dataset's cache is told to keep ``2 * window_blocks`` blocks
+    (``cache_reserve``): create the sampler before the DataLoader starts its workers.
+    ``window_blocks=None`` shuffles the whole epoch uniformly (no locality). The order depends
+    only on ``(seed, epoch)``; call ``set_epoch(e)`` before each epoch, as with
+    ``DistributedSampler``.
 
     With ``num_replicas``/``rank`` (by default from ``torch.distributed`` when it is
     initialised, else 1 and 0) each rank gets a contiguous slice of the epoch's order, all of
@@ -137,6 +142,9 @@ class BlockShuffleSampler(*_sampler_bases()):
         self.epoch = 0
 
         self._lengths = block_lengths(dataset)
+        reserve = getattr(dataset, "cache_reserve", None)  # None: a layout, not a reader
+        if reserve is not None and window_blocks is not None:
+            reserve(2 * window_blocks)
         self._starts = np.cumsum(self._lengths) - self._lengths  # first index of each block
         self.num_examples = int(self._lengths.sum())
         n, r = self.num_examples, self.num_replicas

@@ -4,18 +4,36 @@ Same names, signatures, defaults and files as ``torch_atlas_ds.writer``: what th
 the reference reads example for example, and the other way round. Bad arguments raise
 ``AssertionError`` as the reference does, so existing ``except AssertionError`` code keeps
 working.
+
+The dataset writer talks to its shard writers the way the reference's does, so code that
+patches ``atlas_fast.writer.AtlasDatasetShardWriter`` (a test double) sees the same calls:
+each shard writer is created through that module attribute, looked up at call time, with
+keyword arguments only (``path``, ``block_size``, ``compression_strategy``,
+``compression_level``, ``compression_dict_size``, and ``compression_dict`` from the second
+shard on); our own options (``checksums=``, ``workers=``) are passed only when they are set.
+The only other things the dataset writer uses are ``add_example``, ``len()``, ``close()``
+and, under strategy 2, the files the first shard leaves on disk.
+
+Unlike the reference, a dataset whose ``with`` block raised is not finished: no root
+meta.json is written (it is always the last file to appear, under a temporary name then
+renamed), so the directory never reads as a complete dataset.
 """
 
 from __future__ import annotations
 
+import operator
+import os
 import pickle
-import shutil
+import queue
 import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
+from ._commit import dump_meta_atomic
 from ._format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -29,6 +47,7 @@ from ._format import (
     block_checksum,
     dump_meta,
     index_dtype,
+    read_shard_metadata,
 )
 
 __all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
@@ -36,8 +55,81 @@ __all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
 # zstd dictionary training needs at least this many samples (here: blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
 
+# workers=None: the cores this process may run on, at most this many.
+MAX_DEFAULT_WORKERS = 8
 
-class AtlasDatasetShardWriter:
+# Pickled blocks handed to the compression pool and not yet written, per worker thread.
+IN_FLIGHT_PER_WORKER = 2
+
+
+def default_workers() -> int:
+    """The compression threads ``workers=None`` means: the usable cores, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+
+
+def _resolve_workers(workers) -> int:
+    if workers is None:
+        return default_workers()
+    try:
+        number = operator.index(workers)
+    except TypeError:
+        number = 0
+    if number < 1 or isinstance(workers, bool):
+        raise ValueError(f"workers must be a positive integer or None, not {workers!r}")
+    return number
+
+
+def _with_context(exc: BaseException, context: str) -> BaseException:
+    """``exc`` again, of the same type when it can be, its message prefixed with ``context``."""
+    message = f"{context}: {exc}"
+    try:
+        return type(exc)(message)
+    except Exception:
+        return RuntimeError(f"{context}: {type(exc).__name__}: {exc}")
+
+
+def _positive_int(value, name: str) -> int:
+    """``value`` as an int (numpy integers too); AssertionError, as the reference, otherwise."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    assert number is not None and number > 0, f"{name} must be a positive integer, not {value!r}"
+    return number
+
+
+def _check_dict_size(value) -> None:
+    assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
+
+
+class _FinishedOnlyOnSuccess:
+    """The context manager of both writers: ``close()`` when the ``with`` block succeeds;
+    ``abort()`` and a warning naming the directory when it raises."""
+
+    _kind = ""  # "shard" or "dataset", for the warning
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self.abort()
+            warnings.warn(
+                f"{self.path}: the {self._kind} is incomplete and has no meta.json: the with "
+                f"block raised {exc_type.__name__}. What was written so far is left for "
+                "inspection; remove the directory before writing there again.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     """Writes one shard: examples are grouped into blocks of ``block_size``, pickled,
     compressed per ``compression_strategy`` and appended to data.bin.
 
@@ -45,11 +137,24 @@ class AtlasDatasetShardWriter:
     a shard of fewer than 7 blocks falls back to strategy 1 and its meta.json says so.
     Strategy 2 compresses with ``compression_dict`` (a ``zstandard.ZstdCompressionDict``).
 
+    ``compressor`` is the ``zstandard.ZstdCompressor`` the blocks are compressed with: None
+    when uncompressed, and under strategy 3 until the dictionary is trained at ``close()``.
+
     ``checksums=True`` also writes ``checksums.npy``: one BLAKE2b-8 digest per stored block,
     which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
+
+    ``workers`` (default: the usable cores, at most 8) threads compress full blocks while the
+    calling thread pickles the next ones; blocks are written in order, at most
+    ``2 * workers`` of them in flight, and the files are byte-identical to ``workers=1``
+    (which compresses on the calling thread). Each thread has a compressor of its own, with
+    the parameters of ``compressor``. An error on a pool thread is raised on the calling
+    thread, naming the shard and the block.
+
+    If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
 
     VERSION = VERSION
+    _kind = "shard"
 
     def __init__(
         self,
@@ -61,13 +166,10 @@ class AtlasDatasetShardWriter:
         compression_dict_size=0.01,
         *,
         checksums=False,
+        workers=None,
     ):
-        assert isinstance(block_size, int) and block_size > 0, (
-            f"block_size must be a positive integer, not {block_size!r}"
-        )
-        assert 0 <= compression_dict_size <= 1, (
-            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-        )
+        block_size = _positive_int(block_size, "block_size")
+        _check_dict_size(compression_dict_size)
         strategy = CompressionStrategy(compression_strategy)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             assert compression_dict is not None, (
@@ -79,16 +181,33 @@ class AtlasDatasetShardWriter:
             VERSION, block_size, 0, int(strategy), compression_level, compression_dict_size
         )
         self.stored_examples = 0
+        self.checksums = bool(checksums)
+        self.workers = _resolve_workers(workers)
+        self.compressor = None
+        if strategy in (
+            CompressionStrategy.STANDARD_COMPRESSION,
+            CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+        ):
+            self.compressor = self._new_compressor(compression_dict)
         self._strategy = strategy
         self._compression_dict = compression_dict
         self._pending: list = []  # examples of the block being filled
         self._blocks: list = []  # strategy 3 only: pickled blocks awaiting the dictionary
         self._offsets: list = [0]
-        self._data = None  # data.bin, opened with the first block
-        self._compressor = None
-        self._closed = False
-        self.checksums = bool(checksums)
         self._checksums: list = []  # checksums=True: block_checksum of each stored block
+        self._data = None  # data.bin, opened with the first block
+        self._closed = False
+        # workers > 1: full blocks are compressed on a pool, written in order by this thread.
+        self._pool = None  # ThreadPoolExecutor, started with the first block to compress
+        self._idle = None  # queue of compressors: each is used by one task at a time
+        self._in_flight: deque = deque()  # (block number, future), in block order
+        self._submitted = 0  # blocks handed to _store so far
+
+    def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
+        level = self.metadata.compression_level
+        if compression_dict is None:
+            return zstandard.ZstdCompressor(level=level)
+        return zstandard.ZstdCompressor(level=level, dict_data=compression_dict)
 
     def __len__(self) -> int:
         return self.stored_examples
@@ -103,33 +222,72 @@ class AtlasDatasetShardWriter:
             self._flush_block()
 
     def _flush_block(self) -> None:
-        block = pickle.dumps(self._pending)
+        try:
+            block = pickle.dumps(self._pending)
+        except Exception as exc:
+            number = self._submitted + len(self._blocks)
+            raise _with_context(exc, f"{self.path}: pickling block {number}") from exc
         self._pending = []
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._blocks.append(block)
         else:
-            self._append(self._encode(block))
+            self._store(block)
 
-    def _encode(self, block: bytes) -> bytes:
-        if self._strategy == CompressionStrategy.NO_COMPRESSION:
-            return block
-        if self._compressor is None:
-            level = self.metadata.compression_level
-            if self._compression_dict is None:
-                self._compressor = zstandard.ZstdCompressor(level=level)
-            else:
-                self._compressor = zstandard.ZstdCompressor(
-                    level=level, dict_data=self._compression_dict
-                )
-        return self._compressor.compress(block)
+    def _store(self, block: bytes) -> None:
+        """Compress (per the strategy) and append a pickled block, in the order given."""
+        number = self._submitted
+        self._submitted += 1
+        if self.compressor is None:
+            self._append(block)
+        elif self.workers == 1:
+            try:
+                data = self.compressor.compress(block)
+            except Exception as exc:
+                raise self._block_error(number, exc) from exc
+            self._append(data)
+        else:
+            if self._pool is None:
+                self._start_pool()
+            self._in_flight.append((number, self._pool.submit(self._compress_task, block)))
+            self._drain(IN_FLIGHT_PER_WORKER * self.workers)
 
-    def _append(self, data: bytes) -> None:
+    def _start_pool(self) -> None:
+        self._idle = queue.SimpleQueue()
+        self._idle.put(self.compressor)
+        for _ in range(self.workers - 1):
+            self._idle.put(self._new_compressor(self._compression_dict))
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="atlas-fast-zstd")
+
+    def _compress_task(self, block: bytes):
+        """On a pool thread: the pool runs at most ``workers`` tasks and the queue holds
+        ``workers`` compressors, so ``get`` never waits and no compressor is shared."""
+        compressor = self._idle.get()
+        try:
+            data = compressor.compress(block)
+        finally:
+            self._idle.put(compressor)
+        return data, block_checksum(data) if self.checksums else None
+
+    def _drain(self, keep: int) -> None:
+        """Write the oldest compressed blocks until at most ``keep`` are in flight."""
+        while len(self._in_flight) > keep:
+            number, future = self._in_flight.popleft()
+            try:
+                data, checksum = future.result()
+            except Exception as exc:
+                raise self._block_error(number, exc) from exc
+            self._append(data, checksum)
+
+    def _block_error(self, number: int, exc: Exception) -> BaseException:
+        return _with_context(exc, f"{self.path}: compressing block {number}")
+
+    def _append(self, data: bytes, checksum=None) -> None:
         if self._data is None:
             self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
         if self.checksums:
-            self._checksums.append(block_checksum(data))
+            self._checksums.append(block_checksum(data) if checksum is None else checksum)
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -155,6 +313,13 @@ class AtlasDatasetShardWriter:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._finish()
+        except BaseException:
+            self._release()
+            raise
+
+    def _finish(self) -> None:
         if self._pending:
             self._flush_block()
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -163,14 +328,17 @@ class AtlasDatasetShardWriter:
                 self._strategy = CompressionStrategy.STANDARD_COMPRESSION
             else:
                 (self.path / DICT_FILE).write_bytes(zdict.as_bytes())
-                self._compression_dict = zdict
+            self._compression_dict = zdict
+            self.compressor = self._new_compressor(zdict)
             blocks, self._blocks = self._blocks, []
-            for block in blocks:
-                self._append(self._encode(block))
+            blocks.reverse()
+            while blocks:  # each pickled block is let go once stored
+                self._store(blocks.pop())
+        self._drain(0)
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
             self._data = open(self.path / DATA_FILE, "wb")
-        self._data.close()
+        self._release()
         total = self._offsets[-1]
         np.save(self.path / INDEX_FILE, np.array(self._offsets, dtype=index_dtype(total)))
         if self.checksums:
@@ -180,24 +348,51 @@ class AtlasDatasetShardWriter:
         )
         dump_meta(self.path / META_FILE, self.metadata._asdict())
 
-    def __enter__(self):
-        return self
+    def abort(self) -> None:
+        """Stop without finishing: data.bin is closed as it is and no index, dictionary or
+        meta.json is written, so the directory does not read as a shard."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending, self._blocks = [], []
+        self._release()
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def _release(self) -> None:
+        """Stop the pool (blocks not started are dropped) and close data.bin."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = self._idle = None
+        self._in_flight.clear()
+        if self._data is not None:
+            self._data.close()
 
 
-class AtlasDatasetWriter:
+class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     """Writes a dataset as shards ``0, 1, 2, ...`` of ``shard_size`` examples each.
+
+    The directory and the first shard writer are created here; a shard is finished when the
+    example after its last one arrives, or at ``close()`` (so there is never an empty trailing
+    shard, and zero examples make one empty shard, as the reference writes them).
 
     With strategy 2 (the default) the first shard trains the dictionary that every shard then
     shares (stored once, in the root); if the first shard has fewer than 7 blocks the whole
-    dataset falls back to strategy 1. ``close()`` writes the root meta.json and pads the shard
-    folder names with zeros to one width. ``checksums=True`` gives every shard a
-    ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
+    dataset falls back to strategy 1. ``close()`` pads the shard folder names with zeros to one
+    width and writes the root meta.json last, atomically. ``checksums=True`` gives every shard
+    a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
+
+    ``workers`` (default: the usable cores, at most 8) is the shard writers' compression
+    threads (passed on to them only when given). Under strategy 3 it also lets up to
+    ``workers - 1`` full shards train their dictionaries on other threads while the next one
+    fills, so up to ``workers`` shards' pickled blocks are held at once (the reference holds
+    one; ``workers=1`` does the same).
+
+    If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
+    a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
+    inspection (readers refuse the directory: its meta.json is missing).
     """
 
     VERSION = VERSION
+    _kind = "dataset"
 
     def __init__(
         self,
@@ -209,100 +404,172 @@ class AtlasDatasetWriter:
         compression_dict_size=0.01,
         *,
         checksums=False,
+        workers=None,
     ):
-        assert isinstance(shard_size, int) and shard_size > 0, (
-            f"shard_size must be a positive integer, not {shard_size!r}"
-        )
-        assert isinstance(block_size, int) and block_size > 0, (
-            f"block_size must be a positive integer, not {block_size!r}"
-        )
-        assert 0 <= compression_dict_size <= 1, (
-            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-        )
+        shard_size = _positive_int(shard_size, "shard_size")
+        block_size = _positive_int(block_size, "block_size")
+        _check_dict_size(compression_dict_size)
         self.path = Path(path)
         self.shard_size = shard_size
         self.block_size = block_size
+        # Becomes STANDARD_COMPRESSION if strategy 2's first shard cannot train a dictionary.
         self.compression_strategy = CompressionStrategy(compression_strategy)
         self.compression_level = compression_level
         self.compression_dict_size = compression_dict_size
         self.checksums = bool(checksums)
-        self.path.mkdir(parents=True)
-        self._shard_sizes: list = []
-        self._shard = None
-        self._strategy = self.compression_strategy  # may fall back to 1 after shard 0
-        self._shared_dict = None
+        self.workers = _resolve_workers(workers)
+        self._workers_given = workers is not None  # passed on to shard writers only if given
+        self.shard_sizes: list = []  # sizes of the shards finished so far
+        self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
+        # Strategy 3 with workers > 1: up to workers - 1 full shards train their dictionaries
+        # and compress on threads of their own while this thread fills the next shard.
+        self._finisher = None  # ThreadPoolExecutor, started with the first such shard
+        self._finishing: deque = deque()  # (shard writer, future of its close())
+        self.path.mkdir(parents=True)
+        self.current_shard = self._new_shard()
+
+    def _new_shard(self):
+        """The next shard writer, created through the module attribute (so a patch of
+        ``atlas_fast.writer.AtlasDatasetShardWriter`` takes effect), keywords only."""
+        number = len(self.shard_sizes)
+        strategy = self.compression_strategy
+        kwargs = {}
+        if number == 0:
+            if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+                strategy = CompressionStrategy.DICTIONARY_COMPRESSION
+        else:
+            kwargs["compression_dict"] = self.shared_dict
+        if self.checksums:
+            kwargs["checksums"] = True
+        if self._workers_given:
+            kwargs["workers"] = self.workers
+        return AtlasDatasetShardWriter(
+            path=self.path / str(number),
+            block_size=self.block_size,
+            compression_strategy=strategy,
+            compression_level=self.compression_level,
+            compression_dict_size=self.compression_dict_size,
+            **kwargs,
+        )
 
     def __len__(self) -> int:
-        return sum(self._shard_sizes) + (self._shard.stored_examples if self._shard else 0)
+        return sum(self.shard_sizes) + len(self.current_shard)
 
     def add_example(self, example) -> None:
         """Append one example (anything picklable)."""
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
-        if self._shard is None:
-            self._shard = self._open_shard(len(self._shard_sizes))
-        self._shard.add_example(example)
-        if self._shard.stored_examples == self.shard_size:
-            self._close_shard()
+        if len(self.current_shard) >= self.shard_size:
+            self._finish_shard()
+            self.current_shard = self._new_shard()
+        self.current_shard.add_example(example)
 
-    def _open_shard(self, number: int) -> AtlasDatasetShardWriter:
-        strategy = self._strategy
-        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and number == 0:
-            strategy = CompressionStrategy.DICTIONARY_COMPRESSION
-        return AtlasDatasetShardWriter(
-            self.path / str(number),
-            self.block_size,
-            compression_strategy=strategy,
-            compression_level=self.compression_level,
-            compression_dict=self._shared_dict,
-            compression_dict_size=self.compression_dict_size,
-            checksums=self.checksums,
-        )
-
-    def _close_shard(self) -> None:
-        shard, self._shard = self._shard, None
-        shard.close()
-        self._shard_sizes.append(shard.stored_examples)
+    def _finish_shard(self, last: bool = False) -> None:
+        shard = self.current_shard
+        self.shard_sizes.append(len(shard))
         if (
-            self._strategy != CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            or self._shared_dict is not None
+            not last
+            and self.workers > 1
+            and self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
         ):
+            self._collect(wait=False)
+            if len(self._finishing) < self.workers - 1:
+                if self._finisher is None:
+                    self._finisher = ThreadPoolExecutor(
+                        self.workers - 1, thread_name_prefix="atlas-fast-shard"
+                    )
+                self._finishing.append((shard, self._finisher.submit(shard.close)))
+                return
+            # Every other thread is busy with a shard: this one trains this shard itself.
+        shard.close()
+        if (
+            len(self.shard_sizes) == 1
+            and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+        ):
+            self._share_first_dictionary(Path(shard.path))
+
+    def _collect(self, wait: bool) -> None:
+        """Take the shards finished on other threads (all of them if ``wait``); the first
+        error is raised here, naming the shard."""
+        still = deque()
+        error = None
+        while self._finishing:
+            shard, future = self._finishing.popleft()
+            if not wait and not future.done():
+                still.append((shard, future))
+                continue
+            exc = future.exception()
+            if exc is not None and error is None:
+                error = exc
+                if str(shard.path) not in str(exc):
+                    error = _with_context(exc, f"{shard.path}: finishing the shard")
+                    error.__cause__ = exc
+        self._finishing = still
+        if error is not None:
+            raise error
+
+    def _share_first_dictionary(self, shard_dir: Path) -> None:
+        """Strategy 2, after the first shard closed: what it decided is read from its files.
+
+        A first shard that fell back to strategy 1 turns the dataset to strategy 1; otherwise
+        its dictionary moves to the root and its meta.json is rewritten to say strategy 2.
+        """
+        metadata = read_shard_metadata(shard_dir)
+        if metadata.compression_strategy == CompressionStrategy.STANDARD_COMPRESSION:
+            self.compression_strategy = CompressionStrategy.STANDARD_COMPRESSION
             return
-        # Shard 0 of a strategy-2 dataset: its dictionary becomes the dataset's.
-        if shard.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            shutil.move(shard.path / DICT_FILE, self.path / DICT_FILE)
-            shard.metadata = shard.metadata._replace(
-                compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
-            )
-            dump_meta(shard.path / META_FILE, shard.metadata._asdict())
-            self._shared_dict = zstandard.ZstdCompressionDict((self.path / DICT_FILE).read_bytes())
-        else:
-            self._strategy = CompressionStrategy.STANDARD_COMPRESSION
+        source = shard_dir / DICT_FILE
+        try:
+            dict_bytes = source.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{source}: missing: the first shard of a SHARED_DICTIONARY_COMPRESSION "
+                f"dataset says compression_strategy {metadata.compression_strategy} in its "
+                "meta.json but left no dictionary to share"
+            ) from None
+        source.rename(self.path / DICT_FILE)
+        self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
+        metadata = metadata._replace(compression_strategy=int(self.compression_strategy))
+        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict())
 
     def close(self) -> None:
-        """Finish the last shard, write the root meta.json and pad the shard folder names."""
+        """Finish the last shard, pad the shard folder names, then write the root meta.json."""
         if self._closed:
             return
         self._closed = True
-        if self._shard is not None:
-            self._close_shard()
-        if (
-            self._strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            and not self._shard_sizes
-        ):
-            # No first shard trained a dictionary: the fallback rule of a small first shard.
-            self._strategy = CompressionStrategy.STANDARD_COMPRESSION
-        metadata = AtlasDatasetMetadata(VERSION, list(self._shard_sizes), int(self._strategy))
-        dump_meta(self.path / META_FILE, metadata._asdict())
-        width = len(str(len(self._shard_sizes) - 1)) if self._shard_sizes else 1
-        for number in range(len(self._shard_sizes)):
+        try:
+            self._finish_shard(last=True)
+            self._collect(wait=True)
+        finally:
+            self._stop_finisher()
+        count = len(self.shard_sizes)
+        width = len(str(count - 1))
+        for number in range(count):
             name = str(number)
             if len(name) < width:
                 (self.path / name).rename(self.path / name.zfill(width))
+        metadata = AtlasDatasetMetadata(
+            VERSION, list(self.shard_sizes), int(self.compression_strategy)
+        )
+        dump_meta_atomic(self.path / META_FILE, metadata._asdict())
 
-    def __enter__(self):
-        return self
+    def abort(self) -> None:
+        """Stop without finishing: the shard being written is abandoned (when its writer has
+        an ``abort()``), and no root meta.json is written, so the directory does not read as
+        a dataset."""
+        if self._closed:
+            return
+        self._closed = True
+        abort = getattr(self.current_shard, "abort", None)
+        if abort is not None:
+            abort()
+        self._stop_finisher()
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def _stop_finisher(self) -> None:
+        """Wait for the shards still finishing on other threads and stop those threads. Runs
+        after close() collected them, or on a failure, when their errors no longer matter."""
+        if self._finisher is not None:
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
+        self._finishing.clear()

@@ -172,7 +172,7 @@ def test_other_versions_are_refused_with_an_exception(atlas, tmp_path):
     meta = tmp_path / "ds" / "0" / "meta.json"
     meta.write_text(meta.read_text().replace('"version": 1', '"version": 2'))
     with pytest.raises(Exception, match="version") as info:
-        atlas.AtlasDataset(tmp_path / "ds")
+        atlas.AtlasDataset(tmp_path / "ds")[0]  # a shard's meta.json is read on first use
     assert str(meta) in str(info.value)
 
 
@@ -183,6 +183,8 @@ def test_patching_the_shard_class_in_the_submodule_is_honoured(tmp_path):
     real = atlas_fast.atlas.AtlasDatasetShard
     with mock.patch("atlas_fast.atlas.AtlasDatasetShard", wraps=real) as spy:
         ds = atlas_fast.atlas.AtlasDataset(tmp_path / "ds")
+        assert spy.call_count == 0  # shard objects are made on first access
+        assert len(list(ds.shards)) == 2
     assert spy.call_count == 2
     assert [ds[i] for i in range(6)] == list(range(6))
 

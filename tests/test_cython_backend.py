@@ -267,7 +267,7 @@ def test_corrupt_frames_raise_format_errors(atlas, tmp_path):
     # Bytes after a frame are counted whether the frame records its size or not.
     cases = {name: path for name, path, *_ in _corrupt_cases(tmp_path / "again")}
     for label in ("sized", "sizeless"):
-        stored = atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])._raw_block(1)
+        stored = atlas.AtlasDatasetShard(cases[f"two_frames_{label}"]).raw_block(1)
         with pytest.raises(AtlasFormatError, match=rf"block 1: {len(stored) // 2} bytes follow"):
             atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])[5]
 
@@ -329,7 +329,7 @@ def test_damaged_frames_fail_alike_on_both_backends(tmp_path, monkeypatch, limit
     compared = 0
     for label, (strategy, cctx, zdict) in compressors.items():
         base = write_shard(tmp_path / label, examples, 4, strategy, cctx.compress, zdict)
-        blocks = [atlas_fast._python.AtlasDatasetShard(base)._raw_block(b) for b in range(4)]
+        blocks = [atlas_fast._python.AtlasDatasetShard(base).raw_block(b) for b in range(4)]
         for k in range(12):
             for n, mutant in enumerate(_mutants(rng, blocks[2])):
                 path = write_shard(tmp_path / f"{label}_{k}_{n}", [], 4, strategy, zdict=zdict)
@@ -340,7 +340,7 @@ def test_damaged_frames_fail_alike_on_both_backends(tmp_path, monkeypatch, limit
                 meta = json.loads((path / "meta.json").read_text())
                 dump_meta(path / "meta.json", {**meta, "stored_examples": len(examples)})
                 errors = [
-                    _error_of(lambda m=module, p=path: m.AtlasDatasetShard(p)._read_block(2))
+                    _error_of(lambda m=module, p=path: m.AtlasDatasetShard(p).read_block(2))
                     for module in BOTH
                 ]
                 assert errors[0] == errors[1], (label, mutant)
@@ -366,21 +366,18 @@ def test_block_level_methods_agree(tmp_path):
     for path in paths:
         shards = [module.AtlasDatasetShard(path) for module in BOTH]
         for b in range(4):
-            raws = [s._raw_block(b) for s in shards]
-            datas = [s._block_bytes(b) for s in shards]
+            raws = [s.raw_block(b) for s in shards]
+            datas = [s.block_bytes(b) for s in shards]
             assert all(type(x) is bytes for x in raws + datas)
             assert len(set(raws)) == 1 and len(set(datas)) == 1
             for s in shards:
-                assert_same(s._read_block(b), examples[b * 8 : b * 8 + 8])
-                assert_same(s._unpickle(datas[0], b), examples[b * 8 : b * 8 + 8])
-                assert s._ensure_open().tolist() == shards[-1]._ensure_open().tolist()
+                assert_same(s.read_block(b), examples[b * 8 : b * 8 + 8])
+                assert s.offsets().tolist() == shards[-1].offsets().tolist()
         for bad in (-1, 4, 100):
-            errors = {_error_of(lambda s=s, bad=bad: s._block_bytes(bad)) for s in shards}
+            errors = {_error_of(lambda s=s, bad=bad: s.block_bytes(bad)) for s in shards}
             assert len(errors) == 1 and next(iter(errors))[0] is IndexError
-        errors = {_error_of(lambda s=s: s._unpickle(pickle.dumps((1, 2)), 0)) for s in shards}
-        assert len(errors) == 1 and next(iter(errors))[0] is AtlasFormatError
         for s in shards:
-            s._close()
+            s.close()
             assert_same(s[29], examples[29])
 
 
@@ -395,14 +392,13 @@ def test_index_errors_alike(tmp_path):
     )
     datasets = [module.AtlasDataset(tmp_path / "ds") for module in BOTH]
     for i in [*range(-10, 10), 3, 4]:
-        assert len({tuple(ds._locate(i)) for ds in datasets}) == 1
         for ds in datasets:
             assert_same(ds[i], examples[i])
     for ds in datasets:
         assert_same(ds[True], examples[1])
     for bad in (10, -11, 2**70, -(2**70), 1.0, "1", None):
         errors = {_error_of(lambda ds=ds, bad=bad: ds[bad]) for ds in datasets}
-        errors |= {_error_of(lambda ds=ds, bad=bad: ds._locate(bad)) for ds in datasets}
+        errors |= {_error_of(lambda ds=ds, bad=bad: ds.__getitems__([bad])) for ds in datasets}
         assert len(errors) == 1 and None not in next(iter(errors)), (bad, errors)
     shards = [ds.shards[2] for ds in datasets]
     for bad in (6, -7, 2**64, np.int64(6)):
@@ -461,40 +457,44 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
     ds = atlas.AtlasDataset(path)
     for i in range(0, 300, 3):  # the parent opens, maps and caches first
         assert ds[i]["id"] == i
-    # Another thread of the parent holds a shard lock at fork time.
+    # Another thread of the parent holds a shard's lock at fork time: it is opening the shard
+    # (the core's ``open_files``, a private name patched to hold it there).
     held = threading.Event()
     release = threading.Event()
-    shard = ds.shards[1]
-    original = shard._open_files
+    core = atlas.AtlasDataset._backend
+    original = core.open_files
 
-    def slow_open():
-        held.set()
-        release.wait(10)
-        return original()
+    def slow_open(*args):
+        if not held.is_set():
+            held.set()
+            release.wait(10)
+        return original(*args)
 
-    shard.close()
-    shard._open_files = slow_open
-    opener = threading.Thread(target=lambda: shard[0])
-    opener.start()
-    assert held.wait(10)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        status = 1
-        try:
-            os.close(read)
-            shard._open_files = original
-            order = np.random.default_rng(1).permutation(300).tolist()
-            ok = all(ds[i]["id"] == i and ds[i]["text"] == examples[i]["text"] for i in order)
-            os.write(write, b"ok" if ok else b"wrong examples")
-            status = 0
-        except BaseException as exc:
-            os.write(write, repr(exc).encode()[:500])
-        finally:
-            os._exit(status)
-    os.close(write)
-    release.set()
-    opener.join()
+    ds.close()
+    core.open_files = slow_open
+    try:
+        opener = threading.Thread(target=lambda: ds[150])
+        opener.start()
+        assert held.wait(10)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            status = 1
+            try:
+                os.close(read)
+                order = np.random.default_rng(1).permutation(300).tolist()
+                ok = all(ds[i]["id"] == i and ds[i]["text"] == examples[i]["text"] for i in order)
+                os.write(write, b"ok" if ok else b"wrong examples")
+                status = 0
+            except BaseException as exc:
+                os.write(write, repr(exc).encode()[:500])
+            finally:
+                os._exit(status)
+        os.close(write)
+        release.set()
+        opener.join()
+    finally:
+        core.open_files = original
     deadline = time.monotonic() + 60
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         if time.monotonic() > deadline:
@@ -505,7 +505,6 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
     with os.fdopen(read, "rb") as f:
         report = f.read()
     assert report == b"ok", report
-    shard._open_files = original
     assert [ds[i]["id"] for i in range(300)] == list(range(300))
 
 
@@ -564,19 +563,21 @@ def test_compiled_shard_descriptors_are_bounded_and_released(tmp_path):
 
 
 @needs_compiled
-def test_data_file_changed_after_index_check(tmp_path):
+def test_data_file_changed_after_index_check(tmp_path, monkeypatch):
     examples = _examples(20)
     path = write_shard(tmp_path / "0", examples, 4, 0)
     shard = atlas_fast.atlas.AtlasDatasetShard(path)
-    original = shard._open_files
+    # The core's ``open_files`` (private) is patched to change data.bin right after the
+    # index was checked against it: the mapping must notice.
+    original = atlas_fast._reader.open_files
 
-    def grow_then_open():
-        result = original()
+    def grow_then_open(*args):
+        result = original(*args)
         with open(path / "data.bin", "ab") as f:
             f.write(b"extra")
         return result
 
-    shard._open_files = grow_then_open
+    monkeypatch.setattr(atlas_fast._reader, "open_files", grow_then_open)
     with pytest.raises(AtlasFormatError, match=r"index\.npy: the last offset is \d+ but .* bytes"):
         shard[0]
 
@@ -597,47 +598,32 @@ def test_public_classes_are_built_on_the_compiled_cores(tmp_path):
 # -- the backend contract: loader hook, loads, files changing under a reader -------------------
 
 
-def _counting(monkeypatch, atlas):
-    """Count the core's misses (``_load_block`` calls) and the blocks actually decoded."""
-    counts = {"load": 0, "decode": 0}
-    load = atlas.AtlasDatasetShard._load_block
-    block_bytes = atlas.AtlasDatasetShard._block_bytes
-
-    def counted_load(self, b):
-        counts["load"] += 1
-        return load(self, b)
-
-    def counted_bytes(self, b):
-        counts["decode"] += 1
-        return block_bytes(self, b)
-
-    monkeypatch.setattr(atlas.AtlasDatasetShard, "_load_block", counted_load)
-    monkeypatch.setattr(atlas.AtlasDatasetShard, "_block_bytes", counted_bytes)
-    return counts
-
-
 @pytest.mark.parametrize("strategy", [0, 1])
-def test_misses_go_through_the_load_block_hook(atlas, tmp_path, monkeypatch, strategy):
+def test_cache_counts_hits_and_misses(atlas, tmp_path, strategy):
     examples = _examples(40)
     compress = zstandard.ZstdCompressor().compress if strategy else None
     path = write_shard(tmp_path / "0", examples, 4, strategy, compress=compress)
-    counts = _counting(monkeypatch, atlas)
     shard = atlas.AtlasDatasetShard(path, cache_blocks=2)
-    for i in [0, 1, 3, 2]:  # block 0: one miss, then hits in the core
+
+    def counts():
+        info = shard.cache_info()
+        return info.hits, info.misses
+
+    for i in [0, 1, 3, 2]:  # block 0: one miss, then hits
         assert_same(shard[i], examples[i])
-    assert counts == {"load": 1, "decode": 1}
-    for i in [4, 0, 5, 1, 6]:  # blocks 1 and 0 alternate: the core misses, the LRU holds both
+    assert counts() == (3, 1)
+    for i in [4, 0, 5, 1, 6]:  # blocks 1 and 0 alternate: both held
         assert_same(shard[i], examples[i])
-    assert counts == {"load": 6, "decode": 2}
-    assert_same(shard._read_block(0), examples[:4])  # a miss too, from the LRU
-    assert counts == {"load": 7, "decode": 2}
-    assert_same(shard._read_block(0), examples[:4])  # now the core's own block
-    assert counts == {"load": 7, "decode": 2}
-    assert_same(shard[-1], examples[-1])
-    assert counts == {"load": 8, "decode": 3}
+    assert counts() == (7, 2)
+    assert_same(shard.read_block(0), examples[:4])
+    assert counts() == (8, 2)
+    assert_same(shard[-1], examples[-1])  # block 9 evicts block 1, the least recently used
+    assert counts() == (8, 3)
+    assert_same(shard[4], examples[4])
+    assert counts() == (8, 4)
 
 
-def test_dataset_misses_go_through_the_load_block_hook(atlas, tmp_path, monkeypatch):
+def test_dataset_cache_counts_every_read(atlas, tmp_path):
     examples = _examples(24)
     for k in range(2):
         write_shard(tmp_path / f"{k}", examples[k * 12 : k * 12 + 12], 4, 0)
@@ -645,35 +631,18 @@ def test_dataset_misses_go_through_the_load_block_hook(atlas, tmp_path, monkeypa
         tmp_path / "meta.json",
         {"version": 1, "shard_sizes": [12, 12], "compression_strategy": 0},
     )
-    counts = _counting(monkeypatch, atlas)
     ds = atlas.AtlasDataset(tmp_path, cache_blocks=8)
-    order = [0, 12, 4, 16, 0, 12, 4, 16, 1, 13]  # every read a miss of its shard's core
+    order = [0, 12, 4, 16, 0, 12, 4, 16, 1, 13]
     assert [ds[i]["id"] for i in order] == order
-    assert counts == {"load": 10, "decode": 4}
-    assert [ds[i]["id"] for i in [13, 14, 15]] == [13, 14, 15]  # hits
-    assert counts == {"load": 10, "decode": 4}
-
-
-def test_load_block_override_returning_anything(atlas, tmp_path):
-    """The hook's result is indexed safely whatever it is (no cache of a non-list)."""
-    path = write_shard(tmp_path / "0", _examples(8), 4, 0)
-
-    class Odd(atlas.AtlasDatasetShard):
-        def _load_block(self, b):
-            return ("a", "b") if b == 0 else ["only one"]
-
-    shard = Odd(path)
-    assert shard[1] == "b" and shard[0] == "a"
-    assert shard[4] == "only one"
-    with pytest.raises(IndexError):
-        shard[5]
-    assert shard._read_block(0) == ("a", "b")
+    assert ds.cache_info()[:2] == (6, 4)
+    assert [ds[i]["id"] for i in [13, 14, 15]] == [13, 14, 15]
+    assert ds.cache_info()[:2] == (9, 4)
 
 
 def test_emptied_cached_block_is_not_read_past(atlas, tmp_path):
     path = write_shard(tmp_path / "0", _examples(8), 4, 0)
     shard = atlas.AtlasDatasetShard(path)
-    shard._read_block(1).clear()  # the core's cached list, emptied by a caller
+    shard.read_block(1).clear()  # the core's cached list, emptied by a caller
     with pytest.raises(IndexError):
         shard[6]
     shard.close()
@@ -686,7 +655,7 @@ def test_huge_block_numbers_are_index_errors(tmp_path):
     for s in shards:
         assert s[0]["id"] == 0  # (the Python core's empty cache is block -1)
     for bad in (2, -1, 2**63, 2**64, 2**70, -(2**70)):
-        for method in ("_read_block", "_block_bytes", "_load_block"):
+        for method in ("read_block", "block_bytes", "raw_block"):
             errors = {_error_of(lambda s=s, m=method, b=bad: getattr(s, m)(b)) for s in shards}
             assert len(errors) == 1, (bad, method, errors)
             kind, message = next(iter(errors))
@@ -697,14 +666,12 @@ def test_untrusted_reading_calls_the_restricted_loads(atlas, tmp_path):
     examples = [{"where": Path("/x")}, {"x": np.arange(3)}, 3, "four"]
     path = write_shard(tmp_path / "0", examples, 1, 1, zstandard.ZstdCompressor().compress)
     shard = atlas.AtlasDatasetShard(path, trusted=False)
-    assert shard._loads is not pickle.loads
     with pytest.raises(atlas_fast.UnsafePickleError, match=r"data\.bin, block 0\)"):
         shard[0]
     assert shard[3] == "four" and shard[2] == 3
     assert_same(shard[1], examples[1])
     allowed = atlas.AtlasDatasetShard(path, trusted=False, allowed_globals=[type(Path("/x"))])
     assert_same(allowed[0], examples[0])
-    assert atlas.AtlasDatasetShard(path)._loads is pickle.loads
 
 
 @pytest.mark.parametrize("strategy", [0, 1])
@@ -717,7 +684,7 @@ def test_data_shrinking_under_a_reader(tmp_path, strategy):
     shards = [module.AtlasDatasetShard(path) for module in BOTH]
     for s in shards:
         assert_same(s[0], examples[0])  # opened (mapped), block 0 cached
-    offsets = shards[0]._ensure_open().tolist()
+    offsets = shards[0].offsets().tolist()
     os.truncate(path / "data.bin", offsets[5] + 3)
     for i in (39, 21, 20):  # past the end, then the block cut in two
         errors = {_error_of(lambda s=s, i=i: s[i]) for s in shards}
@@ -726,7 +693,7 @@ def test_data_shrinking_under_a_reader(tmp_path, strategy):
         assert kind is AtlasFormatError and "is truncated" in message, message
         assert f"the file ends at {offsets[5] + 3}" in message or "ends at" in message
     for s in shards:
-        for method in ("_block_bytes", "_raw_block", "_read_block"):
+        for method in ("block_bytes", "raw_block", "read_block"):
             with pytest.raises(AtlasFormatError, match=r"block 9 is truncated"):
                 getattr(s, method)(9)
         assert_same(s[19], examples[19])  # blocks still inside the file read

@@ -34,20 +34,18 @@ def expected():
     return [example(i) for i in range(N)]
 
 
-@pytest.fixture
-def decodes(atlas, monkeypatch):
-    """Counts the blocks decoded, as (shard folder, block) pairs."""
-    seen = []
-    lock = threading.Lock()
-    original = atlas.AtlasDatasetShard._block_bytes
+def decodes(reader) -> int:
+    """Blocks ``reader`` decoded: every cache miss decodes one block."""
+    return reader.cache_info().misses
 
-    def counting(self, b):
-        with lock:
-            seen.append((self.root.name, b))
-        return original(self, b)
 
-    monkeypatch.setattr(atlas.AtlasDatasetShard, "_block_bytes", counting)
-    return seen
+def cached(reader) -> list:
+    """``(shard number, block)`` of the blocks held, least recently used first.
+
+    Needs the facade's handle on the core's cache (``_block_cache``): the public API reports
+    counts (``cache_info``), not which blocks are held.
+    """
+    return reader._block_cache.keys()
 
 
 # -- __getitems__ ---------------------------------------------------------------------------
@@ -100,7 +98,7 @@ def test_getitems_numpy_and_tensor_indices(atlas, root, expected):
     ("bad", "error"),
     [(N, IndexError), (-N - 1, IndexError), (1.0, TypeError), ("3", TypeError), (None, TypeError)],
 )
-def test_getitems_bad_index_decodes_nothing(atlas, root, decodes, bad, error):
+def test_getitems_bad_index_decodes_nothing(atlas, root, bad, error):
     ds = atlas.AtlasDataset(root)
     with pytest.raises(error):
         ds[bad]
@@ -109,122 +107,120 @@ def test_getitems_bad_index_decodes_nothing(atlas, root, decodes, bad, error):
     shard = ds.shards[0]
     with pytest.raises(error):
         shard.__getitems__([0, 10, bad if error is TypeError else len(shard)])
-    assert decodes == []
+    assert decodes(ds) == 0 and cached(ds) == []
 
 
-def test_getitems_decodes_each_block_once(atlas, root, decodes):
+def test_getitems_decodes_each_block_once(atlas, root):
     ds = atlas.AtlasDataset(root)
     batch = [70, 3, 71, 65, 2, 299, 298, 0, 7, 64, 299]  # blocks (0,0) (1,0) (1,0) (4,5)
-    assert ds.__getitems__(batch) == [ds[i] for i in batch]
-    assert sorted(decodes[:3]) == [("0", 0), ("1", 0), ("4", 5)]
+    got = ds.__getitems__(batch)
+    assert decodes(ds) == 3 and sorted(cached(ds)) == [(0, 0), (1, 0), (4, 5)]
+    assert got == [ds[i] for i in batch]
+    assert ds.cache_info().hits == len(batch)  # ds[i]: all from the cache
 
 
-def test_getitems_serves_cached_blocks(atlas, root, expected, decodes):
+def test_getitems_serves_cached_blocks(atlas, root, expected):
     ds = atlas.AtlasDataset(root, cache_blocks=8)
     batch = list(range(0, 40, 3))  # blocks 0..4 of shard 0
     assert ds.__getitems__(batch) == [expected[i] for i in batch]
-    assert len(decodes) == 5
+    assert decodes(ds) == 5
     assert ds.__getitems__(batch[::-1]) == [expected[i] for i in batch[::-1]]
     assert [ds[i] for i in range(40)] == expected[:40]
-    assert len(decodes) == 5
+    assert list(ds.shards[0])[:40] == expected[:40]  # a shard object shares the cache
+    assert decodes(ds) == 5 + 3  # iterating the shard decoded its blocks 5, 6, 7
 
 
 # -- the block cache ------------------------------------------------------------------------
 
 
-def test_default_cache_is_the_last_block(atlas, root, decodes):
+def test_default_cache_is_bounded_in_bytes(atlas, root, expected):
     ds = atlas.AtlasDataset(root)
+    info = ds.cache_info()
+    assert info.max_bytes == atlas_fast.DEFAULT_CACHE_BYTES == 32 << 20
+    assert info.max_blocks is None and info.currsize == 0
     for _ in range(3):
-        ds[0]
-        ds[8]
-    assert len(decodes) == 6
-    for i in range(8, 24):  # in order: each block once (block 1 is the cached one)
-        ds[i]
-    assert len(decodes) == 7
+        assert [ds[i] for i in range(N)] == expected  # the whole dataset fits: decoded once
+    info = ds.cache_info()
+    assert (info.misses, info.hits, info.blocks) == (38, 3 * N - 38, 38)
+    sizes = [len(s.block_bytes(b)) for s in ds.shards for b in range(-(-len(s) // 8))]
+    assert info.currsize == sum(sizes)  # a block counts its decoded pickle size
 
 
-def test_default_cache_decodes_misses_without_the_hook(atlas, root, expected, monkeypatch):
-    """With a one-block cache the core decodes its own misses (no Python call per block);
-    a larger cache, or a class overriding the hook or what it calls, goes through the hook."""
-    plain = atlas.AtlasDataset(root)
-    lru = atlas.AtlasDataset(root, cache_blocks=4)
-    assert all(s._direct_load for s in plain.shards)
-    assert not any(s._direct_load for s in lru.shards)
-
-    def broken(self, b):
-        raise RuntimeError("hook called")
-
-    monkeypatch.setattr(atlas.AtlasDatasetShard, "_load_block", broken)
-    for i in (0, 9, 100, 299, 17):
-        assert_same(plain[i], expected[i])
-        assert_same(plain.shards[0]._read_block(1), expected[8:16])
-    with pytest.raises(RuntimeError, match="hook called"):
-        lru[9]
-    monkeypatch.undo()
-
-    seen = []
-
-    class Counting(atlas.AtlasDatasetShard):
-        def _unpickle(self, data, b):
-            seen.append(b)
-            return super()._unpickle(data, b)
-
-    shard = Counting(root / "0", compression_dict_bytes=(root / "zstd_dict.bin").read_bytes())
-    assert not shard._direct_load
-    assert [shard[i] == expected[i] for i in (0, 8, 0)] == [True] * 3
-    assert seen == [0, 1, 0]
-
-
-def test_cache_blocks_bounds_an_lru(atlas, root, expected, decodes):
+def test_cache_blocks_bounds_an_lru(atlas, root, expected):
     ds = atlas.AtlasDataset(root, cache_blocks=4)
+    assert ds.cache_info().max_bytes is None and ds.cache_info().max_blocks == 4
     for b in range(4):
         assert ds[8 * b] == expected[8 * b]
     for b in (3, 2, 1, 0, 2):
         assert ds[8 * b + 1] == expected[8 * b + 1]
-    assert len(decodes) == 4
+    assert decodes(ds) == 4
+    assert cached(ds) == [(0, 3), (0, 1), (0, 0), (0, 2)]  # least recently used first
     ds[8 * 4]  # a fifth block evicts the least recently used: block 3
-    assert len(decodes) == 5
+    assert cached(ds) == [(0, 1), (0, 0), (0, 2), (0, 4)]
+    assert decodes(ds) == 5
     for b in (0, 1, 2, 4):
         ds[8 * b + 2]
-    assert len(decodes) == 5
+    assert decodes(ds) == 5
     ds[8 * 3]
-    assert decodes[-1] == ("0", 3)
-    assert len(ds._block_cache) == 4
+    assert decodes(ds) == 6 and cached(ds)[-1] == (0, 3) and cached(ds)[0] == (0, 1)
+    assert ds.cache_info().blocks == 4
 
 
-def test_cache_is_shared_by_the_shards_of_a_dataset(atlas, root, decodes):
+def test_cache_is_shared_by_the_shards_of_a_dataset(atlas, root):
     ds = atlas.AtlasDataset(root, cache_blocks=3)
     for i in (0, 64, 128, 0, 64, 128):
         ds[i]
-    assert len(decodes) == 3
+    assert decodes(ds) == 3
+    assert ds.shards[1][1] == ds[65] and decodes(ds) == 3
     ds[192]
-    assert len(ds._block_cache) == 3
+    assert cached(ds) == [(2, 0), (1, 0), (3, 0)]
 
 
-def test_cache_bytes_bounds_the_decoded_size(atlas, root, decodes):
+def test_cache_bytes_bounds_the_decoded_size(atlas, root):
     probe = atlas.AtlasDataset(root)
-    sizes = [len(probe.shards[0]._block_bytes(b)) for b in range(8)]
+    sizes = [len(probe.shards[0].block_bytes(b)) for b in range(8)]
     limit = sizes[0] + sizes[1] + sizes[2]
-    ds = atlas.AtlasDataset(root, cache_blocks=None, cache_bytes=limit)
-    decodes.clear()
+    ds = atlas.AtlasDataset(root, cache_bytes=limit)
+    assert ds.cache_info().max_bytes == limit and ds.cache_info().max_blocks is None
+    held = []
     for b in range(8):
         ds[8 * b]
-        assert ds._block_cache.nbytes <= max(limit, sizes[b])
-    assert 1 <= len(ds._block_cache) <= 3
+        held.append(b)
+        while sum(sizes[k] for k in held) > limit and len(held) > 1:
+            held.pop(0)  # least recently used first
+        assert cached(ds) == [(0, k) for k in held]
+        assert ds.cache_info().currsize == sum(sizes[k] for k in held) <= max(limit, sizes[b])
     ds[8 * 7 + 1]
-    assert len(decodes) == 8
+    assert decodes(ds) == 8
     tiny = atlas.AtlasDataset(root, cache_bytes=0, cache_blocks=10)
     tiny[0], tiny[8], tiny[9]
-    assert len(tiny._block_cache) == 1  # the most recent block is always kept
+    assert tiny.cache_info().blocks == 1  # the most recent block is always kept
+
+
+def test_reserved_blocks_are_kept_whatever_the_budget(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_bytes=0)
+    ds.cache_reserve(4)
+    ds.cache_reserve(2)  # never lowers it
+    for b in range(6):
+        ds[8 * b]
+    assert cached(ds) == [(0, 2), (0, 3), (0, 4), (0, 5)]
+    again = pickle.loads(pickle.dumps(ds))  # what DataLoader workers receive
+    for b in range(6):
+        again[8 * b]
+    assert again.cache_info().blocks == 4
+    atlas_fast.BlockShuffleSampler(again, window_blocks=5)
+    for b in range(12):
+        again[8 * b]
+    assert again.cache_info().blocks == 10
 
 
 def test_close_drops_cached_blocks(atlas, root, expected):
     ds = atlas.AtlasDataset(root, cache_blocks=10)
     ds.__getitems__([0, 64, 128])
     ds.shards[1].close()
-    assert sorted(k[0] for k in ds._block_cache.keys()) == [0, 2]
+    assert sorted(k[0] for k in cached(ds)) == [0, 2]
     ds.close()
-    assert len(ds._block_cache) == 0
+    assert cached(ds) == [] and ds.cache_info().currsize == 0
     assert ds[64] == expected[64]
 
 
@@ -232,7 +228,7 @@ def test_cache_settings_pickle_and_are_checked(atlas, root):
     ds = atlas.AtlasDataset(root, cache_blocks=7, cache_bytes=1 << 20)
     again = pickle.loads(pickle.dumps(ds))
     assert (again.cache_blocks, again.cache_bytes) == (7, 1 << 20)
-    assert again.shards[2]._block_cache is again._block_cache
+    assert again.cache_info()[2:] == (1 << 20, 0, 0, 7)
     shard = atlas.AtlasDatasetShard(
         ds.shards[0].root,
         compression_dict_bytes=ds.shards[0].compression_dict_bytes,
@@ -245,7 +241,7 @@ def test_cache_settings_pickle_and_are_checked(atlas, root):
         ({"cache_blocks": 2.0}, TypeError),
         ({"cache_blocks": True}, TypeError),
         ({"cache_bytes": -5}, ValueError),
-        ({"cache_blocks": None}, ValueError),
+        ({"cache_bytes": 1.5}, TypeError),
     ]:
         with pytest.raises(error):
             atlas.AtlasDataset(root, **kwargs)
@@ -272,15 +268,14 @@ def test_iter_on_reference_fixtures(atlas, reference_case):
         assert_same(a, b, f"{reference_case}[{i}]")
 
 
-def test_iter_stops_cleanly_when_closed_or_dropped(atlas, root, expected, decodes):
+def test_iter_stops_cleanly_when_closed_or_dropped(atlas, root, expected):
     ds = atlas.AtlasDataset(root)
     it = iter(ds)
     assert [next(it) for _ in range(10)] == expected[:10]
     it.close()
     with pytest.raises(StopIteration):
         next(it)
-    read = len(decodes)
-    assert read <= 2 + atlas_fast._batch.READ_AHEAD  # bounded read-ahead
+    assert decodes(ds) <= 2 + atlas_fast._batch.READ_AHEAD  # bounded read-ahead
     it = iter(ds)
     next(it)
     del it
@@ -311,7 +306,7 @@ def test_small_blocks_are_read_ahead_inline(atlas, root, expected, monkeypatch):
         return submit(fn, *args)
 
     monkeypatch.setattr(atlas_fast._batch, "_submit", counting)
-    ds = atlas.AtlasDataset(root)
+    ds = atlas.AtlasDataset(root, cache_blocks=1)
     monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 1 << 30)
     assert list(ds) == expected
     assert submitted == []

@@ -156,8 +156,14 @@ def test_strategy_2_falls_back_to_1_when_the_first_shard_is_small(atlas, tmp_pat
 
 
 def test_zero_examples_make_an_empty_dataset(atlas, tmp_path):
+    """As the reference writes it: one empty shard (ours has a zero-byte data.bin)."""
     root = write(tmp_path / "ds", [], 10, 2, 2)
-    assert json.loads((root / "meta.json").read_text())["shard_sizes"] == []
+    assert json.loads((root / "meta.json").read_text()) == {
+        "version": 1,
+        "shard_sizes": [0],
+        "compression_strategy": 1,
+    }
+    assert (root / "0" / "data.bin").read_bytes() == b""
     ds = atlas.AtlasDataset(root)
     assert len(ds) == 0
     with pytest.raises(IndexError):

@@ -1,1 +1,159 @@
-"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md)."""
+"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md).
+
+``convert(src, dst, fmt, ...)`` reads the source through the format's module (``FORMATS``
+maps each format name to it; they are imported on first use, with their optional
+dependencies), writes Atlas shards into a staging directory next to ``dst`` and moves the
+finished dataset into place at the end: ``dst`` is complete or absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from ._run import WRITER_DEFAULTS, ConvertSummary, VerifyError
+from ._source import Part, Source, SourceError
+
+__all__ = [
+    "FORMATS",
+    "WRITER_DEFAULTS",
+    "ConvertSummary",
+    "FormatUnavailableError",
+    "Part",
+    "Source",
+    "SourceError",
+    "VerifyError",
+    "convert",
+    "convert_dolma",
+    "convert_energon",
+    "convert_flat_tokens",
+    "convert_hf",
+    "convert_jsonl",
+    "convert_mds",
+    "convert_parquet",
+    "convert_wds",
+    "format_module",
+]
+
+# Format name -> module of this package exposing ``sources(src, **options) -> list[Source]``.
+FORMATS = {
+    "parquet": "_parquet",
+    "hf": "_hf",
+    "jsonl": "_jsonl",
+    "dolma": "_dolma",
+    "mds": "_mds",
+    "wds": "_wds",
+    "energon": "_wds",
+    "flat-tokens": "_flat_tokens",
+}
+
+
+class FormatUnavailableError(ImportError):
+    """The format is registered but its converter is not part of this installation."""
+
+
+def format_module(fmt: str):
+    """The module converting ``fmt``; a clear error for an unknown or absent one."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}")
+    name = f"{__name__}.{FORMATS[fmt]}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise FormatUnavailableError(
+            f"--from {fmt}: this build of atlas_fast has no converter for it yet "
+            f"(module {name} is missing)"
+        ) from None
+
+
+def _check_writer_options(options: dict) -> dict:
+    opts = {**WRITER_DEFAULTS, **options}
+    for key in ("shard_size", "block_size"):
+        value = opts[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{key} must be a positive integer, not {value!r}")
+    if opts["compression_strategy"] not in (0, 1, 2, 3):
+        raise ValueError(
+            f"compression_strategy must be 0, 1, 2 or 3, not {opts['compression_strategy']!r}"
+        )
+    opts["compression_strategy"] = int(opts["compression_strategy"])
+    if not 0 <= opts["compression_dict_size"] <= 1:
+        raise ValueError(
+            f"compression_dict_size must be within [0, 1], not {opts['compression_dict_size']!r}"
+        )
+    level = opts["compression_level"]
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise ValueError(f"compression_level must be an integer, not {level!r}")
+    opts["checksums"] = bool(opts["checksums"])
+    return opts
+
+
+def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, **options):
+    """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
+    Atlas dataset at ``dst``; returns a ``ConvertSummary``.
+
+    ``options`` holds writer options (``shard_size``, ``block_size``, ``compression_strategy``,
+    ``compression_level``, ``compression_dict_size``, ``checksums``; defaults in
+    ``WRITER_DEFAULTS``) and the format's own (``attributes`` for dolma, ``decode`` for
+    wds/energon; see docs/convert.md).
+
+    ``dst`` must not exist, or be an empty directory. The shards are written into a staging
+    directory next to it and moved in at the end, so ``dst`` is complete or absent: on any
+    error or interrupt the staging directory is removed and ``dst`` left as it was.
+    ``workers=N`` writes with N processes (each a contiguous run of the source's parts; the
+    same examples in the same order as with one). ``verify=True`` reads every converted
+    example back and compares it with the source read again (``VerifyError`` names the
+    first that differs) before the dataset is moved into place. ``progress``: True for a tqdm
+    bar on stderr (if tqdm is installed), or a callable given ``(examples, nbytes)``
+    increments.
+
+    Malformed input raises ``SourceError``, whose message starts with the file and position.
+    """
+    from ._run import run_conversion
+
+    module = format_module(fmt)
+    accepted = set(inspect.signature(module.sources).parameters) - {"src"}
+    writer_options = {k: v for k, v in options.items() if k in WRITER_DEFAULTS}
+    format_options = {k: v for k, v in options.items() if k not in WRITER_DEFAULTS}
+    for key in format_options:
+        if key not in accepted:
+            hint = ", ".join(sorted(accepted)) or "none"
+            raise TypeError(
+                f"convert() got an unexpected option {key!r} (writer options: "
+                f"{', '.join(WRITER_DEFAULTS)}; options of {fmt}: {hint})"
+            )
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, not {workers!r}")
+    return run_conversion(
+        lambda: module.sources(src, **format_options),
+        dst,
+        fmt=fmt,
+        workers=workers,
+        verify=verify,
+        progress=progress,
+        options=_check_writer_options(writer_options),
+    )
+
+
+def _for_format(fmt: str):
+    def convert_format(src, dst, **options):
+        return convert(src, dst, fmt, **options)
+
+    convert_format.__name__ = convert_format.__qualname__ = f"convert_{fmt.replace('-', '_')}"
+    convert_format.__doc__ = (
+        f"``convert(src, dst, {fmt!r}, **options)``: the {fmt} source at ``src`` into a new "
+        "Atlas dataset at ``dst`` (options: see ``convert``)."
+    )
+    return convert_format
+
+
+convert_parquet = _for_format("parquet")
+convert_hf = _for_format("hf")
+convert_jsonl = _for_format("jsonl")
+convert_dolma = _for_format("dolma")
+convert_mds = _for_format("mds")
+convert_wds = _for_format("wds")
+convert_energon = _for_format("energon")
+convert_flat_tokens = _for_format("flat-tokens")

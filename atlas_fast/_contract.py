@@ -1,0 +1,205 @@
+"""The contract between the facade (``atlas.py``, ``sampler.py``, ``verify``, ``info``) and a core.
+
+A core is a module (``atlas_fast._reader``, compiled, or ``atlas_fast._pyreader``, pure Python)
+that offers what ``CoreModule`` declares. The facade calls nothing else of it: no private
+attribute, no class-hierarchy test. The public reader classes subclass the core's
+``ShardCore`` / ``DatasetCore`` (so that ``ds[i]`` is the core's own ``__getitem__``, a C slot
+in the compiled core) and add only what is not hot.
+
+The block cache
+---------------
+Decoded blocks live in one ``BlockCache`` per dataset object, shared by all its shards (a
+standalone ``AtlasDatasetShard`` has its own). ``ds[i]``, ``__getitems__``, ``iter(ds)`` and
+``read_block`` all read through it. Least recently used blocks are evicted first, while the
+cache holds more than ``max_bytes`` bytes or more than ``max_blocks`` blocks (``None``: no bound
+of that kind), but the ``reserved`` most recently used blocks (at least 1) are always kept.
+
+A block's *bytes* are the size of its decoded pickle (the decompressed block): known without
+measuring any object, the same on both backends, and proportional to what the examples hold
+(text and arrays take about what they take in the pickle; many small Python objects take
+several times more).
+
+Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
+strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),
+``IndexError`` (an index or block number out of range), ``TypeError`` (not an integer).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
+
+__all__ = [
+    "CacheInfo",
+    "DEFAULT_CACHE_BYTES",
+    "cache_limits",
+    "normalize_index",
+    "BlockCacheCore",
+    "ShardCoreProtocol",
+    "DatasetCoreProtocol",
+    "CoreModule",
+    "RAISES",
+]
+
+RAISES = (AtlasFormatError, MissingSharedDictionary, UnsafePickleError, IndexError, TypeError)
+
+CacheInfo = namedtuple("CacheInfo", "hits misses max_bytes currsize blocks max_blocks")
+CacheInfo.__doc__ = """What ``cache_info()`` reports, as ``functools.lru_cache`` does.
+
+``hits`` / ``misses``: block look-ups served from the cache / that decoded the block (one per
+``ds[i]``, one per distinct block of a ``__getitems__`` batch, one per block of ``iter(ds)``);
+``currsize``: bytes held (decoded pickle sizes); ``max_bytes``: the budget (None: unbounded);
+``blocks``: blocks held; ``max_blocks``: the block bound (None: unbounded)."""
+
+# The default budget of a dataset's cache when neither cache_bytes nor cache_blocks is given:
+# small enough that eight DataLoader workers and their parent hold well under 1 GB of decoded
+# blocks, large enough for a BlockShuffleSampler window of blocks of a few MB each.
+DEFAULT_CACHE_BYTES = 32 << 20
+
+
+def cache_limits(cache_blocks, cache_bytes) -> tuple:
+    """``(max_bytes, max_blocks)`` for the readers' ``cache_blocks`` / ``cache_bytes`` arguments.
+
+    Neither: ``DEFAULT_CACHE_BYTES`` and no block bound. One: that bound alone. Both: both.
+    """
+    for name, value, minimum in (
+        ("cache_blocks", cache_blocks, 1),
+        ("cache_bytes", cache_bytes, 0),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, not {value}")
+    if cache_blocks is None and cache_bytes is None:
+        return DEFAULT_CACHE_BYTES, None
+    return cache_bytes, cache_blocks
+
+
+def normalize_index(i, n: int) -> int:
+    """``i`` as an index in ``[0, n)``: negative counts from the end; IndexError outside.
+
+    The one definition of the rule and its messages; the compiled core decides the common case
+    in C and calls this to raise.
+    """
+    i = operator.index(i)
+    if i < 0:
+        if i + n < 0:
+            raise IndexError(f"index {i} out of range for {n} examples")
+        return i + n
+    if i >= n:
+        raise IndexError(f"index {i} out of range for {n} examples")
+    return i
+
+
+def block_number(b, n_blocks: int) -> int:
+    """``b`` as a block number in ``[0, n_blocks)`` (no negative numbers); IndexError outside."""
+    k = operator.index(b)
+    if not 0 <= k < n_blocks:
+        raise IndexError(f"block {b} out of range for {n_blocks} blocks")
+    return k
+
+
+class BlockCacheCore(Protocol):
+    """A bounded LRU of decoded blocks (see the module docstring)."""
+
+    def __init__(self, max_bytes: int | None, max_blocks: int | None) -> None: ...
+
+    def cache_info(self) -> CacheInfo: ...
+
+    def reserve(self, blocks: int) -> None:
+        """Always keep at least the ``blocks`` most recently used blocks (never fewer than
+        before), whatever the budget: what a ``BlockShuffleSampler`` window needs."""
+
+    @property
+    def reserved(self) -> int: ...
+
+    def clear(self) -> None:
+        """Drop every block (hit and miss counts stay)."""
+
+    def keys(self) -> list:
+        """``(tag, block)`` of the blocks held, least recently used first."""
+
+
+class _Reader(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i) -> Any: ...
+
+    def __getitems__(self, indices: Sequence) -> list:
+        """The examples at ``indices`` (all checked first), each block decoded once."""
+
+    def __iter__(self) -> Iterator:
+        """Every example in order, decoding ahead."""
+
+    def cache_info(self) -> CacheInfo: ...
+
+    def cache_reserve(self, blocks: int) -> None:
+        """``BlockCacheCore.reserve`` on this reader's cache."""
+
+    def close(self) -> None:
+        """Release files, mappings and cached blocks; the reader reopens on next use."""
+
+
+class ShardCoreProtocol(_Reader, Protocol):
+    """Reads one shard. ``tag`` keys its blocks in ``cache`` (shared with a dataset's)."""
+
+    def __init__(
+        self,
+        root: str,
+        metadata,
+        dict_bytes: bytes | None,
+        loads: Callable,
+        cache: BlockCacheCore,
+        tag: int,
+    ) -> None:
+        """Nothing is opened yet. Raises ``MissingSharedDictionary`` for a strategy-2 shard
+        without ``dict_bytes``."""
+
+    def read_block(self, b: int) -> list:
+        """The examples of block ``b``, through the cache."""
+
+    def block_bytes(self, b: int) -> bytes:
+        """The decoded pickle bytes of block ``b`` (not cached)."""
+
+    def raw_block(self, b: int) -> bytes:
+        """The stored (possibly compressed) bytes of block ``b``."""
+
+    def offsets(self):
+        """The validated block offsets (a read-only uint64 array), opening the shard."""
+
+
+class DatasetCoreProtocol(_Reader, Protocol):
+    """Maps global indices onto shards; a shard's reader is made on its first use.
+
+    ``sizes[s]`` is the number of examples of shard ``shard_dirs[s]``; ``metadatas[s]`` its
+    parsed meta.json, or None: then it is read on first use and must agree with ``sizes[s]``
+    (an ``AtlasFormatError`` naming both files otherwise).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        shard_dirs: Sequence[str],
+        sizes: Sequence[int],
+        metadatas: Sequence,
+        dict_bytes: bytes | None,
+        loads: Callable,
+        cache: BlockCacheCore,
+    ) -> None: ...
+
+
+class CoreModule(Protocol):
+    """What a backend module offers."""
+
+    BACKEND: str
+    BlockCache: type
+    ShardCore: type
+    DatasetCore: type
+
+    def zstd_library(self) -> dict: ...

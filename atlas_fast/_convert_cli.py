@@ -1,0 +1,158 @@
+"""``atlas-fast convert SRC DST --from FORMAT``: bring a dataset in from another format.
+
+Writes a new Atlas dataset at DST (complete or absent: see ``atlas_fast.convert.convert``),
+shows a progress bar on a terminal and prints a one-line summary at the end. Exit status 0
+on success, 1 when the source is malformed, DST is in the way, a dependency is missing or
+``--verify`` finds a difference, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+# The registry's names, repeated here so building the parser imports no converter;
+# tests/convert/test_cli.py checks that they match ``atlas_fast.convert.FORMATS``.
+FORMAT_NAMES = ("parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "flat-tokens")
+
+
+# The writer's options: flag, convert() keyword, type, metavar, help (the defaults are
+# convert's own, WRITER_DEFAULTS; an option not given is not passed).
+_WRITER_FLAGS = (
+    ("--shard-size", "shard_size", int, "N", "examples per shard"),
+    ("--block-size", "block_size", int, "N", "examples per compressed block"),
+    (
+        "--strategy",
+        "compression_strategy",
+        int,
+        "{0,1,2,3}",
+        "compression: 0 none, 1 zstd, 2 a dictionary shared by all shards, 3 one per shard",
+    ),
+    ("--level", "compression_level", int, "L", "zstd compression level"),
+    (
+        "--dict-size",
+        "compression_dict_size",
+        float,
+        "FRACTION",
+        "dictionary size, as a fraction of the bytes it is trained on",
+    ),
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("src", metavar="SRC", help="the dataset to convert (file or directory)")
+    parser.add_argument("dst", metavar="DST", help="the Atlas dataset to write (must not exist)")
+    parser.add_argument(
+        "--from",
+        dest="fmt",
+        required=True,
+        choices=FORMAT_NAMES,
+        metavar="FORMAT",
+        help=f"the format of SRC: {', '.join(FORMAT_NAMES)}",
+    )
+    from .convert._run import WRITER_DEFAULTS
+
+    writer = parser.add_argument_group("writer options (as AtlasDatasetWriter's)")
+    for flag, key, kind, metavar, text in _WRITER_FLAGS:
+        writer.add_argument(
+            flag,
+            dest=key,
+            type=kind,
+            metavar=metavar,
+            help=f"{text} (default {WRITER_DEFAULTS[key]})",
+        )
+    writer.add_argument(
+        "--checksums",
+        action="store_true",
+        help="write checksums.npy per shard (for atlas-fast verify)",
+    )
+    run_group = parser.add_argument_group("running")
+    run_group.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes, each writing a contiguous run of the source's files (default 1)",
+    )
+    run_group.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every converted example back and compare it with the source before DST appears",
+    )
+    run_group.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_group.add_argument(
+        "--ray", action="store_true", help="run on Ray Data through atlas_fast.ray (when available)"
+    )
+    fmt_group = parser.add_argument_group("format options")
+    fmt_group.add_argument(
+        "--attributes",
+        metavar="A,B",
+        help="dolma: merge attributes/A/..., attributes/B/... into each document's attributes",
+    )
+    fmt_group.add_argument(
+        "--decode", action="store_true", help="wds/energon: decode .json/.txt/.cls/.npy members"
+    )
+
+
+def _error(message: str) -> int:
+    print(f"atlas-fast convert: error: {message}", file=sys.stderr)
+    return 1
+
+
+def run(args) -> int:
+    from ._errors import AtlasFormatError
+    from ._extras import MissingExtraError
+    from .convert import FormatUnavailableError, SourceError, VerifyError, convert
+
+    if args.ray:
+        return _error(
+            "--ray is not available yet: it runs through atlas_fast.ray (the Ray Data "
+            "datasink), which this build does not have; convert with --workers N instead"
+        )
+    if args.workers < 1:
+        return _error(f"--workers must be at least 1, not {args.workers}")
+    options = {
+        key: getattr(args, key) for _, key, *_ in _WRITER_FLAGS if getattr(args, key) is not None
+    }
+    if args.attributes is not None:
+        if args.fmt != "dolma":
+            return _error("--attributes applies to --from dolma only")
+        options["attributes"] = args.attributes
+    if args.decode:
+        if args.fmt not in ("wds", "energon"):
+            return _error("--decode applies to --from wds and --from energon only")
+        options["decode"] = True
+    show_bar = not args.quiet and sys.stderr.isatty()
+    try:
+        summary = convert(
+            args.src,
+            args.dst,
+            args.fmt,
+            workers=args.workers,
+            verify=args.verify,
+            progress=show_bar or None,
+            checksums=args.checksums,
+            **options,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"atlas-fast convert: interrupted; nothing was written at {args.dst} "
+            "(the partial output was removed)",
+            file=sys.stderr,
+        )
+        return 130
+    except (
+        SourceError,
+        VerifyError,
+        AtlasFormatError,
+        FileExistsError,
+        MissingExtraError,
+        FormatUnavailableError,
+        ValueError,
+    ) as exc:
+        if isinstance(exc, FileExistsError):
+            return _error(str(exc))
+        return _error(f"{exc}\nno dataset was written at {args.dst}")
+    print(summary)
+    return 0

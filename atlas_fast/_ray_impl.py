@@ -1,0 +1,354 @@
+"""The Ray Data classes behind ``atlas_fast.ray`` (imported only once Ray is there)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import ray
+import zstandard
+from ray.data import Datasink, Datasource, ReadTask, read_datasource
+from ray.data.block import BlockAccessor, BlockMetadata
+
+from ._commit import commit_staged_shards
+from ._format import DATA_FILE, DICT_FILE, META_FILE, CompressionStrategy, read_shard_metadata
+from .atlas import AtlasDataset
+from .ray import _plan_read_tasks, example_to_row, row_to_example
+from .writer import AtlasDatasetShardWriter
+
+__all__ = [
+    "AtlasDatasink",
+    "AtlasDatasource",
+    "check_positive",
+    "block_rows",
+    "check_write_arguments",
+    "read_datasource",
+    "train_shared_dictionary",
+]
+
+STAGING_PREFIX = ".atlas-staging-"
+# A dictionary sample of one shard, at most this many blocks: the driver holds it in memory.
+MAX_SAMPLE_BLOCKS = 256
+# Examples per Ray block a read task yields (whole Atlas blocks, at least one).
+ROWS_PER_RAY_BLOCK = 4096
+
+
+def check_positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+def check_write_arguments(path: Path, shard_size, block_size, compression_dict_size) -> None:
+    """Refuse bad sizes, and a destination that is not absent or an empty directory."""
+    check_positive("shard_size", shard_size)
+    check_positive("block_size", block_size)
+    if not 0 <= compression_dict_size <= 1:
+        raise ValueError(
+            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
+        )
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(
+            f"{path}: write_atlas writes a new dataset: the path must be absent or an empty "
+            "directory"
+        )
+
+
+def _task_cpus() -> int:
+    """The CPUs Ray assigned to the running task: the shard writer's compression threads
+    (its default, the machine's cores, would oversubscribe a node running a task per CPU)."""
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    except Exception:  # outside a task (tests calling write() directly)
+        cpus = 1
+    return max(1, int(cpus))
+
+
+def train_shared_dictionary(
+    examples, *, block_size: int, compression_level: int, compression_dict_size: float
+) -> bytes | None:
+    """The strategy-2 dictionary of ``examples``, trained as the shard writer trains one.
+
+    The sample is written as a strategy-3 shard in a temporary directory: the shard writer
+    trains the dictionary (zstd on its pickled blocks, ``compression_dict_size`` of their
+    size) or falls back to strategy 1 when it cannot (fewer than 7 blocks), as the reference
+    does with a dataset's first shard. Returns the dictionary's bytes, or None for that
+    fallback.
+    """
+    with tempfile.TemporaryDirectory(prefix="atlas-dictionary-") as tmp:
+        shard = Path(tmp) / "sample"
+        writer = AtlasDatasetShardWriter(
+            path=shard,
+            block_size=block_size,
+            compression_strategy=CompressionStrategy.DICTIONARY_COMPRESSION,
+            compression_level=compression_level,
+            compression_dict_size=compression_dict_size,
+        )
+        with writer:
+            for example in examples:
+                writer.add_example(example)
+        if (
+            read_shard_metadata(shard).compression_strategy
+            != CompressionStrategy.DICTIONARY_COMPRESSION
+        ):
+            return None
+        return (shard / DICT_FILE).read_bytes()
+
+
+def block_rows(block):
+    """The rows of a Ray block as dicts, as ``BlockAccessor.iter_rows`` gives them.
+
+    An Arrow block is converted a column at a time (plain columns to Python values,
+    tensor and object columns through Ray's numpy conversion), which gives the same values
+    as Ray's row iterator at a fraction of its per-row cost; other blocks use the iterator.
+    """
+    if not isinstance(block, pa.Table):
+        for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
+            yield dict(row)
+        return
+    columns = []
+    for name, column in zip(block.column_names, block.columns):
+        if isinstance(column.type, pa.ExtensionType):
+            one = BlockAccessor.for_block(block.select([name]))
+            columns.append(list(one.to_batch_format("numpy")[name]))
+        else:
+            columns.append(column.to_pylist())
+    for values in zip(*columns):
+        yield dict(zip(block.column_names, values))
+
+
+class AtlasDatasink(Datasink):
+    """Writes a Ray Dataset as an Atlas dataset at ``path`` (see ``atlas_fast.ray.write_atlas``).
+
+    Each write task writes its rows as shards of ``shard_size`` examples (the last one may be
+    smaller) into ``path/.atlas-staging-<job>/<task>-<attempt>/``, a directory no other task
+    or attempt uses, and reports the shards it finished. ``on_write_complete`` (on the
+    driver) moves the reported shards into ``path`` as ``0..N-1`` in task order, removes the
+    staging area and writes the root meta.json last, atomically; ``on_write_failed`` removes
+    the staging area and writes no meta.json. Strategy 2 needs ``compression_dict``, the
+    bytes of the dictionary every task compresses with (``write_atlas`` trains it). Each
+    task receives at least ``shard_size`` rows where the dataset has them
+    (``min_rows_per_write``), so tasks write mostly whole shards.
+    """
+
+    def __init__(
+        self,
+        path,
+        *,
+        shard_size: int,
+        block_size: int,
+        compression_strategy: int = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+        compression_level: int = 3,
+        compression_dict_size: float = 0.01,
+        compression_dict: bytes | None = None,
+        item_column: str | None = "item",
+    ):
+        check_write_arguments(Path(path), shard_size, block_size, compression_dict_size)
+        strategy = CompressionStrategy(compression_strategy)
+        shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+        if shared and compression_dict is None:
+            raise ValueError(
+                "compression_strategy 2 (SHARED_DICTIONARY_COMPRESSION) needs compression_dict, "
+                "the dictionary every task compresses with (write_atlas trains one)"
+            )
+        if not shared and compression_dict is not None:
+            raise ValueError("compression_dict is only for compression_strategy 2")
+        self.path = Path(path)
+        self.shard_size = shard_size
+        self.block_size = block_size
+        self.compression_strategy = strategy
+        self.compression_level = compression_level
+        self.compression_dict_size = compression_dict_size
+        self.compression_dict = None if compression_dict is None else bytes(compression_dict)
+        self.item_column = item_column
+        self.staging = self.path / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        self.metadata = None  # the dataset's AtlasDatasetMetadata, once committed
+        self._created_root = False
+        self._moved: list = []  # shard directories moved into path by a commit under way
+
+    @property
+    def min_rows_per_write(self) -> int:
+        return self.shard_size
+
+    def get_name(self) -> str:
+        return "Atlas"
+
+    def on_write_start(self, schema=None) -> None:
+        self._make_root()
+        self.staging.mkdir(exist_ok=True)
+
+    def _make_root(self) -> None:
+        if not self.path.exists():
+            self.path.mkdir(parents=True)
+            self._created_root = True
+
+    def write(self, blocks, ctx) -> dict:
+        """Write this task's rows as shards into a staging directory of this attempt's own."""
+        attempt = self.staging / f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
+        zdict = None
+        if self.compression_dict is not None:
+            zdict = zstandard.ZstdCompressionDict(self.compression_dict)
+        shards: list = []
+        writer = None
+        threads = _task_cpus()
+        try:
+            # Not with parents: a staging area removed by a failed job is not made again.
+            attempt.mkdir()
+            for block in blocks:
+                for row in block_rows(block):
+                    if writer is None:
+                        if not attempt.is_dir():
+                            raise RuntimeError(f"{attempt}: removed (the write job has failed)")
+                        shards.append(str(len(shards)))
+                        writer = AtlasDatasetShardWriter(
+                            path=attempt / shards[-1],
+                            block_size=self.block_size,
+                            compression_strategy=self.compression_strategy,
+                            compression_level=self.compression_level,
+                            compression_dict=zdict,
+                            compression_dict_size=self.compression_dict_size,
+                            workers=threads,
+                        )
+                    writer.add_example(row_to_example(row, self.item_column))
+                    if len(writer) == self.shard_size:
+                        writer.close()
+                        writer = None
+            if writer is not None:
+                writer.close()
+        except BaseException:
+            # Nothing of a failed attempt is reported, so nothing of it is ever committed.
+            shutil.rmtree(attempt, ignore_errors=True)
+            raise
+        return {"task": ctx.task_idx, "attempt": attempt.name, "shards": shards}
+
+    def on_write_complete(self, write_result) -> None:
+        """Commit the reported shards in task order; the root meta.json comes last."""
+        reports = sorted(
+            (r for r in write_result.write_returns if r is not None), key=lambda r: r["task"]
+        )
+        tasks = [r["task"] for r in reports]
+        if len(set(tasks)) != len(tasks):
+            raise RuntimeError(f"{self.path}: a write task reported its shards twice: {tasks}")
+        staged = [self.staging / r["attempt"] / name for r in reports for name in r["shards"]]
+        stored = sum(read_shard_metadata(p).stored_examples for p in staged)
+        if stored != write_result.num_rows:
+            raise RuntimeError(
+                f"{self.path}: the staged shards hold {stored} examples, "
+                f"the write tasks received {write_result.num_rows} rows"
+            )
+        self._make_root()
+        width = len(str(len(staged) - 1)) if staged else 1
+        self._moved = [self.path / str(n).zfill(width) for n in range(len(staged))]
+        self.metadata = commit_staged_shards(
+            self.path,
+            staged,
+            compression_strategy=self.compression_strategy,
+            shared_dict=self.compression_dict,
+            discard=[self.staging],
+        )
+        self._moved = []
+
+    def on_write_failed(self, error: Exception) -> None:
+        """Remove the staging area (and what a failed commit moved); write no meta.json."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        if (self.path / META_FILE).exists():
+            return
+        for shard in self._moved:
+            shutil.rmtree(shard, ignore_errors=True)
+        self._moved = []
+        if self._created_root:
+            try:
+                self.path.rmdir()  # only if empty: never anything but what this job made
+            except OSError:
+                pass
+
+
+def _read_ranges(shards, ranges, item_column):
+    """Yield the Ray blocks of ``ranges`` (``(shard, start, stop)``, block-aligned)."""
+    for s, start, stop in ranges:
+        shard = shards[s]
+        block_size = shard.metadata.block_size
+        step = max(1, ROWS_PER_RAY_BLOCK // block_size) * block_size
+        for first in range(start, stop, step):
+            examples = shard.__getitems__(list(range(first, min(first + step, stop))))
+            yield _examples_to_block(examples, item_column)
+        shard.close()
+
+
+def _examples_to_block(examples: list, item_column: str):
+    rows = [example_to_row(example, item_column) for example in examples]
+    names: dict = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    batch = {}
+    for name in names:
+        # Filled one by one: a list of arrays or lists must stay one object per row.
+        column = np.empty(len(rows), dtype=object)
+        for i, row in enumerate(rows):
+            column[i] = row.get(name)
+        batch[name] = column
+    return BlockAccessor.batch_to_block(batch)
+
+
+class AtlasDatasource(Datasource):
+    """An Atlas dataset as a Ray Data source (see ``atlas_fast.ray.read_atlas``).
+
+    ``dataset`` is a path, opened with ``atlas_fast.AtlasDataset`` (``trusted`` and
+    ``allowed_globals`` as there), or an open ``AtlasDataset`` of either backend. Read tasks
+    cover contiguous runs of whole blocks; each unpickles the shards it reads (readers pickle
+    to their constructor arguments) and yields Ray blocks of whole Atlas blocks.
+    """
+
+    def __init__(
+        self, dataset, *, item_column: str = "item", trusted: bool = True, allowed_globals=()
+    ):
+        super().__init__()
+        if not isinstance(item_column, str) or not item_column:
+            raise ValueError(f"item_column must be a non-empty string, not {item_column!r}")
+        if not hasattr(dataset, "shards"):
+            dataset = AtlasDataset(dataset, trusted=trusted, allowed_globals=allowed_globals)
+        self.dataset = dataset
+        self.item_column = item_column
+
+    def get_name(self) -> str:
+        return "Atlas"
+
+    def estimate_inmemory_data_size(self) -> int:
+        # The bytes stored: a lower bound for compressed datasets.
+        return sum(
+            (shard.root / DATA_FILE).stat().st_size for shard in self.dataset.shards if len(shard)
+        )
+
+    def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None) -> list:
+        shards = self.dataset.shards
+        plan = _plan_read_tasks(
+            [len(s) for s in shards], [s.metadata.block_size for s in shards], parallelism
+        )
+        sizes = [(s.root / DATA_FILE).stat().st_size if len(s) else 0 for s in shards]
+        tasks = []
+        for ranges in plan:
+            used = sorted({s for s, _, _ in ranges})
+            local = {s: i for i, s in enumerate(used)}
+            rows = sum(stop - start for _, start, stop in ranges)
+            size = sum(
+                math.ceil(sizes[s] * (stop - start) / len(shards[s])) for s, start, stop in ranges
+            )
+            read_fn = functools.partial(
+                _read_ranges,
+                [shards[s] for s in used],
+                [(local[s], start, stop) for s, start, stop in ranges],
+                self.item_column,
+            )
+            metadata = BlockMetadata(
+                num_rows=rows,
+                size_bytes=size,
+                exec_stats=None,
+                input_files=[str(shards[s].root) for s in used],
+            )
+            tasks.append(ReadTask(read_fn, metadata, per_task_row_limit=per_task_row_limit))
+        return tasks

@@ -1,0 +1,134 @@
+"""``--from hf``: a Hugging Face ``datasets`` directory written by ``save_to_disk``, or Arrow files.
+
+Each row becomes one example: a dict of its columns as stored in Arrow (``to_pylist``), the
+values ``datasets`` gives with no format set, except that features that ``datasets`` decodes
+on access (``Image``, ``Audio``) stay in their stored form, ``{"bytes": ..., "path": ...}``.
+A ``DatasetDict`` directory (``dataset_dict.json``) gives one Atlas dataset per split, under
+DST/<split>. A ``Dataset`` directory (``state.json``) is read in the order of its data files;
+a directory of ``.arrow`` files (or one file) in sorted order. Files larger than 64 MB are cut
+into parts of whole record batches, so ``--workers`` can share them.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+from ._arrow import group_ranges, pyarrow, rows
+from ._files import find_files
+from ._source import Part, Source, SourceError
+
+__all__ = ["sources"]
+
+
+def _json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise SourceError(f"{path}: not a JSON object")
+    return value
+
+
+def _data_files(directory: Path) -> list:
+    state_path = directory / "state.json"
+    if not state_path.is_file():
+        return find_files(directory, (".arrow",), "Arrow")
+    entries = _json(state_path).get("_data_files")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("filename"), str) for e in entries
+    ):
+        raise SourceError(f"{state_path}: '_data_files' is not a list of {{'filename': ...}}")
+    files = [directory / e["filename"] for e in entries]
+    for path in files:
+        if not path.is_file():
+            raise SourceError(f"{path}: missing (listed in {state_path})")
+    return files
+
+
+class _Stream:
+    """An Arrow IPC stream (what ``datasets`` writes) or file, memory-mapped."""
+
+    def __init__(self, path: Path):
+        pa = pyarrow("hf", "converting Hugging Face datasets")
+        self.path = path
+        try:
+            self._map = pa.memory_map(str(path))
+            try:
+                reader = pa.ipc.open_stream(self._map)
+                self.batches = iter(reader)
+            except pa.ArrowInvalid:
+                self._map.seek(0)
+                reader = pa.ipc.open_file(self._map)
+                self.batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except (pa.ArrowException, OSError) as exc:
+            raise SourceError(f"{path}: not a readable Arrow file ({exc})") from None
+
+    def close(self):
+        self._map.close()
+
+
+def _parts(path: Path) -> list:
+    pa = pyarrow("hf", "converting Hugging Face datasets")
+    stream = _Stream(path)
+    sizes, counts = [], []
+    try:
+        for batch in stream.batches:
+            sizes.append(batch.nbytes)
+            counts.append(batch.num_rows)
+    except (pa.ArrowException, OSError) as exc:
+        raise SourceError(f"{path}: record batch {len(sizes)}: cannot read ({exc})") from None
+    finally:
+        stream.close()
+    size = path.stat().st_size
+    ranges = group_ranges(sizes)
+    if len(ranges) <= 1:
+        return [Part(str(path), size, partial(_read, str(path), None, 0))]
+    total = sum(sizes) or 1
+    return [
+        Part(
+            f"{path} (record batches {start}-{stop - 1})",
+            size * sum(sizes[start:stop]) // total,
+            partial(_read, str(path), (start, stop), sum(counts[:start])),
+        )
+        for start, stop in ranges
+    ]
+
+
+def _source(directory: Path, split=None) -> Source:
+    return Source([part for path in _data_files(directory) for part in _parts(path)], split)
+
+
+def sources(src) -> list:
+    """One source per split of a DatasetDict, else one; parts by file or batch range."""
+    src = Path(src)
+    if src.is_file():
+        return [Source(_parts(src))]
+    if not src.is_dir():
+        raise SourceError(f"{src}: no such file or directory")
+    dict_path = src / "dataset_dict.json"
+    if dict_path.is_file():
+        splits = _json(dict_path).get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise SourceError(f"{dict_path}: 'splits' is not a list of names")
+        for split in splits:
+            if "/" in split or split in ("", ".", "..") or not (src / split).is_dir():
+                raise SourceError(f"{src / split}: split {split!r} of {dict_path} is missing")
+        return [_source(src / split, split) for split in splits]
+    return [_source(src)]
+
+
+def _read(path: str, batches, first_row: int):
+    import itertools
+
+    stream = _Stream(Path(path))
+    try:
+        selected = stream.batches
+        if batches is not None:
+            selected = itertools.islice(selected, *batches)
+        yield from rows(selected, lambda done: f"{path}: row {first_row + done}")
+    finally:
+        stream.close()

@@ -1,0 +1,69 @@
+"""``--from parquet``: Parquet files, or directories of them, streamed by record batches.
+
+Each row becomes one example: a dict of its columns as ``pyarrow``'s ``to_pylist`` gives them
+(strings, ints, floats, bools, None, bytes for binary, lists, dicts for structs, datetime and
+Decimal values). A directory is searched recursively for ``*.parquet`` files, read in sorted
+order of their paths. A file is one part, or, when it is larger than 64 MB and holds several
+row groups, one part per run of row groups, so ``--workers`` can share it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from ._arrow import group_ranges, pyarrow, rows
+from ._files import find_files
+from ._source import Part, Source, SourceError
+
+__all__ = ["sources"]
+
+SUFFIXES = (".parquet", ".parq", ".pq")
+BATCH_ROWS = 1024
+
+
+def _open(pq, path):
+    pa = pyarrow("parquet", "converting Parquet")
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def sources(src) -> list:
+    """One source; one part per file or per run of row groups."""
+    pyarrow("parquet", "converting Parquet")
+    import pyarrow.parquet as pq
+
+    parts = []
+    for path in find_files(src, SUFFIXES, "Parquet"):
+        size = path.stat().st_size
+        with _open(pq, path) as f:
+            meta = f.metadata
+            groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+        stored = [
+            sum(g.column(c).total_compressed_size for c in range(g.num_columns)) for g in groups
+        ]
+        counts = [g.num_rows for g in groups]
+        ranges = group_ranges(stored)
+        if len(ranges) <= 1:
+            parts.append(Part(str(path), size, partial(_read, str(path), None, 0)))
+            continue
+        total = sum(stored) or 1
+        for start, stop in ranges:
+            label = f"{path} (row groups {start}-{stop - 1})"
+            nbytes = size * sum(stored[start:stop]) // total
+            first_row = sum(counts[:start])
+            read = partial(_read, str(path), (start, stop), first_row)
+            parts.append(Part(label, nbytes, read))
+    return [Source(parts)]
+
+
+def _read(path: str, groups, first_row: int):
+    pyarrow("parquet", "converting Parquet")
+    import pyarrow.parquet as pq
+
+    with _open(pq, Path(path)) as f:
+        row_groups = None if groups is None else list(range(*groups))
+        batches = f.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups)
+        yield from rows(batches, lambda done: f"{path}: row {first_row + done}")

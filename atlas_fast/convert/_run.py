@@ -1,0 +1,710 @@
+"""Running a conversion: parts written to shards in staging, committed, verified, moved in.
+
+Layout of the staging directory, ``.<DST name>.converting-XXXX`` next to DST::
+
+    work/<source>/<run>/<n>/     shards written by the worker of that run of parts
+    work/<source>/dict/          strategy 2: the shared dictionary, published by run 0
+    out/[<split>/]               the committed dataset(s), renamed to DST at the very end
+
+Nothing at DST changes until that final rename, and until then no root meta.json exists
+outside the staging directory: a failed, interrupted or mismatching (``verify``) conversion
+removes the staging directory and leaves DST as it was.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import pickle
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._compare import difference
+from ._source import Source, SourceError
+
+__all__ = ["ConvertSummary", "VerifyError", "WRITER_DEFAULTS", "run_conversion", "split_runs"]
+
+# The writer options of a conversion and their defaults (AtlasDatasetWriter's own defaults
+# for strategy, level and dictionary size; shard and block sizes it leaves to the caller).
+WRITER_DEFAULTS = {
+    "shard_size": 10_000,
+    "block_size": 100,
+    "compression_strategy": 2,
+    "compression_level": 3,
+    "compression_dict_size": 0.01,
+    "checksums": False,
+}
+
+_DICT_FILE = "zstd_dict.bin"
+_NO_DICT = "none"
+_PROGRESS_EVERY = 0.1  # seconds between progress messages of a worker
+
+
+class VerifyError(ValueError):
+    """A converted example differs from the source's (``verify=True``)."""
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did; ``str()`` is the one-line summary the command prints."""
+
+    fmt: str
+    dst: Path
+    examples: int = 0
+    shards: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    verified: bool = False
+    datasets: list = field(default_factory=list)  # (split or None, examples, shards)
+
+    def __str__(self) -> str:
+        rate = self.examples / self.seconds if self.seconds > 0 else 0.0
+        splits = [s for s, _, _ in self.datasets if s is not None]
+        where = f"{self.dst}" + (f" ({len(splits)} splits: {', '.join(splits)})" if splits else "")
+        return (
+            f"converted {self.examples:,} examples ({self.fmt}) into {self.shards:,} shards at "
+            f"{where}: {_size(self.bytes_in)} in, {_size(self.bytes_out)} out, "
+            f"{self.seconds:.1f} s ({rate:,.0f} examples/s)"
+            + (", verified" if self.verified else "")
+        )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""  # unreachable
+
+
+def split_runs(parts: list, n: int) -> list:
+    """Cut ``parts`` into at most ``n`` contiguous, non-empty runs of about equal bytes."""
+    n = max(1, min(n, len(parts)))
+    if n == 1:
+        return [list(parts)]
+    cumulative, total = [], 0
+    for part in parts:
+        total += max(part.nbytes, 1)
+        cumulative.append(total)
+    cuts = [0]
+    for k in range(1, n):
+        target = total * k / n
+        i = bisect.bisect_left(cumulative, target)
+        if i > 0 and target - cumulative[i - 1] < cumulative[i] - target:
+            i -= 1
+        cut = min(max(i + 1, cuts[-1] + 1), len(parts) - (n - k))
+        cuts.append(cut)
+    cuts.append(len(parts))
+    return [list(parts[a:b]) for a, b in itertools.pairwise(cuts)]
+
+
+# -- the work of one run (in the calling process or a worker process) ----------------------
+
+
+@dataclass(frozen=True)
+class WriteJob:
+    parts: list
+    run_dir: str
+    dict_dir: str
+    options: dict
+    first: bool  # this run starts the source: with strategy 2 it trains the dictionary
+    # Strategy 2, run 0: train in a thread while this run goes on reading (zstd's trainer
+    # releases the GIL), as with several workers nobody else waits on this one core.
+    train_in_background: bool = False
+    # Compression threads per shard writer: None for the writer's default (the cores); 1
+    # when several worker processes already share the cores.
+    compress_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifyJob:
+    dataset: str
+    label: str  # what errors call the dataset (DST, not the staging path)
+    start: int  # index of this run's first example in the dataset
+    parts: list
+
+
+class _Emitter:
+    """Batches progress for ``emit(examples, nbytes)`` to at most one call per 0.1 s."""
+
+    def __init__(self, emit):
+        self.emit, self.examples, self.last = emit, 0, time.monotonic()
+
+    def example(self) -> None:
+        self.examples += 1
+        if not self.examples & 63 and time.monotonic() - self.last > _PROGRESS_EVERY:
+            self.flush(0)
+
+    def flush(self, nbytes: int) -> None:
+        self.emit(self.examples, nbytes)
+        self.examples, self.last = 0, time.monotonic()
+
+
+def _shared_dict(dict_dir: Path):
+    """The published strategy-2 dictionary (bytes), None when run 0 fell back to strategy 1,
+    or ``...`` while not published yet."""
+    path = dict_dir / _DICT_FILE
+    if path.exists():
+        return path.read_bytes()
+    if (dict_dir / _NO_DICT).exists():
+        return None
+    return ...
+
+
+def _publish(dict_dir: Path, data) -> None:
+    if data is None:
+        (dict_dir / _NO_DICT).touch()
+        return
+    tmp = dict_dir / f".{_DICT_FILE}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, dict_dir / _DICT_FILE)
+
+
+def _train(examples: list, opts: dict):
+    """The shared dictionary (bytes) trained on ``examples`` as the first shard of a
+    strategy-2 ``AtlasDatasetWriter`` trains it: on their pickled blocks, of
+    ``compression_dict_size`` times their bytes; None (strategy 1) when it cannot be."""
+    import zstandard
+
+    from ..writer import MIN_BLOCKS_FOR_DICTIONARY
+
+    size = opts["block_size"]
+    blocks = [pickle.dumps(examples[i : i + size]) for i in range(0, len(examples), size)]
+    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
+        return None
+    total = sum(len(b) for b in blocks)
+    dict_size = max(int(opts["compression_dict_size"] * total) + 1, 1024)
+    try:
+        trained = zstandard.train_dictionary(dict_size, blocks, level=opts["compression_level"])
+    except zstandard.ZstdError as exc:
+        warnings.warn(
+            f"zstd could not train the shared dictionary ({exc}); the dataset falls back "
+            "to STANDARD_COMPRESSION",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return trained.as_bytes()
+
+
+def _train_and_publish(examples: list, opts: dict, dict_dir: Path, errors: list) -> None:
+    data = None
+    try:
+        data = _train(examples, opts)
+    except BaseException as exc:  # re-raised by the run; waiting runs must not hang
+        errors.append(exc)
+    finally:
+        _publish(dict_dir, data)
+
+
+def _writer_classes():
+    from ..writer import AtlasDatasetShardWriter
+
+    class AwaitingDictShardWriter(AtlasDatasetShardWriter):
+        """A strategy-3 shard whose dictionary is not trained but awaited: the one run 0
+        publishes from the source's first shard (the rule of ``AtlasDatasetWriter``)."""
+
+        dict_dir: Path
+
+        def _train_dictionary(self):
+            import zstandard
+
+            parent = os.getppid()
+            while (data := _shared_dict(self.dict_dir)) is ...:
+                if os.getppid() != parent:  # the converting process is gone
+                    raise SystemExit(1)
+                time.sleep(0.02)
+            return None if data is None else zstandard.ZstdCompressionDict(data)
+
+    return AtlasDatasetShardWriter, AwaitingDictShardWriter
+
+
+def write_run(job: WriteJob, emit) -> tuple:
+    """Write the examples of ``job.parts`` into shards ``run_dir/0, 1, ...`` of
+    ``shard_size`` examples (the last one short). Returns (shard dirs, examples per part)."""
+    import zstandard
+
+    from .._format import META_FILE, CompressionStrategy, dump_meta
+
+    opts = job.options
+    run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
+    shard_writer, awaiting_writer = _writer_classes()
+    strategy = CompressionStrategy(opts["compression_strategy"])
+    shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    zdict = None  # the shared dictionary, once known
+    known = not shared  # whether zdict is settled (strategy 2)
+    shard_dirs: list = []
+    counts: list = []
+    writer = None
+    background = shared and job.first and job.train_in_background
+    sample: list | None = [] if background else None  # the examples the dictionary learns
+    trainer = None
+    errors: list = []
+
+    def start_trainer():
+        nonlocal trainer
+        args = (sample, opts, dict_dir, errors)
+        trainer = threading.Thread(target=_train_and_publish, args=args, daemon=True)
+        trainer.start()
+
+    def open_shard():
+        path = run_dir / str(len(shard_dirs))
+        shard_dirs.append(str(path))
+        cls, chosen = shard_writer, strategy
+        if shared and not known:
+            cls = shard_writer if job.first and not background else awaiting_writer
+            chosen = CompressionStrategy.DICTIONARY_COMPRESSION
+        elif shared and zdict is None:
+            chosen = CompressionStrategy.STANDARD_COMPRESSION
+        w = cls(
+            path,
+            opts["block_size"],
+            compression_strategy=chosen,
+            compression_level=opts["compression_level"],
+            compression_dict=zdict,
+            compression_dict_size=opts["compression_dict_size"],
+            checksums=opts["checksums"],
+            **({} if job.compress_threads is None else {"workers": job.compress_threads}),
+        )
+        w.dict_dir = dict_dir
+        return w
+
+    deferred: list = []  # shards of a run > 0 awaiting the dictionary, in order
+
+    def close_shard(w, *, last=False):
+        nonlocal known
+        if known:
+            w.close()
+            return
+        if job.first and not background:  # the first shard trains it and publishes it
+            settle(w)
+            known = True
+            return
+        # Keep reading while run 0 trains the dictionary: these shards (strategy 3 awaiting
+        # it) are closed, and their blocks compressed, once it is published or at the end.
+        deferred.append(w)
+        if last or _shared_dict(dict_dir) is not ...:
+            for waiting in deferred:
+                settle(waiting)
+            deferred.clear()
+            known = True
+
+    def settle(w):
+        """Close a strategy-3 shard whose dictionary is the shared one: the dictionary
+        leaves the shard (to the source's dict dir, from run 0) and it becomes strategy 2."""
+        nonlocal zdict
+        w.close()
+        data = None
+        if w.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            own = w.path / _DICT_FILE
+            data = own.read_bytes()
+            own.unlink()
+            w.metadata = w.metadata._replace(
+                compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+            )
+            dump_meta(w.path / META_FILE, w.metadata._asdict())
+        if job.first and not background:
+            _publish(dict_dir, data)
+        zdict = None if data is None else zstandard.ZstdCompressionDict(data)
+
+    progress = _Emitter(emit)
+    shard_size = opts["shard_size"]
+    for part in job.parts:
+        count = 0
+        for example in part.read():
+            if writer is None:
+                writer = open_shard()
+            writer.add_example(example)
+            count += 1
+            if trainer is None and sample is not None:
+                sample.append(example)
+                if len(sample) == shard_size:
+                    start_trainer()
+            progress.example()
+            if writer.stored_examples == shard_size:
+                close_shard(writer)
+                writer = None
+        counts.append(count)
+        progress.flush(part.nbytes)
+    if sample is not None and trainer is None:  # run 0 ended within its first shard
+        start_trainer()
+    if writer is not None:
+        close_shard(writer, last=True)
+    elif deferred:
+        close_shard(deferred.pop(), last=True)  # settles it and those before it
+    if trainer is not None:
+        trainer.join()
+        if errors:
+            raise errors[0]
+    elif job.first and not known:  # no example at all in run 0
+        _publish(dict_dir, None)
+    return shard_dirs, counts
+
+
+def verify_run(job: VerifyJob, emit) -> int:
+    """Read the dataset's examples from ``job.start`` on and compare each with the source
+    re-read; returns the number compared. A difference raises ``VerifyError``."""
+    from .. import atlas
+
+    progress = _Emitter(emit)
+    with atlas.AtlasDataset(job.dataset) as ds:
+        total = len(ds)
+        index = job.start
+        for part in job.parts:
+            for number, expected in enumerate(part.read()):
+                where = f"{job.label}: example {index} (example {number} of part {part.label})"
+                if index >= total:
+                    raise VerifyError(f"{where}: missing, the dataset holds {total} examples")
+                found = difference(expected, ds[index])
+                if found is not None:
+                    raise VerifyError(f"{where} differs from the source: {found}")
+                index += 1
+                progress.example()
+            progress.flush(part.nbytes)
+    return index - job.start
+
+
+# -- worker processes --------------------------------------------------------------------
+
+
+def _portable(exc: BaseException, k: int) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError carrying its traceback."""
+    if isinstance(exc, (SourceError, VerifyError)):
+        return exc
+    try:
+        pickle.loads(pickle.dumps(exc))
+        if isinstance(exc, (OSError, ValueError, AssertionError)):
+            return exc
+    except Exception:
+        pass
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return RuntimeError(f"worker process {k} failed: {type(exc).__name__}: {exc}\n{text}")
+
+
+def _child(k: int, inbox, results) -> None:
+    """A worker process: runs ``(function, job)`` tasks until it gets None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+
+    def emit(examples, nbytes):
+        results.put(("progress", k, (examples, nbytes)))
+
+    while (task := inbox.get()) is not None:
+        function, job = task
+        try:
+            results.put(("done", k, function(job, emit)))
+        except BaseException as exc:
+            results.put(("error", k, _portable(exc, k)))
+
+
+class _Workers:
+    """``n - 1`` spawned worker processes; the calling process is worker 0."""
+
+    def __init__(self, n: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(n - 1)]
+        self.processes = [
+            ctx.Process(
+                target=_child,
+                args=(k, inbox, self.results),
+                name=f"atlas-fast-convert-{k}",
+                daemon=True,
+            )
+            for k, inbox in enumerate(self.inboxes, 1)
+        ]
+        # Workers only write and compare examples: they start without torch (see _compat).
+        saved = os.environ.get("ATLAS_FAST_NO_TORCH")
+        os.environ["ATLAS_FAST_NO_TORCH"] = "1"
+        try:
+            for p in self.processes:
+                p.start()
+        finally:
+            if saved is None:
+                del os.environ["ATLAS_FAST_NO_TORCH"]
+            else:
+                os.environ["ATLAS_FAST_NO_TORCH"] = saved
+
+    def run(self, tasks: list, on_progress) -> list:
+        """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results."""
+        results = [None] * len(tasks)
+        pending = set()
+        for k, task in enumerate(tasks[1:], 1):
+            if task is not None:
+                self.inboxes[k - 1].put(task)
+                pending.add(k)
+
+        def emit(examples, nbytes):
+            on_progress(examples, nbytes)
+            self._receive(results, pending, on_progress, timeout=None)
+
+        if tasks[0] is not None:
+            function, job = tasks[0]
+            results[0] = function(job, emit)
+        while pending:
+            self._receive(results, pending, on_progress, timeout=0.2)
+        return results
+
+    def _receive(self, results, pending, on_progress, timeout) -> None:
+        while pending:
+            try:
+                if timeout is None:
+                    kind, k, payload = self.results.get_nowait()
+                else:
+                    kind, k, payload = self.results.get(timeout=timeout)
+            except queue.Empty:
+                for k in sorted(pending):
+                    p = self.processes[k - 1]
+                    if not p.is_alive():
+                        raise RuntimeError(
+                            f"worker process {k} ended unexpectedly (exit code {p.exitcode}; "
+                            "a script that converts with workers > 1 needs its work under "
+                            "`if __name__ == '__main__':`, as spawned processes import it)"
+                        ) from None
+                return
+            if kind == "progress":
+                on_progress(*payload)
+            elif kind == "done":
+                results[k] = payload
+                pending.discard(k)
+            else:
+                raise payload
+
+    def close(self, *, kill: bool) -> None:
+        for inbox, p in zip(self.inboxes, self.processes):
+            if kill:
+                p.terminate()
+            elif p.is_alive():
+                inbox.put(None)
+        for p in self.processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for q in (self.results, *self.inboxes):
+            q.close()
+            q.cancel_join_thread()
+
+
+class _Serial:
+    def run(self, tasks: list, on_progress) -> list:
+        function, job = tasks[0]
+        return [function(job, on_progress)]
+
+    def close(self, *, kill: bool) -> None:
+        pass
+
+
+# -- progress ---------------------------------------------------------------------------
+
+
+class _Progress:
+    """Progress of one phase: a tqdm bar (``progress=True``, when tqdm is installed), a
+    callable ``progress(examples, nbytes)`` given increments, or nothing."""
+
+    def __init__(self, progress, total_bytes: int, desc: str):
+        self.callback = progress if callable(progress) and progress is not True else None
+        self.bar = None
+        self.examples = 0
+        self.start = self.last = time.monotonic()
+        if progress is True:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(
+                total=total_bytes,
+                desc=desc,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+            )
+
+    def __call__(self, examples: int, nbytes: int) -> None:
+        self.examples += examples
+        if self.callback is not None:
+            self.callback(examples, nbytes)
+        if self.bar is None:
+            return
+        if nbytes:
+            self.bar.update(nbytes)
+        now = time.monotonic()
+        if now - self.last > 0.2:
+            rate = self.examples / max(now - self.start, 1e-9)
+            self.bar.set_postfix_str(f"{self.examples:,} examples, {rate:,.0f} ex/s", False)
+            self.bar.refresh()
+            self.last = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- the conversion ----------------------------------------------------------------------
+
+
+def _check_destination(dst: Path) -> None:
+    if dst.is_dir():
+        if any(dst.iterdir()):
+            raise FileExistsError(
+                f"{dst}: already exists and is not empty; convert writes a new dataset "
+                "(remove it or choose another destination)"
+            )
+    elif dst.exists() or dst.is_symlink():
+        raise FileExistsError(f"{dst}: already exists and is not a directory")
+
+
+def _check_sources(sources: list) -> None:
+    if not sources:
+        raise SourceError("the source holds no dataset")
+    splits = [s.split for s in sources]
+    if None in splits and len(splits) > 1:
+        raise ValueError("a format gave several sources, not all of them with a split name")
+    if len(set(splits)) != len(splits):
+        raise ValueError(f"a format gave two sources of one split: {splits}")
+    for split in splits:
+        if split is not None and (not split or "/" in split or split in (".", "..")):
+            raise SourceError(f"split {split!r}: not usable as a directory name")
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_conversion(
+    list_sources, dst, *, fmt: str, workers: int, verify: bool, progress, options: dict
+) -> ConvertSummary:
+    """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
+    started = time.monotonic()
+    dst = Path(dst)
+    _check_destination(dst)
+    pool = _Workers(workers) if workers > 1 else _Serial()
+    staging = None
+    ok = False
+    try:
+        sources = list_sources()
+        _check_sources(sources)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
+        out = staging / "out"
+        summary = ConvertSummary(fmt, dst)
+        for s, source in enumerate(sources):
+            root = out if source.split is None else out / source.split
+            label = dst if source.split is None else dst / source.split
+            examples, shards = _convert_source(
+                pool, source, staging / "work" / str(s), root, label, verify, progress, options
+            )
+            summary.datasets.append((source.split, examples, shards))
+        _check_destination(dst)
+        if dst.is_dir():
+            dst.rmdir()
+        os.rename(out, dst)
+        ok = True
+    finally:
+        pool.close(kill=not ok)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            if staging.exists():
+                warnings.warn(
+                    f"{staging}: could not remove this staging directory of the conversion; "
+                    "it is not a dataset, remove it by hand",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    summary.examples = sum(e for _, e, _ in summary.datasets)
+    summary.shards = sum(n for _, _, n in summary.datasets)
+    summary.bytes_in = sum(p.nbytes for source in sources for p in source.parts)
+    summary.bytes_out = _tree_bytes(dst)
+    summary.verified = bool(verify)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _convert_source(pool, source, work, root, label, verify, progress, options):
+    """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
+    verify it if asked; returns (examples, shards)."""
+    from .._commit import commit_staged_shards
+    from .._format import CompressionStrategy
+
+    dict_dir = work / "dict"
+    dict_dir.mkdir(parents=True)
+    runs = split_runs(source.parts, _pool_size(pool))
+    tasks = [
+        (
+            write_run,
+            WriteJob(
+                run,
+                str(work / str(k)),
+                str(dict_dir),
+                options,
+                k == 0,
+                len(runs) > 1,
+                1 if len(runs) > 1 else None,
+            ),
+        )
+        for k, run in enumerate(runs)
+    ]
+    total_bytes = sum(p.nbytes for p in source.parts)
+    bar = _Progress(progress, total_bytes, _phase_name("converting", source))
+    try:
+        results = pool.run(tasks, bar)
+    finally:
+        bar.close()
+    staged = [d for dirs, _ in results for d in dirs]
+    counts = [c for _, part_counts in results for c in part_counts]
+    strategy = CompressionStrategy(options["compression_strategy"])
+    shared = None
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        shared = _shared_dict(dict_dir)
+        if shared is None or shared is ...:
+            shared = None
+            strategy = CompressionStrategy.STANDARD_COMPRESSION
+    commit_staged_shards(root, staged, compression_strategy=strategy, shared_dict=shared)
+    examples = sum(counts)
+    if verify:
+        _verify_source(pool, source, runs, counts, root, label, examples, progress)
+    return examples, len(staged)
+
+
+def _pool_size(pool) -> int:
+    return len(pool.processes) + 1 if isinstance(pool, _Workers) else 1
+
+
+def _phase_name(what: str, source: Source) -> str:
+    return what if source.split is None else f"{what} {source.split}"
+
+
+def _verify_source(pool, source, runs, counts, root, label, examples, progress) -> None:
+    tasks, start, i = [], 0, 0
+    for run in runs:
+        tasks.append((verify_run, VerifyJob(str(root), str(label), start, run)))
+        start += sum(counts[i : i + len(run)])
+        i += len(run)
+    bar = _Progress(progress, sum(p.nbytes for p in source.parts), _phase_name("verifying", source))
+    try:
+        compared = sum(pool.run(tasks, bar))
+    finally:
+        bar.close()
+    from .. import atlas
+
+    with atlas.AtlasDataset(root) as ds:
+        stored = len(ds)
+    if compared != examples or stored != examples:
+        raise VerifyError(
+            f"{label}: the converted dataset holds {stored} examples, the source {compared}"
+        )

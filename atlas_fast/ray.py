@@ -1,0 +1,229 @@
+"""Writing and reading Atlas datasets on Ray Data (the ``atlas-fast[ray]`` extra).
+
+``write_atlas(dataset, path, shard_size=..., block_size=...)`` writes a Ray Dataset as an
+Atlas dataset: each write task writes whole shards of its rows into a staging directory of
+its own, and the driver commits them in task order (the root meta.json last, atomically).
+``read_atlas(path)`` reads one back as a Ray Dataset, its read tasks over contiguous runs of
+blocks. ``AtlasDatasink`` and ``AtlasDatasource`` are the ``ray.data.Datasink`` and
+``ray.data.Datasource`` behind them. docs/ray.md has the guide.
+
+Rows and examples. A dict example with string keys is a row whose columns are its keys;
+any other example (a number, a string, a list, a numpy array, an object, a dict with a
+non-string key or no key) is a row with one column, ``item_column`` (default ``"item"``),
+as ``ray.data.from_items`` does. Writing reverses this: a row whose only column is
+``item_column`` is stored as that column's value, any other row as a dict of its columns.
+Values take the types Ray Data gives them (a tuple comes back as a list, a missing key of a
+dict in a block where other examples have it as None).
+
+Ray is imported only when these are used: without it, this module imports and each name
+raises ``MissingExtraError`` naming the extra.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._extras import require
+from ._format import CompressionStrategy
+
+if TYPE_CHECKING:  # defined on first use, by __getattr__ (they subclass Ray's classes)
+    from ._ray_impl import AtlasDatasink, AtlasDatasource
+
+__all__ = ["AtlasDatasink", "AtlasDatasource", "read_atlas", "write_atlas"]
+
+_EXTRA = "ray"
+_LAZY = ("AtlasDatasink", "AtlasDatasource")
+
+
+def _impl(feature: str):
+    """The module of the Ray Data classes, once Ray is known to be there."""
+    require("ray.data", _EXTRA, feature)
+    from . import _ray_impl
+
+    return _ray_impl
+
+
+def __getattr__(name: str):
+    # The classes subclass Ray's, so they exist only once Ray is importable. Not cached in
+    # the module's globals: every access checks that Ray is (still) there.
+    if name in _LAZY:
+        return getattr(_impl(f"atlas_fast.ray.{name}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])
+
+
+def example_to_row(example, item_column: str = "item") -> dict:
+    """The Ray Data row of an Atlas example (see the module docstring)."""
+    if isinstance(example, Mapping) and example and all(isinstance(key, str) for key in example):
+        return dict(example)
+    return {item_column: example}
+
+
+def row_to_example(row: Mapping, item_column: str | None = "item"):
+    """The Atlas example of a Ray Data row: the inverse of ``example_to_row``."""
+    if item_column is not None and len(row) == 1 and item_column in row:
+        return row[item_column]
+    return dict(row)
+
+
+def write_atlas(
+    dataset,
+    path,
+    *,
+    shard_size: int,
+    block_size: int,
+    compression_strategy: int = 2,
+    compression_level: int = 3,
+    compression_dict_size: float = 0.01,
+    dict_sample_rows: int | None = None,
+    item_column: str | None = "item",
+    preserve_order: bool = True,
+    ray_remote_args: dict | None = None,
+    concurrency: int | None = None,
+):
+    """Write the Ray Dataset ``dataset`` as an Atlas dataset at ``path``; return its metadata.
+
+    ``path`` must be absent or an empty directory on a file system every node of the cluster
+    sees at the same path. Each write task writes its rows as shards of ``shard_size``
+    examples (its last shard may be smaller: shards of different sizes are valid Atlas),
+    ``block_size`` examples per block, compressed per ``compression_strategy`` (0 none,
+    1 zstd, 2 one dictionary shared by every shard, 3 one dictionary per shard) at
+    ``compression_level``.
+
+    Strategy 2: before the write, the driver takes the first ``dict_sample_rows`` rows
+    (default: one shard's worth, at most 256 blocks) and trains the dictionary from them as
+    the shard writer trains one (its size is ``compression_dict_size`` times the pickled
+    sample); every task compresses with it. When no dictionary can be trained (fewer than
+    7 blocks in the sample, as in the reference), the dataset is written with strategy 1.
+    Taking the sample runs the dataset's pipeline for those rows; materialize an expensive
+    pipeline first.
+
+    ``preserve_order=True`` sets the dataset's ``preserve_order`` execution option for this
+    write, so the examples are stored in the dataset's order; False lets Ray finish tasks in
+    any order (the shards are still committed in task order). ``ray_remote_args`` (for
+    example ``{"max_retries": 3, "retry_exceptions": True}``) and ``concurrency`` go to
+    ``Dataset.write_datasink``.
+
+    Nothing is a dataset until the end: the root meta.json is written last, atomically, once
+    every task has succeeded. A failed write leaves no meta.json and no staging directory.
+    """
+    impl = _impl("atlas_fast.ray.write_atlas")
+    path = Path(path)
+    strategy = CompressionStrategy(compression_strategy)
+    impl.check_write_arguments(path, shard_size, block_size, compression_dict_size)
+    zdict = None
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        if dict_sample_rows is None:
+            dict_sample_rows = min(shard_size, impl.MAX_SAMPLE_BLOCKS * block_size)
+        impl.check_positive("dict_sample_rows", dict_sample_rows)
+        sample = dataset.limit(dict_sample_rows).take_all()
+        zdict = impl.train_shared_dictionary(
+            (row_to_example(row, item_column) for row in sample),
+            block_size=block_size,
+            compression_level=compression_level,
+            compression_dict_size=compression_dict_size,
+        )
+        if zdict is None:  # fewer than 7 blocks: the reference's fallback
+            strategy = CompressionStrategy.STANDARD_COMPRESSION
+    sink = impl.AtlasDatasink(
+        path,
+        shard_size=shard_size,
+        block_size=block_size,
+        compression_strategy=strategy,
+        compression_level=compression_level,
+        compression_dict_size=compression_dict_size,
+        compression_dict=zdict,
+        item_column=item_column,
+    )
+    options = dataset.context.execution_options
+    previous = options.preserve_order
+    options.preserve_order = previous or preserve_order
+    try:
+        dataset.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
+    finally:
+        options.preserve_order = previous
+    return sink.metadata
+
+
+def read_atlas(
+    path,
+    *,
+    override_num_blocks: int | None = None,
+    parallelism: int = -1,
+    item_column: str = "item",
+    trusted: bool = True,
+    allowed_globals=(),
+    ray_remote_args: dict | None = None,
+    concurrency: int | None = None,
+):
+    """Read the Atlas dataset at ``path`` (or an open ``AtlasDataset``) as a Ray Dataset.
+
+    The examples are split into read tasks over contiguous runs of whole blocks, as evenly
+    as block boundaries allow: ``override_num_blocks`` (or the older ``parallelism``) tasks
+    when the dataset has at least that many blocks, one per block otherwise; by default Ray
+    decides. Rows are as described in the module docstring (dict examples as columns, others
+    under ``item_column``). ``trusted=False`` and ``allowed_globals`` unpickle with the
+    restricted unpickler (see ``AtlasDataset``); an open dataset passed in keeps its own
+    settings and backend. Iterate with ``DataContext``'s ``preserve_order`` set to get the
+    examples in dataset order.
+    """
+    impl = _impl("atlas_fast.ray.read_atlas")
+    source = impl.AtlasDatasource(
+        path, item_column=item_column, trusted=trusted, allowed_globals=allowed_globals
+    )
+    kwargs = {"ray_remote_args": ray_remote_args, "concurrency": concurrency}
+    if override_num_blocks is not None:
+        kwargs["override_num_blocks"] = override_num_blocks
+    elif parallelism != -1:
+        kwargs["override_num_blocks"] = parallelism
+    return impl.read_datasource(source, **kwargs)
+
+
+def _plan_read_tasks(shard_sizes, block_sizes, parallelism: int) -> list:
+    """Split a dataset's blocks into at most ``parallelism`` contiguous runs of whole blocks.
+
+    ``shard_sizes[s]`` examples in shard ``s``, ``block_sizes[s]`` per block. Returns one list
+    per read task of ``(shard, start, stop)`` example ranges, in dataset order, each range
+    starting on a block boundary; the tasks' example counts are as even as whole blocks
+    allow. There are ``min(parallelism, number of blocks)`` tasks (none for no blocks).
+    """
+    import numpy as np
+
+    rows = []  # examples in each block, in dataset order
+    owner = []  # (shard, first example) of each block
+    for s, (n, bs) in enumerate(zip(shard_sizes, block_sizes)):
+        for start in range(0, n, bs):
+            rows.append(min(bs, n - start))
+            owner.append((s, start))
+    count = min(max(int(parallelism), 1), len(rows))
+    if not count:
+        return []
+    ends = np.cumsum(rows)  # ends[b]: examples in blocks 0..b
+    total = int(ends[-1])
+    cuts = [0]
+    for j in range(1, count):
+        # The block boundary nearest to an even split, leaving each task at least one block.
+        target = total * j / count
+        b = int(np.searchsorted(ends, target))  # the first block ending at or past target
+        cut = b if b and target - ends[b - 1] <= ends[b] - target else b + 1
+        cut = min(max(cut, cuts[-1] + 1), len(rows) - (count - j))
+        cuts.append(cut)
+    cuts.append(len(rows))
+    tasks = []
+    for first, last in itertools.pairwise(cuts):
+        ranges: list = []
+        for b in range(first, last):
+            s, start = owner[b]
+            stop = start + rows[b]
+            if ranges and ranges[-1][0] == s:
+                ranges[-1] = (s, ranges[-1][1], stop)
+            else:
+                ranges.append((s, start, stop))
+        tasks.append(ranges)
+    return tasks

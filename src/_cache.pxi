@@ -1,0 +1,182 @@
+# Included by _reader.pyx (one extension module): the block cache.
+# Directives are set once, in setup.py.
+
+# ---------------------------------------------------------------------------------------------
+# The block cache (see atlas_fast._contract for its semantics)
+#
+# Every method runs with the GIL held and calls no Python code while the list and the dict
+# disagree, so the GIL alone guards them: no lock to take, none to renew after fork. Entries
+# dropped are released only once the structure is consistent again (freeing examples may run
+# arbitrary code, which may come back here).
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class _Entry:
+    """A cached block: its examples, and room for what partial decoding will keep.
+
+    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None),
+    ``offsets`` per-example positions in ``data`` and ``partial`` a resumable decompression
+    state (None until a core fills them); ``nbytes`` what it counts against the budget.
+    ``live``: the cache holds it (it is then in the dict and the list); a reader's last entry
+    may outlive it, emptied.
+    """
+
+    cdef object key
+    cdef Py_ssize_t block
+    cdef list examples
+    cdef object data
+    cdef object offsets
+    cdef object partial
+    cdef Py_ssize_t nbytes
+    cdef bint live
+    cdef PyObject* newer  # borrowed: the cache's dict owns every live entry
+    cdef PyObject* older
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class BlockCache:
+    """Decoded blocks, least recently used evicted first, bounded in bytes and/or blocks."""
+
+    cdef dict _entries  # key -> _Entry: owns them
+    cdef PyObject* _newest
+    cdef PyObject* _oldest
+    cdef Py_ssize_t _count
+    cdef Py_ssize_t _bytes
+    cdef Py_ssize_t _max_bytes  # -1: no bound
+    cdef Py_ssize_t _max_blocks  # -1: no bound
+    cdef Py_ssize_t _reserved
+    cdef unsigned long long _hits
+    cdef unsigned long long _misses
+
+    def __cinit__(self, max_bytes=None, max_blocks=None):
+        self._entries = {}
+        self._max_bytes = -1 if max_bytes is None else max_bytes
+        self._max_blocks = -1 if max_blocks is None else max_blocks
+        self._reserved = 1
+
+    def cache_info(self):
+        return CacheInfo(
+            self._hits,
+            self._misses,
+            None if self._max_bytes < 0 else self._max_bytes,
+            self._bytes,
+            self._count,
+            None if self._max_blocks < 0 else self._max_blocks,
+        )
+
+    @property
+    def reserved(self):
+        return self._reserved
+
+    def reserve(self, Py_ssize_t blocks):
+        if blocks > self._reserved:
+            self._reserved = blocks
+
+    def keys(self):
+        """``(tag, block)`` of the blocks held, least recently used first."""
+        cdef list out = []
+        cdef PyObject* p = self._oldest
+        while p != NULL:
+            out.append((<_Entry>p).key)
+            p = (<_Entry>p).newer
+        return out
+
+    def clear(self):
+        cdef list dropped = []
+        while self._oldest != NULL:
+            self._drop(<_Entry>self._oldest, dropped)
+
+    def _discard(self, tag):
+        """Drop every block of the reader tagged ``tag``."""
+        cdef list dropped = []
+        for e in [e for e in self._entries.values() if (<_Entry>e).key[0] == tag]:
+            self._drop(<_Entry>e, dropped)
+
+    cdef inline void _unlink(self, _Entry e) noexcept:
+        if e.newer != NULL:
+            (<_Entry>e.newer).older = e.older
+        else:
+            self._newest = e.older
+        if e.older != NULL:
+            (<_Entry>e.older).newer = e.newer
+        else:
+            self._oldest = e.newer
+        e.newer = NULL
+        e.older = NULL
+
+    cdef inline void _push(self, _Entry e) noexcept:
+        e.newer = NULL
+        e.older = self._newest
+        if self._newest != NULL:
+            (<_Entry>self._newest).newer = <PyObject*>e
+        self._newest = <PyObject*>e
+        if self._oldest == NULL:
+            self._oldest = <PyObject*>e
+
+    cdef inline void _hit(self, _Entry e) noexcept:
+        """A hit on live entry ``e``: now the most recent."""
+        self._hits += 1
+        if self._newest != <PyObject*>e:
+            self._unlink(e)
+            self._push(e)
+
+    cdef _Entry _get(self, object key):
+        """The live entry holding examples for ``key`` (a hit), or None (a miss)."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        if found == NULL or (<_Entry>found).examples is None:
+            self._misses += 1
+            return None
+        self._hit(<_Entry>found)
+        return <_Entry>found
+
+    cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
+        """Cache ``examples`` as block ``key``; an entry already there (another thread's) wins."""
+        cdef PyObject* found = PyDict_GetItem(self._entries, key)
+        cdef list dropped = []
+        cdef _Entry e
+        if found != NULL:
+            e = <_Entry>found
+            if e.examples is not None:
+                if self._newest != found:
+                    self._unlink(e)
+                    self._push(e)
+                return e
+            self._drop(e, dropped)
+        e = _Entry.__new__(_Entry)
+        e.key = key
+        e.block = block
+        e.examples = examples
+        e.nbytes = nbytes
+        self._entries[key] = e
+        e.live = True
+        self._push(e)
+        self._count += 1
+        self._bytes += nbytes
+        while self._count > self._reserved and (
+            (self._max_bytes >= 0 and self._bytes > self._max_bytes)
+            or (self._max_blocks >= 0 and self._count > self._max_blocks)
+        ):
+            self._drop(<_Entry>self._oldest, dropped)
+        return e
+
+    cdef int _drop(self, _Entry e, list dropped) except -1:
+        """Unlink ``e``; what it held goes to ``dropped``, released by the caller's return."""
+        dropped.append((e, e.examples, e.data, e.offsets, e.partial))
+        self._unlink(e)
+        del self._entries[e.key]
+        self._count -= 1
+        self._bytes -= e.nbytes
+        e.live = False
+        e.examples = None
+        e.data = None
+        e.offsets = None
+        e.partial = None
+        return 0
+
+
+cdef inline Py_ssize_t _data_size(object data) noexcept:
+    if type(data) is bytes:
+        return PyBytes_GET_SIZE(data)
+    return (<_BlockView>data).size

@@ -1,0 +1,109 @@
+"""``atlas-fast convert``: end to end, summary line, errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from convert_helpers import assert_absent, documents, read_back, write_jsonl
+
+from atlas_fast import cli
+from atlas_fast._convert_cli import FORMAT_NAMES
+from atlas_fast.convert import FORMATS
+
+
+def _src(tmp_path, files=3, per_file=40):
+    docs = documents(files * per_file)
+    for k in range(files):
+        write_jsonl(tmp_path / "src" / f"{k}.jsonl.gz", docs[k * per_file : (k + 1) * per_file])
+    return docs
+
+
+def test_names_match_the_registry():
+    assert FORMAT_NAMES == tuple(FORMATS)
+    assert "convert" in cli.COMMANDS
+
+
+def test_main_writes_and_prints_one_summary_line(tmp_path, capsys, atlas):
+    docs = _src(tmp_path)
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--from", "jsonl"]
+    argv += ["--shard-size", "50", "--block-size", "5", "--strategy", "3", "--level", "5"]
+    argv += ["--checksums", "--quiet"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    (line,) = out.splitlines()
+    assert line.startswith(f"converted 120 examples (jsonl) into 3 shards at {tmp_path / 'out'}: ")
+    assert " in, " in line and " out, " in line and "examples/s)" in line
+    assert read_back(atlas, tmp_path / "out") == docs
+    assert (tmp_path / "out" / "0" / "checksums.npy").exists()
+    assert '"compression_level": 5' in (tmp_path / "out" / "0" / "meta.json").read_text()
+
+
+def test_subprocess_with_workers_and_verify(tmp_path, atlas):
+    docs = _src(tmp_path, files=4)
+    argv = [sys.executable, "-m", "atlas_fast", "convert", str(tmp_path / "src")]
+    argv += [str(tmp_path / "out"), "--from", "jsonl", "--workers", "2", "--verify"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # not a terminal: no progress bar
+    assert done.stdout.count("\n") == 1
+    assert done.stdout.rstrip().endswith(", verified")
+    assert read_back(atlas, tmp_path / "out") == docs
+
+
+def test_errors_exit_1_naming_the_problem(tmp_path, capsys):
+    _src(tmp_path, files=1)
+    bad = tmp_path / "src" / "1.jsonl"
+    bad.write_text('{"ok": 1}\n{oops}\n')
+    dst = tmp_path / "out"
+    assert cli.main(["convert", str(tmp_path / "src"), str(dst), "--from", "jsonl"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"atlas-fast convert: error: {bad}: line 2: not valid JSON")
+    assert f"no dataset was written at {dst}" in err
+    assert_absent(dst)
+
+    dst.mkdir()
+    (dst / "x").write_text("")
+    assert cli.main(["convert", str(tmp_path / "src"), str(dst), "--from", "jsonl"]) == 1
+    assert "already exists and is not empty" in capsys.readouterr().err
+
+
+def test_options_that_do_not_apply(tmp_path, capsys):
+    _src(tmp_path, files=1)
+    base = ["convert", str(tmp_path / "src"), str(tmp_path / "out")]
+    assert cli.main([*base, "--from", "jsonl", "--attributes", "a"]) == 1
+    assert "--attributes applies to --from dolma only" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--decode"]) == 1
+    assert "--decode applies to" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--workers", "0"]) == 1
+    assert "--workers must be at least 1" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--ray"]) == 1
+    assert "--ray is not available yet" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--shard-size", "0"]) == 1
+    assert "shard_size must be a positive integer" in capsys.readouterr().err
+    assert_absent(tmp_path / "out")
+
+
+def test_dolma_attributes_from_the_command_line(tmp_path, capsys, atlas):
+    docs = documents(20)
+    write_jsonl(tmp_path / "d" / "documents" / "a.jsonl.gz", docs)
+    attrs = [{"id": d["id"], "attributes": {"len": [[0, 1, len(d["text"])]]}} for d in docs]
+    write_jsonl(tmp_path / "d" / "attributes" / "lens" / "a.jsonl.gz", attrs)
+    argv = ["convert", str(tmp_path / "d"), str(tmp_path / "out"), "--from", "dolma"]
+    assert cli.main([*argv, "--attributes", "lens", "--verify"]) == 0
+    got = read_back(atlas, tmp_path / "out")
+    assert [g["attributes"] for g in got] == [a["attributes"] for a in attrs]
+
+
+def test_workers_start_without_torch():
+    """Worker processes set ATLAS_FAST_NO_TORCH=1: atlas_fast then imports no torch."""
+    code = (
+        "import sys, atlas_fast, atlas_fast.convert._run; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert atlas_fast.AtlasDataset.__mro__[-1] is object"
+    )
+    env = {**os.environ, "ATLAS_FAST_NO_TORCH": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr

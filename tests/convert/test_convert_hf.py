@@ -1,0 +1,99 @@
+"""--from hf: directories written by datasets' save_to_disk (Dataset, DatasetDict), Arrow files."""
+
+from __future__ import annotations
+
+import pytest
+from convert_helpers import assert_absent, documents, read_back
+
+from atlas_fast.convert import SourceError, convert, convert_hf
+
+datasets = pytest.importorskip("datasets")
+
+
+def _records(n, start=0):
+    docs = documents(n, start=start)
+    return [
+        {
+            "id": d["id"],
+            "text": d["text"],
+            "label": i % 3,
+            "scores": [d["metadata"]["score"], float(i)],
+            "meta": {"source": d["source"], "n": i},
+        }
+        for i, d in enumerate(docs, start)
+    ]
+
+
+def _features():
+    f = datasets.features
+    return f.Features(
+        {
+            "id": f.Value("string"),
+            "text": f.Value("string"),
+            "label": f.ClassLabel(names=["a", "b", "c"]),
+            "scores": f.Sequence(f.Value("float64")),
+            "meta": {"source": f.Value("string"), "n": f.Value("int64")},
+        }
+    )
+
+
+def _dataset(records):
+    return datasets.Dataset.from_list(records, features=_features())
+
+
+def test_save_to_disk_directory(tmp_path, atlas):
+    records = _records(500)
+    ds = _dataset(records)
+    ds.save_to_disk(str(tmp_path / "hf"), num_shards=3)
+    summary = convert_hf(tmp_path / "hf", tmp_path / "out", shard_size=128, workers=2)
+    got = read_back(atlas, tmp_path / "out")
+    assert got == records
+    assert got == [ds[i] for i in range(len(ds))]  # what datasets itself gives
+    assert summary.examples == 500
+
+
+def test_shuffled_selection_is_saved_in_its_order(tmp_path, atlas):
+    ds = _dataset(_records(200)).shuffle(seed=3).select(range(50))
+    ds.save_to_disk(str(tmp_path / "hf"))
+    convert(tmp_path / "hf", tmp_path / "out", "hf")
+    assert read_back(atlas, tmp_path / "out") == [ds[i] for i in range(50)]
+
+
+def test_dataset_dict_gives_a_dataset_per_split(tmp_path, atlas):
+    splits = {"train": _records(300), "test": _records(40, start=300)}
+    dd = datasets.DatasetDict({k: _dataset(v) for k, v in splits.items()})
+    dd.save_to_disk(str(tmp_path / "hf"))
+    summary = convert(tmp_path / "hf", tmp_path / "out", "hf", shard_size=100, verify=True)
+    for name, records in splits.items():
+        assert read_back(atlas, tmp_path / "out" / name) == records
+    assert [s for s, _, _ in summary.datasets] == ["train", "test"]
+    assert summary.examples == 340
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_arrow_files_and_batch_ranges(tmp_path, atlas, monkeypatch):
+    from atlas_fast.convert import _files, _hf
+
+    records = _records(3000)
+    _dataset(records).save_to_disk(str(tmp_path / "hf"), num_shards=1)
+    (arrow,) = tmp_path.joinpath("hf").glob("*.arrow")
+    monkeypatch.setattr(_files, "PART_BYTES", 20_000)
+    (source,) = _hf.sources(arrow)
+    assert len(source.parts) > 2
+    assert "record batches 0-" in source.parts[0].label
+    convert(arrow, tmp_path / "serial", "hf", shard_size=700)
+    convert(arrow, tmp_path / "two", "hf", shard_size=700, workers=2)
+    assert read_back(atlas, tmp_path / "serial") == records
+    assert read_back(atlas, tmp_path / "two") == records
+
+
+def test_missing_data_file_and_corrupt_arrow(tmp_path):
+    _dataset(_records(100)).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    files = sorted(tmp_path.joinpath("hf").glob("*.arrow"))
+    files[1].unlink()
+    with pytest.raises(SourceError, match=rf"^{files[1]}: missing \(listed in .*state.json\)"):
+        convert(tmp_path / "hf", tmp_path / "out", "hf")
+    files[0].write_bytes(files[0].read_bytes()[:200])
+    with pytest.raises(SourceError, match=rf"^{files[0]}: "):
+        convert(files[0], tmp_path / "out", "hf")
+    assert_absent(tmp_path / "out")

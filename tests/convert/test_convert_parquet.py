@@ -1,0 +1,125 @@
+"""--from parquet: files written by pyarrow, each row a dict, in order; corrupt files named."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+
+import pytest
+from convert_helpers import assert_absent, documents, read_back
+
+from atlas_fast.convert import SourceError, convert, convert_parquet
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _rows(n, start=0):
+    return [
+        {
+            "id": i,
+            "text": f"row {i} é",
+            "score": i / 3,
+            "flag": i % 2 == 0,
+            "blob": bytes([i % 256]) * (i % 5),
+            "tags": [f"t{j}" for j in range(i % 4)],
+            "meta": {"a": i, "b": None if i % 3 else "x"},
+            "when": datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=i),
+            "price": decimal.Decimal(i) / 100,
+            "maybe": None if i % 7 == 0 else i,
+        }
+        for i in range(start, start + n)
+    ]
+
+
+def _table(rows):
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("text", pa.string()),
+            ("score", pa.float64()),
+            ("flag", pa.bool_()),
+            ("blob", pa.binary()),
+            ("tags", pa.list_(pa.string())),
+            ("meta", pa.struct([("a", pa.int64()), ("b", pa.string())])),
+            ("when", pa.timestamp("us")),
+            ("price", pa.decimal128(10, 2)),
+            ("maybe", pa.int64()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def test_files_and_directories(tmp_path, atlas):
+    rows = _rows(900)
+    src = tmp_path / "src"
+    (src / "part-b").mkdir(parents=True)
+    pq.write_table(_table(rows[:300]), src / "a.parquet", row_group_size=128)
+    pq.write_table(_table(rows[300:600]), src / "part-b" / "0.parquet", compression="zstd")
+    pq.write_table(_table(rows[600:]), src / "part-b" / "1.parquet", row_group_size=50)
+    summary = convert_parquet(src, tmp_path / "out", shard_size=250, block_size=20)
+    assert read_back(atlas, tmp_path / "out") == rows
+    assert summary.examples == 900
+    convert(src / "a.parquet", tmp_path / "one", "parquet")
+    assert read_back(atlas, tmp_path / "one") == rows[:300]
+
+
+def test_big_files_split_by_row_groups(tmp_path, atlas, monkeypatch):
+    from atlas_fast.convert import _files, _parquet
+
+    docs = documents(2000)
+    table = pa.Table.from_pylist([{"id": d["id"], "text": d["text"]} for d in docs])
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=100)
+    monkeypatch.setattr(_files, "PART_BYTES", 8_000)
+    (source,) = _parquet.sources(tmp_path / "big.parquet")
+    assert len(source.parts) > 4
+    assert "row groups 0-" in source.parts[0].label
+    convert_parquet(tmp_path / "big.parquet", tmp_path / "serial", shard_size=300)
+    convert_parquet(tmp_path / "big.parquet", tmp_path / "two", shard_size=300, workers=2)
+    expected = table.to_pylist()
+    assert read_back(atlas, tmp_path / "serial") == expected
+    assert read_back(atlas, tmp_path / "two") == expected
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "page"])
+def test_corrupt_file_is_named(tmp_path, damage):
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(_table(_rows(50)), src / "0.parquet")
+    bad = src / "1.parquet"
+    pq.write_table(_table(_rows(2000)), bad, compression="none")
+    data = bytearray(bad.read_bytes())
+    if damage == "garbage":
+        data = bytearray(b"not parquet at all" * 10)
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # overwrite the middle of the data pages, keeping the footer
+        middle = len(data) // 3
+        data[middle : middle + 3000] = b"\xff" * 3000
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=rf"^{bad}: "):
+        convert(src, tmp_path / "out", "parquet", verify=True)
+    assert_absent(tmp_path / "out")
+
+
+def test_not_parquet_files(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(SourceError, match="no Parquet files in it"):
+        convert(tmp_path, tmp_path / "out", "parquet")
+
+
+def test_rows_are_to_pylist(tmp_path):
+    """Rows are built column by column; the same dicts as to_pylist, odd schemas included."""
+    from atlas_fast.convert._arrow import _row_dicts
+
+    batches = [
+        pa.RecordBatch.from_pylist(_rows(40), schema=_table(_rows(1)).schema),
+        pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], names=["x", "x"]),
+        pa.RecordBatch.from_pylist([{}, {}, {}]),
+        pa.RecordBatch.from_pylist([], schema=pa.schema([("a", pa.int8())])),
+        pa.RecordBatch.from_pylist(
+            [{"m": [("k", 1)]}], schema=pa.schema([("m", pa.map_(pa.string(), pa.int8()))])
+        ),
+    ]
+    for batch in batches:
+        assert _row_dicts(batch) == batch.to_pylist()

@@ -1,0 +1,332 @@
+"""The conversion framework: staging and commit, workers, verify, options, progress."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import numpy as np
+import pytest
+from convert_helpers import assert_absent, documents, read_back, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
+
+import atlas_fast
+import atlas_fast.convert as conv
+from atlas_fast.convert import (
+    FORMATS,
+    FormatUnavailableError,
+    Part,
+    Source,
+    SourceError,
+    VerifyError,
+    convert,
+)
+from atlas_fast.convert._compare import difference
+from atlas_fast.convert._run import split_runs
+
+
+def _jsonl_tree(root, files=5, per_file=230):
+    docs = documents(files * per_file)
+    for k in range(files):
+        write_jsonl(root / f"{k:02d}.jsonl.gz", docs[k * per_file : (k + 1) * per_file])
+    return docs
+
+
+def _meta(path):
+    return json.loads((path / "meta.json").read_text())
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_two_workers_give_the_serial_result(tmp_path, atlas, strategy):
+    docs = _jsonl_tree(tmp_path / "src")
+    options = {"shard_size": 200, "block_size": 10, "compression_strategy": strategy}
+    serial = convert(tmp_path / "src", tmp_path / "one", "jsonl", **options)
+    two = convert(tmp_path / "src", tmp_path / "two", "jsonl", workers=2, **options)
+    assert read_back(atlas, tmp_path / "one") == docs
+    assert read_back(atlas, tmp_path / "two") == docs
+    assert serial.examples == two.examples == len(docs)
+    assert _meta(tmp_path / "one")["compression_strategy"] == strategy
+    assert _meta(tmp_path / "two")["compression_strategy"] == strategy
+    assert sum(_meta(tmp_path / "two")["shard_sizes"]) == len(docs)
+    assert (tmp_path / "two" / "zstd_dict.bin").exists() == (strategy == 2)
+
+
+@pytest.mark.parametrize("strategy", [1, 2])
+def test_serial_matches_the_dataset_writer(tmp_path, strategy):
+    """One worker writes what AtlasDatasetWriter writes: the same shards (strategy 1: the
+    same bytes; zstd gives each trained dictionary a random id, so strategy 2 differs there)."""
+    docs = _jsonl_tree(tmp_path / "src")
+    options = {"shard_size": 300, "block_size": 10, "compression_strategy": strategy}
+    convert(tmp_path / "src", tmp_path / "conv", "jsonl", **options)
+    with atlas_fast.AtlasDatasetWriter(tmp_path / "ref", **options) as writer:
+        for doc in docs:  # as parsed from its own line (pickle's memo sees the same objects)
+            writer.add_example(json.loads(json.dumps(doc)))
+    assert _meta(tmp_path / "conv") == _meta(tmp_path / "ref")
+    for shard in ("0", "3"):
+        conv_shard, ref_shard = tmp_path / "conv" / shard, tmp_path / "ref" / shard
+        assert _meta(conv_shard) == _meta(ref_shard)
+        if strategy == 1:
+            for name in ("data.bin", "index.npy"):
+                assert (conv_shard / name).read_bytes() == (ref_shard / name).read_bytes()
+
+
+def test_small_first_shard_falls_back_to_strategy_1(tmp_path, atlas):
+    docs = _jsonl_tree(tmp_path / "src", files=2, per_file=30)
+    for workers in (1, 2):
+        dst = tmp_path / f"w{workers}"
+        convert(tmp_path / "src", dst, "jsonl", shard_size=50, block_size=10, workers=workers)
+        assert _meta(dst)["compression_strategy"] == 1
+        assert not (dst / "zstd_dict.bin").exists()
+        assert read_back(atlas, dst) == docs
+
+
+def test_more_workers_than_parts_and_empty_parts(tmp_path, atlas):
+    docs = _jsonl_tree(tmp_path / "src", files=2, per_file=40)
+    (tmp_path / "src" / "99.jsonl").write_text("")
+    convert(tmp_path / "src", tmp_path / "out", "jsonl", workers=4, shard_size=25)
+    assert read_back(atlas, tmp_path / "out") == docs
+
+
+def test_destination_must_be_new_or_empty(tmp_path, atlas):
+    _jsonl_tree(tmp_path / "src", files=1, per_file=10)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="already exists and is not empty"):
+        convert(tmp_path / "src", tmp_path / "full", "jsonl")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="not a directory"):
+        convert(tmp_path / "src", tmp_path / "file", "jsonl")
+    (tmp_path / "empty").mkdir()
+    convert(tmp_path / "src", tmp_path / "empty", "jsonl")
+    assert len(read_back(atlas, tmp_path / "empty")) == 10
+    convert(tmp_path / "src", tmp_path / "new" / "nested", "jsonl")
+    assert len(read_back(atlas, tmp_path / "new" / "nested")) == 10
+
+
+def _read_then_fail(n, error):
+    for i in range(n):
+        yield {"i": i}
+    raise error
+
+
+def _fake_format(monkeypatch, sources):
+    """Make every format name read ``sources`` (in this process: workers=1 only)."""
+    import types
+
+    module = types.ModuleType("fake")
+    module.sources = lambda src: sources
+    monkeypatch.setattr(conv, "format_module", lambda fmt: module)
+
+
+def _examples(n, offset=0):
+    return [{"i": i + offset} for i in range(n)]
+
+
+def _ok_part(label, n, offset=0):
+    return Part(label, 100, partial(iter, _examples(n, offset)))
+
+
+@pytest.mark.parametrize("error", [SourceError("part-2: row 7: broken"), KeyboardInterrupt()])
+def test_a_failure_leaves_nothing(tmp_path, monkeypatch, error):
+    parts = [
+        _ok_part("part-0", 500),
+        _ok_part("part-1", 500),
+        Part("part-2", 100, partial(_read_then_fail, 300, error)),
+    ]
+    _fake_format(monkeypatch, [Source(parts)])
+    with pytest.raises(type(error)):
+        convert("anything", tmp_path / "out", "fake", shard_size=100)
+    assert_absent(tmp_path / "out")
+    (tmp_path / "empty").mkdir()  # a pre-existing empty destination stays as it was
+    with pytest.raises(type(error)):
+        convert("anything", tmp_path / "empty", "fake", shard_size=100)
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_failure_in_a_worker_process(tmp_path):
+    src = tmp_path / "src"
+    _jsonl_tree(src, files=4, per_file=100)
+    bad = src / "03.jsonl.gz"
+    write_jsonl(bad, [{"ok": 1}] * 20)
+    bad.write_bytes(bad.read_bytes() + b"garbage after the gzip member")
+    with pytest.raises(SourceError, match=rf"^{bad}: line \d+: cannot read the file"):
+        convert(src, tmp_path / "out", "jsonl", workers=2, shard_size=64)
+    assert_absent(tmp_path / "out")
+
+
+def test_verify_passes_and_catches_a_mismatch(tmp_path, monkeypatch):
+    docs = _jsonl_tree(tmp_path / "src", files=3, per_file=50)
+    summary = convert(tmp_path / "src", tmp_path / "ok", "jsonl", verify=True, shard_size=40)
+    assert summary.verified
+    assert str(summary).endswith(", verified")
+
+    real = atlas_fast.atlas.AtlasDataset
+
+    class Tampered(real):
+        def __getitem__(self, i):
+            example = super().__getitem__(i)
+            if i == 57:
+                example = dict(example, text=example["text"] + "!")
+            return example
+
+    monkeypatch.setattr(atlas_fast.atlas, "AtlasDataset", Tampered)
+    part = tmp_path / "src" / "01.jsonl.gz"
+    with pytest.raises(VerifyError) as info:
+        convert(tmp_path / "src", tmp_path / "bad", "jsonl", verify=True, shard_size=40)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'bad'}: example 57 (example 7 of part {part})")
+    assert "['text']" in message
+    assert_absent(tmp_path / "bad")
+    assert docs[57]["id"] == "doc-57"
+
+
+def test_verify_catches_a_missing_example(tmp_path, monkeypatch):
+    _jsonl_tree(tmp_path / "src", files=1, per_file=30)
+    real = atlas_fast.atlas.AtlasDataset
+
+    class Short(real):
+        def __len__(self):
+            return super().__len__() - 1
+
+    monkeypatch.setattr(atlas_fast.atlas, "AtlasDataset", Short)
+    with pytest.raises(VerifyError, match=r"example 29 .* missing, the dataset holds 29"):
+        convert(tmp_path / "src", tmp_path / "out", "jsonl", verify=True)
+    assert_absent(tmp_path / "out")
+
+
+def test_splits_and_progress(tmp_path, monkeypatch, atlas):
+    train = Source([_ok_part("t0", 120), _ok_part("t1", 80, 120)], "train")
+    _fake_format(monkeypatch, [train, Source([_ok_part("v0", 30)], "validation")])
+    seen = []
+    summary = convert("x", tmp_path / "out", "fake", progress=lambda e, b: seen.append((e, b)))
+    assert read_back(atlas, tmp_path / "out" / "train") == _examples(200)
+    assert read_back(atlas, tmp_path / "out" / "validation") == _examples(30)
+    assert sum(e for e, _ in seen) == 230
+    assert sum(b for _, b in seen) == 300
+    assert summary.bytes_in == 300
+    assert summary.datasets == [("train", 200, 1), ("validation", 30, 1)]
+    assert "2 splits: train, validation" in str(summary)
+
+
+def test_progress_bar(tmp_path, capsys):
+    pytest.importorskip("tqdm")  # the `convert` extra's; test-core environments lack it
+    _jsonl_tree(tmp_path / "src", files=2, per_file=20)
+    convert(tmp_path / "src", tmp_path / "bar", "jsonl", progress=True)
+    assert "converting" in capsys.readouterr().err
+
+
+def test_no_tqdm_no_bar(tmp_path, capsys, monkeypatch):
+    _jsonl_tree(tmp_path / "src", files=2, per_file=20)
+    monkeypatch.setitem(__import__("sys").modules, "tqdm", None)
+    summary = convert(tmp_path / "src", tmp_path / "plain", "jsonl", progress=True)
+    assert capsys.readouterr().err == ""
+    assert summary.examples == 40
+
+
+def test_registry_and_options(tmp_path, monkeypatch):
+    assert set(FORMATS) == {
+        "parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "flat-tokens"
+    }  # fmt: skip
+    for fmt in FORMATS:
+        assert callable(getattr(conv, f"convert_{fmt.replace('-', '_')}"))
+    with pytest.raises(ValueError, match="unknown format 'csv'"):
+        convert(tmp_path, tmp_path / "out", "csv")
+    monkeypatch.setitem(FORMATS, "later", "_not_written_yet")
+    with pytest.raises(FormatUnavailableError, match=r"--from later: .* no converter for it yet"):
+        convert(tmp_path, tmp_path / "out", "later")
+    with pytest.raises(TypeError, match="unexpected option 'attributes'"):
+        convert(tmp_path, tmp_path / "out", "jsonl", attributes="a")
+    for bad in (
+        {"shard_size": 0},
+        {"block_size": 1.5},
+        {"compression_strategy": 4},
+        {"compression_dict_size": 2},
+        {"workers": 0},
+    ):
+        with pytest.raises(ValueError):
+            convert(tmp_path, tmp_path / "out", "jsonl", **bad)
+    assert_absent(tmp_path / "out")
+
+
+def test_split_runs_are_contiguous_and_balanced():
+    parts = [Part(str(i), size, iter) for i, size in enumerate([10, 10, 10, 10, 50, 5, 5])]
+    runs = split_runs(parts, 2)
+    assert [p for run in runs for p in run] == parts
+    assert [len(r) for r in runs] == [4, 3]
+    assert split_runs(parts[:1], 4) == [parts[:1]]
+    assert [len(r) for r in split_runs(parts, 7)] == [1] * 7
+    assert [len(r) for r in split_runs(parts, 3)] == [3, 2, 2]
+
+
+def test_difference():
+    assert difference({"a": [1, b"x", (2.0, None)]}, {"a": [1, b"x", (2.0, None)]}) is None
+    assert difference(float("nan"), float("nan")) is None
+    assert difference({"a": [1, 2]}, {"a": [1, 3]}) == "['a'][1]: 2 != 3"
+    assert difference([1], (1,)) == "the example: list != tuple"
+    assert difference(1, True) == "the example: int != bool"
+    assert "keys" in difference({"a": 1}, {"b": 1})
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert difference({"x": a}, {"x": a.copy()}) is None
+    assert "dtype" in difference(a, a.astype(np.float64))
+    assert "shape" in difference(a, a.reshape(3, 2))
+    b = a.copy()
+    b[1, 2] = np.nan
+    assert difference(b, b.copy()) is None
+    assert difference(a, b) is not None
+    assert difference(np.array([{"k": 1}], dtype=object), np.array([{"k": 2}], dtype=object))
+    assert difference(np.int64(3), np.int64(3)) is None
+
+
+def test_interrupt_with_workers_running(tmp_path):
+    _jsonl_tree(tmp_path / "src", files=4, per_file=300)
+    calls = []
+
+    def interrupt(examples, nbytes):
+        calls.append(examples)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(tmp_path / "src", tmp_path / "out", "jsonl", workers=2, progress=interrupt)
+    assert_absent(tmp_path / "out")
+
+
+@pytest.mark.parametrize(("fmt", "extra"), [("parquet", "parquet"), ("hf", "hf")])
+def test_a_missing_dependency_names_its_extra(tmp_path, monkeypatch, fmt, extra):
+    from atlas_fast._extras import MissingExtraError
+
+    (tmp_path / "x.parquet").write_bytes(b"")
+    (tmp_path / "x.arrow").write_bytes(b"")
+    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.ipc"):
+        monkeypatch.setitem(__import__("sys").modules, name, None)
+    with pytest.raises(MissingExtraError, match=rf"pip install 'atlas-fast\[{extra}\]'"):
+        convert(tmp_path / f"x.{'parquet' if fmt == 'parquet' else 'arrow'}", tmp_path / "o", fmt)
+    assert_absent(tmp_path / "o")
+
+
+def test_run_0_shorter_than_a_shard_still_trains_the_dictionary(tmp_path, atlas):
+    docs = _jsonl_tree(tmp_path / "src", files=2, per_file=100)
+    options = {"shard_size": 150, "block_size": 10, "workers": 2}
+    convert(tmp_path / "src", tmp_path / "out", "jsonl", **options)
+    assert _meta(tmp_path / "out") == {
+        "version": 1,
+        "shard_sizes": [100, 100],
+        "compression_strategy": 2,
+    }
+    assert (tmp_path / "out" / "zstd_dict.bin").exists()
+    assert _meta(tmp_path / "out" / "1")["compression_strategy"] == 2
+    assert read_back(atlas, tmp_path / "out") == docs
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=1000), min_size=1, max_size=30),
+    n=st.integers(min_value=1, max_value=8),
+)
+def test_split_runs_properties(sizes, n):
+    parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
+    runs = split_runs(parts, n)
+    assert [p for run in runs for p in run] == parts  # contiguous, in order, all of them
+    assert len(runs) == min(n, len(parts))
+    assert all(runs)

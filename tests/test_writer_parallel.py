@@ -1,0 +1,222 @@
+"""Parallel compression in the writers: the same bytes as one thread, bounded memory, errors
+raised where the caller can see them."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import zstandard
+
+import atlas_fast.writer
+from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
+from atlas_fast.writer import IN_FLIGHT_PER_WORKER, default_workers
+
+
+def examples(n):
+    words = ["atlas", "shard", "block", "zstd", "pickle", "index", "the", "of", "data"]
+    return [
+        {"id": i, "text": " ".join(words[(i * 7 + k) % 9] for k in range(i % 97)), "n": i * i}
+        for i in range(n)
+    ]
+
+
+def files_of(root):
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def write_dataset(root, strategy, workers, n=230, checksums=True):
+    with AtlasDatasetWriter(
+        root, 40, 4, compression_strategy=strategy, checksums=checksums, workers=workers
+    ) as w:
+        for x in examples(n):
+            w.add_example(x)
+    return files_of(root)
+
+
+@pytest.mark.parametrize("strategy", list(CompressionStrategy))
+def test_every_file_is_byte_identical_to_one_thread(tmp_path, strategy):
+    one = write_dataset(tmp_path / "w1", strategy, 1)
+    assert any(name.endswith("checksums.npy") for name in one)
+    if strategy in (2, 3):
+        assert any(name.endswith("zstd_dict.bin") for name in one)
+    for workers in (2, 3, 5):
+        assert write_dataset(tmp_path / f"w{workers}", strategy, workers) == one
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_shard_writer_is_byte_identical_to_one_thread(tmp_path, strategy):
+    zdict = None
+    if strategy == 2:
+        zdict = zstandard.train_dictionary(2048, [repr(x).encode() for x in examples(300)])
+
+    def write(path, workers):
+        with AtlasDatasetShardWriter(
+            path, 3, strategy, compression_dict=zdict, checksums=True, workers=workers
+        ) as w:
+            for x in examples(100):
+                w.add_example(x)
+        return files_of(path)
+
+    assert write(tmp_path / "a", 4) == write(tmp_path / "b", 1)
+
+
+def test_workers_argument(tmp_path):
+    assert 1 <= default_workers() <= 8
+    w = AtlasDatasetShardWriter(tmp_path / "s", 4, 1)
+    assert w.workers == default_workers()
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="workers must be a positive integer"):
+            AtlasDatasetShardWriter(tmp_path / f"x{bad}", 4, 1, workers=bad)
+        with pytest.raises(ValueError, match="workers must be a positive integer"):
+            AtlasDatasetWriter(tmp_path / f"y{bad}", 4, 1, workers=bad)
+
+
+def test_workers_is_passed_to_shard_writers_only_when_given(tmp_path, monkeypatch):
+    seen = []
+    real = atlas_fast.writer.AtlasDatasetShardWriter
+
+    def factory(**kwargs):
+        seen.append(kwargs.get("workers", "absent"))
+        return real(**kwargs)
+
+    monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", factory)
+    with AtlasDatasetWriter(tmp_path / "a", 2, 1, compression_strategy=1) as w:
+        for i in range(3):
+            w.add_example(i)
+    with AtlasDatasetWriter(tmp_path / "b", 2, 1, compression_strategy=1, workers=3) as w:
+        for i in range(3):
+            w.add_example(i)
+    assert seen == ["absent", "absent", 3, 3]
+
+
+class RecordingCompressor:
+    """Wraps a real ZstdCompressor; records the threads it runs on and any overlapping use,
+    and fails on a block that holds ``poison``."""
+
+    poison = b"\x00POISON\x00"
+    lock = threading.Lock()
+    threads: set = set()
+    overlaps = 0
+
+    def __init__(self, **kwargs):
+        self.real = _REAL_COMPRESSOR(**kwargs)
+        self.busy = False
+
+    def compress(self, data):
+        cls = RecordingCompressor
+        with cls.lock:
+            cls.overlaps += self.busy
+            self.busy = True
+            cls.threads.add(threading.current_thread().name)
+        try:
+            if cls.poison in data:
+                raise zstandard.ZstdError("injected failure")
+            return self.real.compress(data)
+        finally:
+            self.busy = False
+
+
+_REAL_COMPRESSOR = zstandard.ZstdCompressor
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    RecordingCompressor.threads = set()
+    RecordingCompressor.overlaps = 0
+    monkeypatch.setattr(zstandard, "ZstdCompressor", RecordingCompressor)
+    return RecordingCompressor
+
+
+@pytest.mark.parametrize("strategy", [1, 3])
+def test_blocks_are_compressed_on_the_pool_one_compressor_per_task(tmp_path, recording, strategy):
+    with AtlasDatasetShardWriter(tmp_path / "s", 2, strategy, workers=3) as w:
+        for x in examples(200):
+            w.add_example(x)
+    assert recording.threads and all(t.startswith("atlas-fast-zstd") for t in recording.threads)
+    assert recording.overlaps == 0
+
+
+def test_workers_1_compresses_on_the_calling_thread(tmp_path, recording):
+    with AtlasDatasetShardWriter(tmp_path / "s", 2, 1, workers=1) as w:
+        for x in examples(50):
+            w.add_example(x)
+    assert recording.threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_block_is_reported_on_the_calling_thread(tmp_path, recording, workers):
+    root = tmp_path / "ds"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "incomplete": pinned elsewhere
+        with (
+            pytest.raises(zstandard.ZstdError, match=r"ds/1: compressing block 2: injected"),
+            AtlasDatasetWriter(root, 20, 2, compression_strategy=1, workers=workers) as w,
+        ):
+            for i in range(100):
+                w.add_example(RecordingCompressor.poison if i == 25 else i)
+    assert not (root / "meta.json").exists()
+
+
+def test_a_failed_shard_on_another_thread_is_reported(tmp_path, recording):
+    """Strategy 3 finishes full shards on other threads; their errors reach the caller."""
+    root = tmp_path / "ds"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(zstandard.ZstdError, match=r"ds/0: compressing block 3: injected"):
+            with AtlasDatasetWriter(root, 20, 2, compression_strategy=3, workers=2) as w:
+                for i in range(200):
+                    w.add_example(RecordingCompressor.poison if i == 7 else f"example {i}")
+    assert not (root / "meta.json").exists()
+
+
+class GatedCompressor:
+    """A compressor that compresses nothing until the writer's caller has had a second to run
+    ahead: the examples it could add meanwhile are the blocks the writer holds at most."""
+
+    lock = threading.Lock()
+
+    def __init__(self, **kwargs):
+        self.real = _REAL_COMPRESSOR(**kwargs)
+
+    def compress(self, data):
+        cls = GatedCompressor
+        # The timeout only ends the wait; what is asserted is a count, not a duration.
+        if not cls.gate.wait(1.0):
+            with cls.lock:
+                if not cls.gate.is_set():
+                    cls.added_when_opened = cls.added
+                    cls.gate.set()
+        return self.real.compress(data)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_peak_memory_holds_a_fixed_number_of_blocks(tmp_path, monkeypatch, workers):
+    """While no block can be compressed, the caller can add only a fixed number of blocks
+    (2 per worker in flight, plus the one it is adding): memory is bounded whatever the
+    dataset's size, and workers=1 holds none."""
+    monkeypatch.setattr(zstandard, "ZstdCompressor", GatedCompressor)
+    GatedCompressor.gate = threading.Event()
+    GatedCompressor.added = 0
+    with AtlasDatasetWriter(tmp_path / "ds", 1000, 1, compression_strategy=1, workers=workers) as w:
+        for i in range(300):
+            GatedCompressor.added += 1
+            w.add_example(i)
+    in_flight = IN_FLIGHT_PER_WORKER * workers if workers > 1 else 0
+    assert GatedCompressor.added_when_opened == in_flight + 1
+
+
+@pytest.mark.parametrize("strategy", [1, 3])
+def test_an_example_that_does_not_pickle_names_the_shard_and_block(tmp_path, strategy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with (
+            pytest.raises(TypeError, match=r"ds/1: pickling block 1: cannot pickle"),
+            AtlasDatasetWriter(tmp_path / "ds", 10, 2, compression_strategy=strategy) as w,
+        ):
+            for i in range(20):
+                w.add_example(threading.Lock() if i == 13 else i)
+    assert not (tmp_path / "ds" / "meta.json").exists()
