@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (the README's, and what .ci/run runs): install the test extras,
-# lint, run the suite, then run the tests marked `mds` in an environment of their own.
+# lint, run the tests marked `mds` in an environment of their own, then the main suite.
 #
 # mosaicml-streaming (the mds converter's dependency) caps numpy below 2.2 and imports
 # torchvision, whose PyPI build does not load beside the local CPU torch: installing it here
@@ -16,7 +16,6 @@ python=${PYTHON:-python}
 ruff check .
 ruff format --check .
 cython-lint src/
-"$python" -m pytest
 
 venv=${ATLAS_FAST_MDS_VENV:-.ci-venvs/mds}
 started=$(date +%s)
@@ -25,3 +24,6 @@ started=$(date +%s)
 PYTHONPATH="$PWD/tools/mds-test-env${PYTHONPATH:+:$PYTHONPATH}" \
     "$venv/bin/python" -m pytest -p no:cacheprovider -m mds tests/convert/test_convert_mds.py
 echo "mds tests in $venv: $(( $(date +%s) - started )) s, set-up included"
+
+# The main suite last, so that its summary is the run's closing line.
+"$python" -m pytest

@@ -43,7 +43,7 @@ FORMATS = {
     "dolma": "_dolma",
     "mds": "_mds",
     "wds": "_wds",
-    "energon": "_wds",
+    "energon": "_energon",
     "flat-tokens": "_flat_tokens",
 }
 

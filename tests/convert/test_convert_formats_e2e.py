@@ -99,6 +99,18 @@ def test_energon_splits_through_the_cli(tmp_path, atlas, wds, capsys):
     assert same(read_back(atlas, tmp_path / "out" / "val"), _decoded(written, ["shards/s_002.tar"]))
 
 
+def test_energon_needs_its_split_yaml(tmp_path, atlas, wds):
+    # --from energon is strict: plain tars without .nv-meta are not silently read as wds.
+    _tars(wds, tmp_path / "src", 1, 5)
+    split_file = tmp_path / "src" / ".nv-meta" / "split.yaml"
+    with pytest.raises(SourceError, match=rf"^{split_file}: not found"):
+        convert(tmp_path / "src", tmp_path / "out", "energon")
+    assert_absent(tmp_path / "out")
+    written = _tars(wds, tmp_path / "plain", 1, 5)
+    convert(tmp_path / "plain", tmp_path / "wds", "wds", decode=True)
+    assert same(read_back(atlas, tmp_path / "wds"), _decoded(written, ["shards/s_000.tar"]))
+
+
 def test_truncated_tar_leaves_no_destination(tmp_path, wds, capsys):
     _tars(wds, tmp_path / "src", 3, 20)
     tar = tmp_path / "src" / "shards" / "s_001.tar"
