@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
+from test_ray import ray  # noqa: F401 (the local Ray cluster fixture of tests/test_ray.py)
 
 from atlas_fast import cli
 from atlas_fast.convert import convert
 
-
-@pytest.fixture(scope="module")
-def ray():
-    ray = pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
-    ray.init(
-        num_cpus=2,
-        object_store_memory=256 * 2**20,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray")  # a local Ray cluster for this module
 
 
-def test_ray_gives_the_examples_in_order(ray, tmp_path, atlas, capsys):
+def test_ray_gives_the_examples_in_order(tmp_path, atlas, capsys):
     docs = documents(900)
     for k in range(3):
         write_jsonl(tmp_path / "src" / f"{k}.jsonl.gz", docs[k * 300 : (k + 1) * 300])
@@ -39,7 +25,7 @@ def test_ray_gives_the_examples_in_order(ray, tmp_path, atlas, capsys):
     assert read_back(atlas, tmp_path / "cli") == docs
 
 
-def test_ray_failure_leaves_nothing(ray, tmp_path):
+def test_ray_failure_leaves_nothing(tmp_path):
     write_jsonl(tmp_path / "src" / "0.jsonl", documents(50))
     (tmp_path / "src" / "1.jsonl").write_text('{"ok": 1}\n{broken\n')
     # A task's SourceError reaches the caller inside Ray's task error, its text kept.
