@@ -82,7 +82,9 @@ def add_arguments(parser) -> None:
     )
     run_group.add_argument("--quiet", action="store_true", help="no progress bar")
     run_group.add_argument(
-        "--ray", action="store_true", help="run on Ray Data through atlas_fast.ray (when available)"
+        "--ray",
+        action="store_true",
+        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra)",
     )
     fmt_group = parser.add_argument_group("format options")
     fmt_group.add_argument(
@@ -105,11 +107,8 @@ def run(args) -> int:
     from ._extras import MissingExtraError
     from .convert import FormatUnavailableError, SourceError, VerifyError, convert
 
-    if args.ray:
-        return _error(
-            "--ray is not available yet: it runs through atlas_fast.ray (the Ray Data "
-            "datasink), which this build does not have; convert with --workers N instead"
-        )
+    if args.ray and args.workers != 1:
+        return _error("--ray and --workers exclude each other (Ray decides the parallelism)")
     if args.workers < 1:
         return _error(f"--workers must be at least 1, not {args.workers}")
     options = {
@@ -132,6 +131,7 @@ def run(args) -> int:
             workers=args.workers,
             verify=args.verify,
             progress=show_bar or None,
+            ray=args.ray,
             checksums=args.checksums,
             **options,
         )
@@ -153,6 +153,11 @@ def run(args) -> int:
     ) as exc:
         if isinstance(exc, FileExistsError):
             return _error(str(exc))
+        return _error(f"{exc}\nno dataset was written at {args.dst}")
+    except Exception as exc:
+        if not args.ray:
+            raise
+        # Ray wraps a task's error (its text keeps the file and line) in its own types.
         return _error(f"{exc}\nno dataset was written at {args.dst}")
     print(summary)
     return 0

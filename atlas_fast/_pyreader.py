@@ -267,6 +267,13 @@ class BlockCache:
             self._evict_lock_held(dropped)
         return entry, examples
 
+    def _forget(self, entry: _Entry) -> None:
+        """Drop ``entry`` now if the cache still holds it."""
+        dropped = []
+        with self._lock:
+            if entry.live:
+                self._drop_lock_held(entry, dropped)
+
     def _evict_lock_held(self, dropped: list) -> None:
         entries = self._entries
         max_bytes = self.max_bytes
@@ -323,6 +330,7 @@ class ShardCore:
         self._cache = BlockCache() if cache is None else cache
         self._tag = tag
         self._last = None  # the _Entry of the block last read (a fast path for hits)
+        self._next = -1  # the example after the one __getitem__ read last
         # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
         # never pairs one opening's offsets with another's dictionary.
         self._opened = None
@@ -334,13 +342,19 @@ class ShardCore:
         return self._n
 
     def __getitem__(self, i):
-        b, j = divmod(normalize_index(i, self._n), self._block_size)
+        k = normalize_index(i, self._n)
+        b, j = divmod(k, self._block_size)
         entry = self._last
         examples = None
         if entry is not None and entry.block == b:
             examples = self._cache._touch(entry)
         if examples is None:
+            if k == self._next and j == 0 and entry is not None and entry.block == b - 1:
+                # A pass in order is done with block b - 1 and will not read it again:
+                # keeping it would only evict what others read (and slow the pass).
+                self._cache._forget(entry)
             examples = self._examples(b)
+        self._next = k + 1
         return examples[j]
 
     def _examples(self, b: int) -> list:

@@ -1,311 +1,284 @@
-"""Both reader backends side by side, with the floor that no reader can beat.
+"""Single-example reads: the reference package beside atlas_fast's two backends, same files.
 
-Writes deterministic datasets (real text: this Python's stdlib sources cut into ~2 KB
-documents; uint16 token arrays of 2,048 per example; 100 KB byte blobs) for strategies 0..3
-and several block sizes, then times, for each, the compiled and the pure-Python backend
-interleaved in one process (medians of 5 repetitions):
+    python benchmarks/bench_backends.py             # full run (a few minutes on 2 cores)
+    python benchmarks/bench_backends.py --quick     # small corpora, 3 repetitions
+    python benchmarks/bench_backends.py --json out.json
 
-- ``cached``: ``ds[i]`` with the same ``i`` again and again (the cached-block hit);
-- ``order``: ``ds[i]`` for ``i`` in order;
-- ``random``: ``ds[i]`` for ``i`` drawn uniformly at random.
+Columns: ``torch_atlas_ds`` (the reference, when importable: ``pip install --no-deps`` its
+wheel; it imports torch), ``atlas_fast[cython]`` (when built) and ``atlas_fast[python]``.
+Every "x ref" ratio divides by the reference's figure from this run; without the reference
+none is computed. The datasets come from ``atlas_fast.bench.corpus`` (the generator
+``atlas-fast bench`` uses), written once into its cache directory. Patterns (issues 11 and 12):
 
-Times are CPU time of the reading thread (``time.thread_time``). The floor is the time
-python-zstandard (libzstd) takes to decompress the blocks those reads decode, plus
-``pickle.loads`` of the decoded bytes, from memory (no file access, no index math): for
-uncompressed blocks it is ``pickle.loads`` alone. ``cy/floor`` near 1 means the
-compiled reader adds nothing measurable to the work the format requires.
+- (g) uniform random with no block read twice: one random example of every block, blocks in
+  random order (as on a dataset far larger than any cache), on a fresh dataset object; plain
+  uniform random ``ds[i]`` beside it;
+- (d) ``ds[i]`` in order and ``iter(ds)``, whole passes over a fresh dataset object;
+- (c) cached hits: ``ds[i]`` over 16 consecutive examples of one decoded block, again and again
+  (ns per hit);
+- (e) a dataset of many shards (10,000 of 5 table rows, zstd; --quick: 200): open + ``len`` + first
+  item, uniform random ``ds[i]`` over it, and the most file descriptors open during that pass.
 
-    python benchmarks/bench_backends.py            # full table (several minutes)
-    python benchmarks/bench_backends.py --quick    # a smaller table (about two minutes)
-    python benchmarks/bench_backends.py --quick --data text --strategies 3 --blocks 8,16
-
-Run from the repository root after ``python setup.py build_ext --inplace``.
+Clocks: ``iter(ds)`` is timed by the wall clock (its read-ahead overlaps decompression with
+unpickling on a second core: the point of it; on a loaded machine the wall clock also counts
+the neighbours, so it is given by CPU time as well); every other pattern is single-threaded and
+timed by this process's CPU time (``time.process_time``: user and system time of all its
+threads, so any helper thread is counted), which neighbours' load on a shared machine barely
+moves. Garbage collector paused, page cache warm; every repetition runs every contender once,
+in a rotated order; figures are medians of --reps.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import pickle
-import platform
 import random
-import statistics
 import sys
-import sysconfig
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import zstandard
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import atlas_fast
-import atlas_fast._python
-import atlas_fast.atlas
-from atlas_fast import AtlasDatasetWriter
+from atlas_fast.bench.sidebyside import (
+    CYTHON,
+    PYTHON,
+    REFERENCE,
+    close,
+    dataset,
+    finish,
+    interleaved,
+    open_fds,
+    parser,
+    ratio,
+    start,
+    timed,
+)
 
-REPEATS = 5
-
-# CPU time of the reading thread: every timed loop is single-threaded, and on a shared machine
-# wall time mostly measures the neighbours (user and system time of this thread are counted,
-# so page faults and read(2) copies are not hidden).
-_clock = time.thread_time
-
-
-# -- data -----------------------------------------------------------------------------------------
-
-
-def stdlib_documents(count: int) -> list:
-    """``count`` dicts of ~2 KB of real text: the stdlib's .py files, cut at line ends."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        try:
-            text = path.read_text("utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        start = 0
-        while start < len(text):
-            end = text.find("\n", start + 2000)
-            end = len(text) if end < 0 else end + 1
-            docs.append(
-                {
-                    "id": len(docs),
-                    "text": text[start:end],
-                    "source": str(path.relative_to(root)),
-                    "offset": start,
-                }
-            )
-            start = end
-            if len(docs) == count:
-                return docs
-    return docs
+# (name, corpus, strategy, block size, issue 12's target for "no block read twice" x ref)
+DATASETS = (
+    ("docs s0 b16", "documents", 0, 16, 4.0),
+    ("docs s2 b16", "documents", 2, 16, 2.0),
+    ("docs s2 b100", "documents", 2, 100, 2.5),
+    ("tokens s2 b64", "tokens", 2, 64, 2.0),
+    ("rows s0 b32", "rows", 0, 32, 2.0),
+    ("rows s2 b64", "rows", 2, 64, 2.0),
+)
+MAIN = "docs s2 b100"  # issue 11's targets for in-order, iter and cached hits are stated on it
+SIZES = {
+    "full": {"documents": None, "tokens": None, "rows": 50_000, "shards": 10_000, "reads": 3000},
+    "quick": {"documents": 1500, "tokens": 600, "rows": 3000, "shards": 200, "reads": 300},
+}
+SHARD_EXAMPLES = 5
+CACHED_RUN = 16
+CACHED_HITS = 32 * CACHED_RUN * 40
+CPU = time.process_time  # single-threaded patterns (see the module's docstring)
 
 
-def token_arrays(count: int, docs: list) -> list:
-    """uint16 arrays of 2,048 "tokens": the bytes of real text, pairs as ids (compressible)."""
-    blob = "".join(d["text"] for d in docs[:400]).encode()
-    rng = random.Random(0)
-    out = []
-    for _ in range(count):
-        start = rng.randrange(0, len(blob) - 4096)
-        out.append(np.frombuffer(blob[start : start + 4096], dtype=np.uint16).copy())
-    return out
+def block_starts(path: Path) -> list:
+    """Global index of the first example of every block, from the shards' meta.json."""
+    import json
+
+    starts = []
+    base = 0
+    for shard in sorted(p for p in path.iterdir() if p.is_dir()):
+        meta = json.loads((shard / "meta.json").read_text())
+        n, bs = meta["stored_examples"], meta["block_size"]
+        starts += [(base + b, min(bs, n - b)) for b in range(0, n, bs)]
+        base += n
+    return starts
 
 
-def byte_blobs(count: int, docs: list) -> list:
-    """100 KB bytes objects: stretches of real text (zstd compresses them ~4x)."""
-    blob = "".join(d["text"] for d in docs[:2000]).encode()
-    rng = random.Random(1)
-    out = []
-    for _ in range(count):
-        start = rng.randrange(0, len(blob) - 100_000)
-        out.append(blob[start : start + 100_000])
-    return out
+def stored_strategy(path: Path) -> int:
+    import json
+
+    return json.loads((path / "meta.json").read_text())["compression_strategy"]
 
 
-def write_dataset(path: Path, examples: list, shard_size: int, block: int, strategy: int):
-    with AtlasDatasetWriter(path, shard_size, block, strategy) as writer:
-        for x in examples:
-            writer.add_example(x)
+def read_pass(c, path, indices):
+    """A measurement: ``ds[i]`` for ``i`` in ``indices`` on a fresh dataset object."""
+
+    def run():
+        ds = c.open(path)
+        secs = timed(lambda: [ds[i] for i in indices], CPU)
+        close(ds)
+        return len(indices), secs
+
+    return run
 
 
-# -- timing ---------------------------------------------------------------------------------------
+def iter_pass(c, path, clock=time.perf_counter):
+    def run():
+        ds = c.open(path)
+        n = len(ds)
+        secs = timed(lambda: [None for _ in ds], clock)
+        close(ds)
+        return n, secs
+
+    return run
 
 
-def time_reads(ds, indices) -> float:
-    """Seconds per read of ``ds[i]`` for ``i`` in ``indices`` (gc paused, as for every timing)."""
-    gc.disable()
-    try:
-        start = _clock()
-        for i in indices:
-            ds[i]
-        return (_clock() - start) / len(indices)
-    finally:
-        gc.enable()
+def cached_hits(c, path, start, run_length):
+    indices = list(range(start, start + run_length)) * (CACHED_HITS // run_length)
+
+    def run():
+        ds = c.open(path)
+        ds[start]  # the block is decoded before timing starts
+        secs = timed(lambda: [ds[i] for i in indices], CPU)
+        close(ds)
+        return len(indices), secs
+
+    return run
 
 
-def floor_time(ds, indices) -> float:
-    """Seconds per read of the decoding those reads need: libzstd + pickle.loads, from memory.
-
-    A read decodes a block unless it is the block last decoded in the same shard (the cache
-    every reader keeps), exactly as the readers do, and that block's examples are kept alive
-    until the shard decodes another (otherwise the floor would reuse warm freed memory that
-    a reader, holding its cache, cannot).
-    """
-    ends = ds.cumulative_shard_sizes
-    shard_of = np.searchsorted(ends, indices, side="right").tolist()
-    located = [(s, i - (int(ends[s - 1]) if s else 0)) for s, i in zip(shard_of, indices)]
-    raw = {}
-    for s, j in located:
-        b = j // ds.shards[s].metadata.block_size
-        if (s, b) not in raw:
-            raw[s, b] = ds.shards[s].raw_block(b)
-    decompressors = {}
-    for s, shard in enumerate(ds.shards):
-        strategy = shard.metadata.compression_strategy
-        if strategy == 0:
-            decompressors[s] = None
-        elif strategy == 1:
-            decompressors[s] = zstandard.ZstdDecompressor()
-        else:
-            if strategy == 3:
-                dict_bytes = (shard.root / "zstd_dict.bin").read_bytes()
-            else:
-                dict_bytes = shard.compression_dict_bytes
-            zd = zstandard.ZstdCompressionDict(dict_bytes)
-            decompressors[s] = zstandard.ZstdDecompressor(dict_data=zd)
-    work = []
-    last = {}
-    for s, j in located:
-        b = j // ds.shards[s].metadata.block_size
-        if last.get(s) != b:
-            last[s] = b
-            work.append((s, decompressors[s], raw[s, b]))
-    loads = pickle.loads
-    kept = {}  # the last decoded list of each shard stays alive, as in a reader's cache
-    gc.disable()
-    try:
-        start = _clock()
-        for s, dctx, data in work:
-            kept[s] = loads(data if dctx is None else dctx.decompress(data))
-        return (_clock() - start) / len(indices)
-    finally:
-        gc.enable()
+def x_ref(values, key, target=None, name=None):
+    """``values[key] / values[reference]`` (rates), or None without the reference."""
+    ref = values.get(REFERENCE)
+    v = values.get(key)
+    value = v / ref if (ref and v) else None
+    return ratio(name or f"{key} x ref", value, target)
 
 
-def measure(cy, py, n: int, reads: int, rng: random.Random) -> dict:
-    """Median seconds per read for each pattern and backend, and the floor."""
-    patterns = {
-        "cached": [n // 2] * 20_000,
-        "order": list(range(min(n, reads * 4))),
-        "random": [rng.randrange(n) for _ in range(reads)],
-    }
-    results = {}
-    for name, indices in patterns.items():
-        times = {"cy": [], "py": [], "floor": []}
-        for rep in range(REPEATS):
-            for ds in (cy, py):  # no cached block, but files open: opening is not timed
-                ds.close()
-                for shard in ds.shards:
-                    shard.offsets()
-            if name == "cached":  # the block is decoded before timing starts
-                cy[indices[0]]
-                py[indices[0]]
-            # The three timings take turns going first: neighbours' load drifts over time.
-            turns = [("cy", cy), ("py", py), ("floor", None)]
-            turns = turns[rep % 3 :] + turns[: rep % 3]
-            for label, ds in turns:
-                if label == "floor":
-                    if name != "cached":
-                        times["floor"].append(floor_time(cy, indices))
-                else:
-                    times[label].append(time_reads(ds, indices))
-        results[name] = {k: statistics.median(v) if v else None for k, v in times.items()}
-    return results
+def compare(table, cons, reps, section, case, make, targets=(None, None), **kw):
+    """Time ``make(contender)`` for every contender; one row with x ref for cython, python."""
+    res = interleaved({c.key: make(c) for c in cons}, reps)
+    values = {k: v["rate"] for k, v in res.items()}
+    ratios = [x_ref(values, CYTHON, targets[0]), x_ref(values, PYTHON, targets[1])]
+    return table.add(section, case, values, ratios=ratios, **kw)
 
 
-# -- main -----------------------------------------------------------------------------------------
+def bench_dataset(table, cons, name, path, strategy_target, reps, rng) -> None:
+    starts = block_starts(path)
+    n = sum(k for _, k in starts)
+    once = [s + rng.randrange(k) for s, k in starts]
+    rng.shuffle(once)
+    uniform = [rng.randrange(n) for _ in range(len(once))]
+    table.section(
+        f"{name}: {n:,} examples, {len(starts):,} blocks, stored strategy "
+        f"{stored_strategy(path)} ({path})"
+    )
+    main = name == MAIN
+    rows = (
+        ("(g) random, no block read twice", lambda c: read_pass(c, path, once), strategy_target),
+        ("plain uniform random ds[i]", lambda c: read_pass(c, path, uniform), None),
+        ("(d) ds[i] in order", lambda c: read_pass(c, path, range(n)), 1.5 if main else None),
+        ("(d) iter(ds), wall clock", lambda c: iter_pass(c, path), 2.0 if main else None),
+    )
+    for case, make, target in rows:
+        compare(table, cons, reps, name, case, make, ((">=", target) if target else None, None))
+    compare(
+        table,
+        cons,
+        reps,
+        name,
+        "(d) iter(ds), CPU time of all threads",
+        lambda c: iter_pass(c, path, CPU),
+        note="what the read-ahead costs in CPU, not its wall-clock gain",
+    )
+    start, size = starts[len(starts) // 2]
+    run_length = min(CACHED_RUN, size)
+    res = interleaved({c.key: cached_hits(c, path, start, run_length) for c in cons}, reps)
+    rates = {k: v["rate"] for k, v in res.items()}
+    table.add(
+        name,
+        f"(c) cached hit, {run_length} examples of a block",
+        {k: 1e9 / v for k, v in rates.items()},
+        unit="ns",
+        ratios=[
+            x_ref(rates, CYTHON, (">=", 7.0) if main else None),
+            x_ref(rates, PYTHON),
+        ],
+        note="ns per hit; issue 11: about 60 ns, 7x the reference, today" if main else "",
+    )
+
+
+def bench_many_shards(table, cons, path, reads, reps, rng, fd0) -> None:
+    starts = block_starts(path)
+    n = sum(k for _, k in starts)
+    shards = sum(1 for p in path.iterdir() if p.is_dir())
+    table.section(f"(e) {shards:,} shards of {SHARD_EXAMPLES} examples, {n:,} examples ({path})")
+
+    def opening(c):
+        def run():
+            holder = {}
+
+            def go():
+                ds = holder["ds"] = c.open(path)
+                len(ds)
+                ds[0]
+
+            secs = timed(go, CPU)
+            close(holder.pop("ds"))
+            return 1, secs
+
+        return run
+
+    res = interleaved({c.key: opening(c) for c in cons}, reps)
+    rates = {k: v["rate"] for k, v in res.items()}
+    table.add(
+        "many shards",
+        "open + len + first item",
+        {k: 1 / v for k, v in rates.items()},
+        unit="s",
+        ratios=[x_ref(rates, CYTHON, (">=", 8.0)), x_ref(rates, PYTHON)],
+        note="time per open",
+    )
+    draws = [rng.randrange(n) for _ in range(reads)]
+    compare(
+        table,
+        cons,
+        reps,
+        "many shards",
+        f"uniform random ds[i], {reads:,} reads",
+        lambda c: read_pass(c, path, draws),
+        ((">=", 3.0), None),
+    )
+    fds = {c.key: most_fds(c, path, draws) for c in cons} if fd0 is not None else {}
+    table.add(
+        "many shards",
+        "most descriptors open in the process, that pass",
+        fds,
+        unit="fds",
+        note=f"the process had {fd0} before opening any dataset; bounded is the target"
+        if fds
+        else "no /proc/self/fd here",
+    )
+
+
+def most_fds(c, path, draws) -> int:
+    """The most descriptors this process holds while a fresh dataset reads ``draws`` (not
+    timed). Counted whole, not as a difference: a core may keep descriptors across dataset
+    objects (a process-wide ring), which a difference would hide."""
+    ds = c.open(path)
+    most = open_fds()
+    for k, i in enumerate(draws):
+        ds[i]
+        if k % 50 == 0:
+            most = max(most, open_fds())
+    most = max(most, open_fds())
+    close(ds)
+    return most
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller datasets")
-    parser.add_argument("--dir", type=Path, help="where to write the datasets (default: temp)")
-    parser.add_argument("--data", help="comma-separated subset of text,tokens,blobs")
-    parser.add_argument("--strategies", help="comma-separated subset of 0,1,2,3")
-    parser.add_argument("--blocks", help="comma-separated block sizes")
-    args = parser.parse_args(argv)
-
-    if atlas_fast.BACKEND != "cython":
-        print("the compiled backend is not available: run `python setup.py build_ext --inplace`")
-        return 1
-    if args.quick:
-        sizes = {"text": 4000, "tokens": 1200, "blobs": 160}
-        blocks = [8, 16, 100]
-        strategies = [0, 1, 2, 3]
-        reads = 600
-    else:
-        sizes = {"text": 16000, "tokens": 4000, "blobs": 400}
-        blocks = [8, 16, 32, 100]
-        strategies = [0, 1, 2, 3]
-        reads = 2000
-    if args.strategies:
-        strategies = [int(x) for x in args.strategies.split(",")]
-    if args.blocks:
-        blocks = [int(x) for x in args.blocks.split(",")]
-    docs = stdlib_documents(sizes["text"])
-    data = {
-        "text": docs,
-        "tokens": token_arrays(sizes["tokens"], docs),
-        "blobs": byte_blobs(sizes["blobs"], docs),
-    }
-    if args.data:
-        data = {k: data[k] for k in args.data.split(",")}
-    print(
-        f"# {platform.node()} {platform.machine()} Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d')}; libzstd {atlas_fast.zstd_library()['version']} "
-        f"({atlas_fast.zstd_library()['path']})"
+    arg_parser = parser(__doc__)
+    arg_parser.add_argument(
+        "--datasets",
+        help="comma-separated subset of: " + ", ".join(d[0] for d in DATASETS) + ", shards",
     )
-    print(f"# {' '.join(sys.argv)}; medians of {REPEATS}; ex/s = examples per CPU second")
-    header = (
-        f"{'data':6} {'s':>1} {'blk':>3} {'pattern':7} {'python ex/s':>12} {'cython ex/s':>12} "
-        f"{'cy/py':>6} {'floor ex/s':>11} {'cy/floor':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    failures = []
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        for kind, examples in data.items():
-            n = len(examples)
-            for strategy in strategies:
-                for block in blocks:
-                    path = Path(tmp) / f"{kind}_s{strategy}_b{block}"
-                    write_dataset(path, examples, -(-n // 4), block, strategy)
-                    cy = atlas_fast.atlas.AtlasDataset(path)
-                    py = atlas_fast._python.AtlasDataset(path)
-                    rng = random.Random(f"{kind}{strategy}{block}")
-                    results = measure(cy, py, n, reads if block < 100 else reads // 3, rng)
-                    for pattern, r in results.items():
-                        ratio = r["py"] / r["cy"]
-                        floor = r["floor"]
-                        vs_floor = r["cy"] / floor if floor else None
-                        print(
-                            f"{kind:6} {strategy:>1} {block:>3} {pattern:7} {1 / r['py']:>12,.0f} "
-                            f"{1 / r['cy']:>12,.0f} {ratio:>6.2f} "
-                            f"{(1 / floor if floor else float('nan')):>11,.0f} "
-                            f"{(vs_floor if vs_floor else float('nan')):>8.2f}",
-                            flush=True,
-                        )
-                        failures += check_targets(kind, strategy, block, pattern, ratio, vs_floor)
-                    cy.close()
-                    py.close()
-    print()
-    if failures:
-        print("targets missed:")
-        for line in failures:
-            print("  " + line)
-    else:
-        print("all targets met")
-    return 0
-
-
-def check_targets(kind, strategy, block, pattern, ratio, vs_floor) -> list:
-    """The targets from the issue: cached >= 5x; random on uncompressed blocks of 16 >= 1.5x;
-    in order >= 1.5x; compressed blocks within 10% of the floor."""
-    row = f"{kind} s{strategy} b{block} {pattern}"
-    missed = []
-    if pattern == "cached" and ratio < 5:
-        missed.append(f"{row}: cython/python {ratio:.2f} < 5")
-    if pattern == "random" and strategy == 0 and block == 16 and ratio < 1.5:
-        missed.append(f"{row}: cython/python {ratio:.2f} < 1.5")
-    if pattern == "order" and ratio < 1.5:
-        missed.append(f"{row}: cython/python {ratio:.2f} < 1.5")
-    if strategy and vs_floor is not None and vs_floor > 1.10:
-        missed.append(f"{row}: {vs_floor:.2f}x the floor (> 1.10)")
-    return missed
+    title = "benchmarks/bench_backends.py: single-example reads, side by side"
+    args, cons, table = start(arg_parser, title, "benchmarks/bench_backends.py", argv)
+    fd0 = open_fds()
+    sizes = SIZES["quick" if args.quick else "full"]
+    reps = args.reps or (3 if args.quick else 5)
+    wanted = None if not args.datasets else {x.strip() for x in args.datasets.split(",")}
+    rng = random.Random(12)
+    for name, corp, strategy, block, target in DATASETS:
+        if wanted is None or name in wanted:
+            path = dataset(args, corp, sizes[corp], strategy, block)
+            bench_dataset(table, cons, name, path, target, reps, rng)
+    if wanted is None or "shards" in wanted:
+        count = sizes["shards"] * SHARD_EXAMPLES
+        path = dataset(args, "rows", count, 1, SHARD_EXAMPLES, SHARD_EXAMPLES)
+        bench_many_shards(table, cons, path, sizes["reads"], reps, rng, fd0)
+    return finish(table, args)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ shard 10,000, block 100, strategy 2) with 1 and 2 workers, alternating, ``--repe
 and prints medians of wall time as examples/s and the ratio, side by side. Wall time, since
 the point is the use of both cores. "ceiling now" is what two processes gain on a fixed
 pure-Python CPU loop, measured right after each format: 2.0 on two idle cores, less when
-neighbours use them, which caps the convert ratio beside it.
+neighbours use them, which caps the convert ratio beside it. The CPU columns say what the
+ratio would be on two idle cores: the CPU time of one worker, and of the two processes of two
+(the converting process, with run 0 and the dictionary training, and the spawned one); the
+estimate is the first over max(busier process, half their sum). CPU time is little affected
+by neighbours, so it holds when wall-clock ratios cannot be measured.
 
     python benchmarks/bench_convert.py                  # 100k documents, 3 repetitions
     python benchmarks/bench_convert.py --docs 20000 --repeats 1 --formats jsonl,dolma
@@ -111,6 +115,15 @@ def _spin(_=None) -> float:
     return time.perf_counter() - started
 
 
+def _cpu() -> tuple:
+    """CPU seconds (user + system) of this process and of its ended child processes."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
 def parallel_ceiling(repeats: int) -> float:
     """How much faster two processes do two units of CPU work than one process does them,
     now, on this machine (2.0 on two idle cores; less when neighbours use them)."""
@@ -156,11 +169,13 @@ def main(argv=None) -> int:
                 shutil.rmtree(src)
             options = BUILDERS[fmt](docs, src)
             times: dict = {1: [], 2: []}
+            cpu: dict = {1: [], 2: []}  # (this process, its worker processes) CPU seconds
             summary = None
             for _ in range(args.repeats):
                 for workers in (1, 2):
                     dst = work / f"out-{fmt}-{workers}"
                     shutil.rmtree(dst, ignore_errors=True)
+                    cpu_before = _cpu()
                     started = time.perf_counter()
                     summary = convert(
                         src,
@@ -171,12 +186,32 @@ def main(argv=None) -> int:
                         **options,
                     )
                     times[workers].append(time.perf_counter() - started)
+                    cpu_after = _cpu()
+                    cpu[workers].append(
+                        (cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+                    )
                     assert summary.examples == len(docs)
                     shutil.rmtree(dst)
             one, two = statistics.median(times[1]), statistics.median(times[2])
             ceiling = parallel_ceiling(args.repeats)
+            serial_cpu = statistics.median(sum(c) for c in cpu[1])
+            parent_cpu = statistics.median(c[0] for c in cpu[2])
+            worker_cpu = statistics.median(c[1] for c in cpu[2])
+            # On two idle cores the run takes at least the busier process's CPU time, and at
+            # least half the CPU time of both: the estimate is serial CPU over the larger.
+            bound = max(parent_cpu, worker_cpu, (parent_cpu + worker_cpu) / 2)
+            estimate = serial_cpu / bound
             rows.append(
-                (fmt, summary.bytes_in, len(docs) / one, len(docs) / two, one / two, ceiling)
+                (
+                    fmt,
+                    summary.bytes_in,
+                    len(docs) / one,
+                    len(docs) / two,
+                    one / two,
+                    ceiling,
+                    f"{serial_cpu:.1f} / {parent_cpu:.1f} + {worker_cpu:.1f}",
+                    estimate,
+                )
             )
             print(
                 f"{fmt}: {len(docs) / one:,.0f} ex/s (1 worker), {len(docs) / two:,.0f} "
@@ -194,12 +229,15 @@ def main(argv=None) -> int:
         f"\n{len(docs):,} documents, strategy {args.strategy}, medians of {args.repeats} "
         "(wall time)\n"
     )
-    print("| format | source | 1 worker ex/s | 2 workers ex/s | 2 / 1 | ceiling now |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for fmt, size, one, two, ratio, ceiling in rows:
+    print(
+        "| format | source | 1 worker ex/s | 2 workers ex/s | 2 / 1 | ceiling now "
+        "| CPU s: 1 worker / 2 workers (main + spawned) | 2 / 1 on idle cores (from CPU) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for fmt, size, one, two, ratio, ceiling, cpu_text, estimate in rows:
         print(
             f"| {fmt} | {size / 1e6:,.0f} MB | {one:,.0f} | {two:,.0f} | {ratio:.2f}x "
-            f"| {ceiling:.2f}x |"
+            f"| {ceiling:.2f}x | {cpu_text} | {estimate:.2f}x |"
         )
     return 0
 

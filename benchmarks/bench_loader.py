@@ -1,189 +1,405 @@
-"""Loader throughput: block-aware shuffling, batches and read-ahead against plain ``ds[i]``.
+"""Loader patterns: the reference package beside atlas_fast's two backends, same files.
 
-    python benchmarks/bench_loader.py [--docs 50000] [--reps 5] [--data DIR]
+    python benchmarks/bench_loader.py               # full run (several minutes on 2 cores)
+    python benchmarks/bench_loader.py --quick       # small corpora, 3 repetitions
+    python benchmarks/bench_loader.py --json out.json
 
-Builds (once, cached under --data) a dataset of text documents cut from the stdlib's sources,
-~2 KB each, in 100-example blocks with a shared zstd dictionary (strategy 2), then times, in
-one process, side by side (medians of --reps interleaved rounds, warm page cache):
+Columns: ``torch_atlas_ds`` (the reference, when importable), ``atlas_fast[cython]`` (when
+built) and ``atlas_fast[python]``; every "x ref" divides by the reference's figure from this
+run, and none is computed without it. Datasets from ``atlas_fast.bench.corpus`` (the generator
+``atlas-fast bench`` uses): documents in zstd (strategy 2) blocks of 100, table rows in zstd
+blocks of 64. Patterns (issue 11), every object at its DEFAULT settings:
 
-- the reference algorithm (``atlas_fast._python.AtlasDataset``, last block cached) reading
-  sequentially and uniformly at random (``ds[i]``);
-- an epoch in ``BlockShuffleSampler`` order (window 8) read in batches of 256 through
-  ``__getitems__`` with ``cache_blocks=16``, and read one ``ds[i]`` at a time (same cache);
-- random batches of 256: ``__getitems__`` against a loop of ``ds[i]``;
-- ``iter(ds)`` against the sequential ``ds[i]`` loop.
+- (a) an epoch of ``BlockShuffleSampler(ds)`` through ``torch.utils.data.DataLoader`` (batch
+  size 256, ``num_workers`` 0 and 2), against the reference's uniform random reading through
+  the same DataLoader (``shuffle=True``), and against a sequential pass (``shuffle=False``) of
+  the same dataset;
+- (b) ``AtlasDataset(path, cache_bytes=1 GiB)`` (at least the decoded dataset), uniform random
+  ``ds[i]`` after one warm sequential pass, against the pickle-per-example floor
+  (``pickle.loads`` of each example's own bytes, from memory); ``ds.cache_info()`` when the
+  dataset has it (reported as unavailable otherwise);
+- (f) memory: a DataLoader with 4 workers, ``shuffle=True``: each worker's PSS (from
+  /proc/<pid>/smaps_rollup, read by the worker after its batches) and the bytes its dataset's
+  cache holds (``cache_info()['currsize']``, when available).
 
-Each figure is given for the pure-Python backend and for the backend in use
-(``atlas_fast.BACKEND``); they are the same run when no compiled backend is built.
+Clocks: DataLoader patterns by the wall clock (workers run in other processes); (b), single-
+threaded, by this process's CPU time (``time.process_time``), which neighbours' load on a
+shared machine barely moves. DataLoaders use ``collate_fn=list`` (the examples as they are
+read: no tensor conversion, whose cost is the same for every reader). Rates count examples
+after the first batch, so that starting the workers is not counted; each DataLoader row is
+given by CPU time as well (this process and its workers, start-up included), which a loaded
+machine barely moves. Needs torch (the reference and DataLoader do).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import pickle
 import random
-import statistics
 import sys
-import sysconfig
 import time
+import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import atlas_fast  # noqa: E402
-import atlas_fast._python  # noqa: E402
-import atlas_fast.atlas  # noqa: E402
-from atlas_fast import AtlasDatasetWriter, BlockShuffleSampler, CompressionStrategy  # noqa: E402
+from atlas_fast.bench.sidebyside import (
+    CYTHON,
+    PYTHON,
+    REFERENCE,
+    close,
+    dataset,
+    finish,
+    interleaved,
+    parser,
+    ratio,
+    start,
+    timed,
+)
 
-BLOCK = 100
 BATCH = 256
-WINDOW = 8
+CPU = time.process_time
+CACHE_BYTES = 1 << 30
+# (name, corpus, strategy, block size)
+DATASETS = (("docs s2 b100", "documents", 2, 100), ("rows s2 b64", "rows", 2, 64))
+SIZES = {
+    "full": {
+        "documents": None,
+        "rows": 50_000,
+        "random_batches": 12,
+        "reads": 3000,
+        "pss_batches": 6,
+    },
+    "quick": {"documents": 1500, "rows": 3000, "random_batches": 2, "reads": 300, "pss_batches": 1},
+}
 
 
-def documents(count: int):
-    """~2 KB text documents from the stdlib's .py files, in a fixed order."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    made = 0
-    while True:
-        for path in sorted(stdlib.rglob("*.py")):
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue
-            rel = str(path.relative_to(stdlib))
-            for k in range(0, len(text), 2048):
-                yield {"id": f"{rel}:{k}:{made}", "text": text[k : k + 2048], "source": "stdlib"}
-                made += 1
-                if made == count:
-                    return
+def collate(batch):
+    return batch
 
 
-def build(data: Path, count: int) -> Path:
-    root = data / f"stdlib_docs_{count}_b{BLOCK}_s2"
-    if (root / "meta.json").exists():
-        return root
-    data.mkdir(parents=True, exist_ok=True)
-    tmp = root.with_name(root.name + ".tmp")
-    if tmp.exists():
-        import shutil
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have exited (DataLoader workers)."""
+    import resource
 
-        shutil.rmtree(tmp)
-    strategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-    with AtlasDatasetWriter(tmp, count // 4 + 1, BLOCK, compression_strategy=strategy) as w:
-        for doc in documents(count):
-            w.add_example(doc)
-    tmp.rename(root)
-    return root
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
-def warm(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            path.read_bytes()
+def loader_pass(c, path, num_workers, cpu, sampler=None, shuffle=False, max_batches=None):
+    """A measurement: batches of a DataLoader over a fresh dataset.
+
+    Returns examples after the first batch and the wall-clock seconds since it arrived (so
+    that starting the workers is not counted). Appends to ``cpu`` the rate by CPU time: all
+    examples over the CPU seconds of this process and of its workers (counted once they have
+    exited), start-up included, which the neighbours' load on a shared machine barely moves.
+    """
+    from torch.utils.data import DataLoader
+
+    def run():
+        ds = c.open(path)
+        s = sampler(ds) if sampler else None
+        cpu0 = time.process_time() + children_cpu()
+        loader = DataLoader(
+            ds,
+            batch_size=BATCH,
+            sampler=s,
+            shuffle=shuffle if s is None else None,
+            num_workers=num_workers,
+            collate_fn=collate,
+        )
+        it = iter(loader)
+        first = len(next(it))
+        count = 0
+        batches = 1
+        t0 = time.perf_counter()
+        for batch in it:
+            count += len(batch)
+            batches += 1
+            if max_batches and batches >= max_batches:
+                break
+        secs = time.perf_counter() - t0
+        del it  # its workers are joined (and reaped) here, so that their CPU time counts
+        cpu.append((first + count) / (time.process_time() + children_cpu() - cpu0))
+        close(ds)
+        return count, secs
+
+    return run
 
 
-def interleaved(fns: dict, reps: int) -> dict:
-    """Median seconds of each ``fns[k]()`` over ``reps`` rounds, each round running them all
-    one after the other (so load from other processes hits them alike)."""
-    times: dict = {k: [] for k in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+def block_shuffle(ds):
+    from atlas_fast import BlockShuffleSampler
+
+    return BlockShuffleSampler(ds)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, default=50_000)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--random-reads", type=int, default=4000)
-    parser.add_argument("--data", type=Path, default=Path("/tmp/atlas_fast_bench_loader"))
-    args = parser.parse_args()
+def x(values, key, base_values, base_key, name, target=None):
+    a, b = values.get(key), base_values.get(base_key)
+    return ratio(name, a / b if (a and b) else None, target)
 
-    root = build(args.data, args.docs)
-    warm(root)
-    rng = random.Random(0)
-    n = len(atlas_fast._python.AtlasDataset(root))
-    uniform = [rng.randrange(n) for _ in range(args.random_reads)]
-    batches = [[rng.randrange(n) for _ in range(BATCH)] for _ in range(12)]
-    print(
-        f"dataset: {n} docs, blocks of {BLOCK}, strategy 2, {root}\n"
-        f"cpus: {os.cpu_count()}, pool threads: {atlas_fast._batch.pool_size()}, "
-        f"backend in use: {atlas_fast.BACKEND}, reps: {args.reps} (median)\n"
+
+def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
+    import statistics
+
+    from atlas_fast import BlockShuffleSampler  # noqa: F401  (fails early without torch)
+
+    n = len(cons[-1].open(path))
+    table.section(f"(a) {name}: {n:,} examples, DataLoader(batch_size={BATCH}) ({path})")
+    atlas = [c for c in cons if c.atlas]
+    kinds = ("sampler", "random", "sequential")
+    for nw in (0, 2):
+        fns = {}
+        cpu = {}
+        for c in atlas:
+            cpu[("sampler", c.key)] = []
+            fns[("sampler", c.key)] = loader_pass(
+                c, path, nw, cpu[("sampler", c.key)], sampler=block_shuffle
+            )
+            cpu[("sequential", c.key)] = []
+            fns[("sequential", c.key)] = loader_pass(c, path, nw, cpu[("sequential", c.key)])
+        for c in cons:
+            cpu[("random", c.key)] = []
+            fns[("random", c.key)] = loader_pass(
+                c,
+                path,
+                nw,
+                cpu[("random", c.key)],
+                shuffle=True,
+                max_batches=sizes["random_batches"] + 1,
+            )
+        res = interleaved(fns, reps)
+        for clock in ("wall", "CPU"):
+            if clock == "wall":
+                got = {k: v["rate"] for k, v in res.items()}
+            else:
+                got = {k: statistics.median(v) for k, v in cpu.items()}
+            rates = {kind: {k: got[(kd, k)] for (kd, k) in got if kd == kind} for kind in kinds}
+            first = clock == "wall"  # the targets go on the wall-clock rows
+            epoch_ratios = [
+                x(
+                    rates["sampler"],
+                    CYTHON,
+                    rates["random"],
+                    REFERENCE,
+                    "cython x ref random",
+                    (">=", 30.0) if main and first else None,
+                ),
+                x(rates["sampler"], PYTHON, rates["random"], REFERENCE, "python x ref random"),
+                x(
+                    rates["sequential"],
+                    CYTHON,
+                    rates["sampler"],
+                    CYTHON,
+                    "cython sequential / epoch",
+                    ("<=", 2.0) if main and first else None,
+                ),
+            ]
+            label = f"workers={nw}, {clock}"
+            table.add(
+                name,
+                f"BlockShuffleSampler(ds) epoch, {label}",
+                rates["sampler"],
+                ratios=epoch_ratios,
+            )
+            table.add(
+                name,
+                f"uniform random (shuffle=True), {label}",
+                rates["random"],
+                ratios=[x(rates["random"], CYTHON, rates["random"], REFERENCE, "cython x ref")],
+            )
+            table.add(name, f"sequential pass (shuffle=False), {label}", rates["sequential"])
+
+
+def floor_pass(payloads, draws):
+    def run():
+        view = memoryview(payloads[0])
+        offsets = payloads[1]
+        loads = pickle.loads
+        secs = timed(lambda: [loads(view[offsets[i] : offsets[i + 1]]) for i in draws], CPU)
+        return len(draws), secs
+
+    return run
+
+
+def bench_cache(table, cons, name, path, sizes, reps, main) -> None:
+    rng = random.Random(5)
+    atlas = [c for c in cons if c.atlas]
+    n = len(atlas[0].open(path))
+    draws = [rng.randrange(n) for _ in range(sizes["reads"])]
+    ds = atlas[-1].open(path)
+    parts = [pickle.dumps(ds[i], protocol=pickle.HIGHEST_PROTOCOL) for i in range(n)]
+    close(ds)
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + len(p))
+    payloads = (b"".join(parts), offsets)
+    table.section(
+        f"(b) {name}: cache_bytes={CACHE_BYTES:,} (pickled dataset {offsets[-1] / 1e6:,.1f} MB), "
+        "uniform random after one warm pass"
+    )
+    infos = {}
+
+    def cached(c):
+        def run():
+            ds = c.open(path, cache_bytes=CACHE_BYTES)
+            for i in range(len(ds)):  # the warm pass
+                ds[i]
+            secs = timed(lambda: [ds[i] for i in draws], CPU)
+            info = getattr(ds, "cache_info", None)
+            infos[c.key] = info() if callable(info) else None
+            close(ds)
+            return len(draws), secs
+
+        return run
+
+    def plain(c):
+        def run():
+            ds = c.open(path)
+            secs = timed(lambda: [ds[i] for i in draws], CPU)
+            close(ds)
+            return len(draws), secs
+
+        return run
+
+    fns = {("cached", c.key): cached(c) for c in atlas}
+    fns.update({("plain", c.key): plain(c) for c in cons})
+    fns["floor"] = floor_pass(payloads, draws)
+    res = interleaved(fns, reps)
+    floor = res["floor"]["rate"]
+    cached_rates = {k: res[("cached", k)]["rate"] for c in atlas for k in [c.key]}
+    plain_rates = {c.key: res[("plain", c.key)]["rate"] for c in cons}
+    table.add(
+        name,
+        "warm, cache_bytes=1 GiB: uniform random ds[i]",
+        cached_rates,
+        ratios=[
+            ratio(
+                "floor / cython",
+                floor / cached_rates[CYTHON] if CYTHON in cached_rates else None,
+                ("<=", 1.5) if main else None,
+            ),
+            ratio("floor / python", floor / cached_rates[PYTHON]),
+            x(cached_rates, CYTHON, plain_rates, REFERENCE, "cython x ref (no cache)"),
+        ],
+    )
+    table.add(
+        name,
+        "default settings: uniform random ds[i]",
+        plain_rates,
+        ratios=[x(plain_rates, CYTHON, plain_rates, REFERENCE, "cython x ref")],
+    )
+    table.note(f"{name}: floor, pickle.loads of each example's own bytes: {floor:,.0f} ex/s")
+    for key, info in infos.items():
+        if info is None:
+            table.note(f"{name}: atlas_fast[{key}] has no cache_info(): unavailable")
+        else:
+            table.note(f"{name}: atlas_fast[{key}] cache_info() after the run: {info}")
+
+
+def _pss_collate(batch):
+    """Runs in the worker: its PSS/RSS now, and the bytes its dataset's cache holds."""
+    from torch.utils.data import get_worker_info
+
+    pss = rss = None
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    held = None
+    worker = get_worker_info()
+    info = getattr(worker.dataset, "cache_info", None) if worker else None
+    if callable(info):
+        got = info()
+        held = got.get("currsize") if isinstance(got, dict) else getattr(got, "currsize", None)
+    return {"pid": os.getpid(), "pss": pss, "rss": rss, "cache": held, "n": len(batch)}
+
+
+def bench_memory(table, cons, name, path, sizes) -> None:
+    import statistics
+
+    from torch.utils.data import DataLoader
+
+    workers = 4
+    table.section(
+        f"(f) {name}: PSS per DataLoader worker, {workers} workers, shuffle=True, "
+        f"{sizes['pss_batches']} batches of {BATCH} each"
+    )
+    pss, rss, held = {}, {}, {}
+    for c in cons:
+        ds = c.open(path)
+        with warnings.catch_warnings():  # "4 workers on 2 cores": chosen, as in the issue
+            warnings.simplefilter("ignore", UserWarning)
+            loader = DataLoader(
+                ds, batch_size=BATCH, shuffle=True, num_workers=workers, collate_fn=_pss_collate
+            )
+            it = iter(loader)
+        last = {}
+        for k, report in enumerate(it):
+            last[report["pid"]] = report
+            if k + 1 >= workers * sizes["pss_batches"]:
+                break
+        del it
+        close(ds)
+        reports = list(last.values())
+        if reports and reports[0]["pss"] is not None:
+            pss[c.key] = statistics.median(r["pss"] for r in reports)
+            rss[c.key] = statistics.median(r["rss"] for r in reports)
+        caches = [r["cache"] for r in reports if r["cache"] is not None]
+        held[c.key] = statistics.median(caches) if caches else None
+    ref = pss.get(REFERENCE)
+    mine = pss.get(CYTHON)
+    allowed = None
+    if ref is not None and held.get(CYTHON) is not None:
+        allowed = ref + held[CYTHON]
+    table.add(
+        name,
+        "PSS per worker (median)",
+        pss,
+        unit="MB",
+        ratios=[
+            ratio("cython / ref", mine / ref if mine and ref else None),
+            ratio(
+                "cython / (ref + its cache bytes)",
+                mine / allowed if mine and allowed else None,
+                ("<=", 1.0),
+            ),
+        ],
+        note="" if allowed else "no reference or no cache_info(): the target is not measurable",
+    )
+    table.add(name, "RSS per worker (median)", rss, unit="MB")
+    table.add(
+        name,
+        "bytes the worker's cache holds",
+        {k: v for k, v in held.items() if v is not None},
+        unit="MB",
+        note="cache_info()['currsize']; '-' where unavailable",
     )
 
-    backends = {"python": atlas_fast._python}
-    if atlas_fast.BACKEND != "python":
-        backends[atlas_fast.BACKEND] = atlas_fast.atlas
 
-    def row(name, examples, seconds):
-        print(f"  {name:<58} {examples / seconds:>12,.0f} ex/s", flush=True)
-
-    for label, module in backends.items():
-        print(f"[{label}]")
-
-        def seq(module=module):
-            ds = module.AtlasDataset(root)
-            for i in range(n):
-                ds[i]
-
-        def rand(module=module):
-            ds = module.AtlasDataset(root)
-            for i in uniform:
-                ds[i]
-
-        def iterate(module=module):
-            for _ in module.AtlasDataset(root):
-                pass
-
-        def shuffled_batches(module=module):
-            ds = module.AtlasDataset(root, cache_blocks=2 * WINDOW)
-            sampler = BlockShuffleSampler(ds, window_blocks=WINDOW, seed=1)
-            order = sampler.epoch_indices().tolist()
-            for k in range(0, n, BATCH):
-                ds.__getitems__(order[k : k + BATCH])
-
-        def shuffled_single(module=module):
-            ds = module.AtlasDataset(root, cache_blocks=2 * WINDOW)
-            for i in BlockShuffleSampler(ds, window_blocks=WINDOW, seed=1):
-                ds[i]
-
-        def random_getitems(module=module):
-            ds = module.AtlasDataset(root)
-            for batch in batches:
-                ds.__getitems__(batch)
-
-        def random_loop(module=module):
-            ds = module.AtlasDataset(root)
-            for batch in batches:
-                [ds[i] for i in batch]
-
-        variants = {
-            "seq": (seq, n, "sequential ds[i] (cache 1 block)"),
-            "iter": (iterate, n, "iter(ds), read-ahead"),
-            "rand": (rand, len(uniform), "uniform random ds[i] (cache 1 block)"),
-            "sb": (shuffled_batches, n, f"BlockShuffleSampler w{WINDOW}: __getitems__ x{BATCH}"),
-            "ss": (shuffled_single, n, f"BlockShuffleSampler w{WINDOW}: ds[i] one by one"),
-            "rg": (random_getitems, BATCH * len(batches), f"random x{BATCH}: __getitems__"),
-            "rl": (random_loop, BATCH * len(batches), f"random x{BATCH}: loop of ds[i]"),
-        }
-        times = interleaved({k: v[0] for k, v in variants.items()}, args.reps)
-        for key, (_, count, name) in variants.items():
-            row(name, count, times[key])
-        t_seq, t_iter, t_rand, t_sb = times["seq"], times["iter"], times["rand"], times["sb"]
-        t_rg, t_rl = times["rg"], times["rl"]
-        print(
-            f"  ratios: sampler batches / uniform random = "
-            f"{(n / t_sb) / (len(uniform) / t_rand):.1f}x (target >= 30x); "
-            f"sequential / sampler batches = {t_sb / t_seq:.2f} (target <= 2); "
-            f"random __getitems__ / loop = {t_rl / t_rg:.2f}x (target >= 1.3x); "
-            f"iter / sequential ds[i] = {t_seq / t_iter:.2f}x (target >= 1.3x)\n"
-        )
-    return 0
+def main(argv=None) -> int:
+    arg_parser = parser(__doc__)
+    arg_parser.add_argument("--patterns", default="a,b,f", help="which of a,b,f to run")
+    title = "benchmarks/bench_loader.py: loader patterns, side by side"
+    args, cons, table = start(arg_parser, title, "benchmarks/bench_loader.py", argv)
+    sizes = SIZES["quick" if args.quick else "full"]
+    reps = args.reps or (3 if args.quick else 5)
+    patterns = {p.strip() for p in args.patterns.split(",")}
+    for k, (name, corp, strategy, block) in enumerate(DATASETS):
+        path = dataset(args, corp, sizes[corp], strategy, block)
+        main_ds = k == 0
+        if "a" in patterns:
+            bench_epochs(table, cons, name, path, sizes, reps, main_ds)
+        if "b" in patterns:
+            bench_cache(table, cons, name, path, sizes, reps, main_ds)
+        if "f" in patterns and main_ds:
+            bench_memory(table, cons, name, path, sizes)
+    return finish(table, args)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -192,6 +192,13 @@ cdef class BlockCache:
             self._drop(<_Entry>self._oldest, dropped)
         return e
 
+    cdef int _forget(self, _Entry e) except -1:
+        """Drop ``e`` now if the cache still holds it."""
+        cdef list dropped = []
+        if e.live:
+            self._drop(e, dropped)
+        return 0
+
     cdef int _drop(self, _Entry e, list dropped) except -1:
         """Unlink ``e``; what it held goes to ``dropped``, released by the caller's return."""
         dropped.append((e, e.examples, e.data, e.offsets, e.partial))

@@ -198,6 +198,9 @@ cdef class ShardCore:
     # The entry of the block last read: a hit on it skips the dict. Read and replaced under
     # the GIL; only trusted while live.
     cdef _Entry _last
+    # The example after the one _get read last: a miss on the first example of the block
+    # after _last's, at this index, is a pass in order (see _get).
+    cdef Py_ssize_t _next
     # Set together by _open under _lock (and cleared by close under it); read under the GIL,
     # and held in locals by a reader across its nogil decompression.
     cdef object _offsets  # the validated numpy array (None: not open)
@@ -208,6 +211,7 @@ cdef class ShardCore:
     cdef unsigned long _lock_generation
 
     def __cinit__(self, *args, **kwargs):
+        self._next = -1
         self._lock = _new_lock()
         self._lock_generation = _generation
 
@@ -240,7 +244,13 @@ cdef class ShardCore:
             self._cache._hit(e)  # runs no Python code: e.examples stays
             examples = e.examples
         else:
+            if k == self._next and j == 0 and e is not None and e.block == b - 1:
+                # A pass in order is done with block b - 1 and will not read it again:
+                # keeping it would only evict what others read (and slow the pass).
+                self._cache._forget(e)
+            self._next = k + 1
             return self._miss(b, j)
+        self._next = k + 1
         return _item(examples, j)
 
     cdef object _miss(self, Py_ssize_t b, Py_ssize_t j):

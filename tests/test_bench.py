@@ -1,14 +1,23 @@
-"""``atlas-fast bench`` on a tiny corpus: the machinery, the JSON, the ratios, skipped peers.
+"""The benchmarks on tiny corpora: the machinery, the JSON, the ratios, the labels.
 
-No peer needs to be installed: the run hides them (ATLAS_FAST_BENCH_HIDE), so they must be
-reported as skipped. Nothing here asserts a timing.
+``atlas-fast bench`` and the scripts in benchmarks/ (in --quick mode). No peer needs to be
+installed: the runs hide them (ATLAS_FAST_BENCH_HIDE), so they must be reported as skipped.
+The reference package is hidden the same way, or replaced by a stand-in (see
+``reference_stub``), so that both outcomes are checked whatever this environment holds.
+Nothing here asserts a timing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import itertools
 import json
+import os
 import pickle
+import sys
+from pathlib import Path
 from statistics import median
 
 import numpy as np
@@ -21,6 +30,42 @@ from atlas_fast.bench.measure import PATTERNS
 
 PEERS = ("mds", "litdata", "litdata-zstd", "hf", "zarr")
 CONFIGS = ("s0b16", "s2b100")
+HIDE_ALL = "streaming,litdata,datasets,zarr,torch_atlas_ds"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def reference_stub(tmp_path_factory):
+    """A directory holding a stand-in ``torch_atlas_ds`` package, to put on sys.path.
+
+    Why a stand-in: the real reference imports torch at import time and may not be installed;
+    the column logic (a reference column when the package imports, every "x ref" divided by
+    it, none without it) must be checked in every environment. The stand-in reads the same
+    files for real (it is atlas_fast's pure-Python reader under the reference's name), so
+    its figures are measured, not made up; its version "0+test-stub" shows in every label.
+    """
+    root = tmp_path_factory.mktemp("stub")
+    pkg = root / "torch_atlas_ds"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        '"""Test stand-in for the reference package (see tests/test_bench.py)."""\n'
+        '__version__ = "0+test-stub"\n'
+        "from atlas_fast._python import AtlasDataset\n"
+    )
+    return root
+
+
+@pytest.fixture
+def with_stub(reference_stub, monkeypatch):
+    """The stand-in importable here and in worker processes; peers hidden."""
+    monkeypatch.delitem(sys.modules, "torch_atlas_ds", raising=False)
+    monkeypatch.syspath_prepend(str(reference_stub))
+    old = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", str(reference_stub) + (os.pathsep + old if old else ""))
+    monkeypatch.setenv("ATLAS_FAST_BENCH_HIDE", "streaming,litdata,datasets,zarr")
+    yield reference_stub
+    sys.modules.pop("torch_atlas_ds", None)
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +74,8 @@ def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "out.json"
     mp = pytest.MonkeyPatch()
-    mp.setenv("ATLAS_FAST_BENCH_HIDE", "streaming,litdata,datasets,zarr")
+    mp.setenv("ATLAS_FAST_BENCH_HIDE", HIDE_ALL)
     try:
-        import contextlib
-        import io
-
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):
             status = cli.main(
@@ -96,7 +138,7 @@ def test_every_reader_corpus_config_and_pattern_is_measured(tiny_run):
     _, report, _, _ = tiny_run
     rows = {(r["reader"], r["corpus"], r["config"], r["pattern"]) for r in report["results"]}
     ref = "atlas_fast-python"
-    for c in corpus.CORPORA:
+    for c in corpus.DEFAULT_CORPORA:
         for pattern in PATTERNS:
             assert ("pickle-floor", c, None, pattern) in rows
             for config in CONFIGS:
@@ -121,25 +163,57 @@ def test_figures_are_medians_of_the_repetitions(tiny_run):
         assert all(x["examples"] > 0 and x["bytes"] > 0 for x in r["reps"])
 
 
-def test_ratios_come_from_figures_of_the_same_run(tiny_run):
-    _, report, _, _ = tiny_run
-    rows = report["results"]
-    by_key = {(r["corpus"], r["reader"], r["config"], r["pattern"]): r for r in rows}
-    ref_config = report["settings"]["reference"]["config_for_peers"]
-    for r in rows:
-        ref = by_key[(r["corpus"], "atlas_fast-python", r["config"] or ref_config, r["pattern"])]
-        assert r["reference"] == {"reader": "atlas_fast-python", "config": ref["config"]}
-        assert r["ratio_to_reference"] == pytest.approx(r["examples_per_s"] / ref["examples_per_s"])
-        if r["reader"] == "atlas_fast-python":
-            assert r["ratio_to_reference"] == 1.0
+def test_without_the_reference_no_ratio_to_it_is_computed(tiny_run):
+    _, report, text, _ = tiny_run
+    assert report["readers"]["torch_atlas_ds"]["status"] == "skipped"
+    assert "hidden" in report["readers"]["torch_atlas_ds"]["reason"]
+    assert report["results"]
+    for r in report["results"]:
+        assert r["reader"] != "torch_atlas_ds"
+        assert r["reference"] is None and r["ratio_to_reference"] is None
         assert r["best_peer"] is None and r["ratio_to_best_peer"] is None  # no peer ran
+    assert "the reference package (torch_atlas_ds) did not run here" in text
+
+
+def test_the_reference_is_its_own_column_and_every_xref_divides_by_it(with_stub, tmp_path):
+    out = tmp_path / "ref.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = cli.main(
+            [
+                "bench",
+                *("--cache-dir", str(tmp_path / "cache"), "--documents", "40"),
+                *("--reps", "1", "--budget", "0.002", "--configs", "s0b16,s2b16"),
+                *("--corpus", "documents", "--readers", "atlas,floors"),
+                *("--reference-config", "s2b16"),
+                *("--patterns", "open,random,shuffled", "--json", str(out), "--no-progress"),
+            ]
+        )
+    assert status == 0
+    report = json.loads(out.read_text())
+    entry = report["readers"]["torch_atlas_ds"]
+    assert entry["status"] == "ok", entry
+    assert entry["label"] == "torch_atlas_ds 0+test-stub (reference)"
+    assert str(with_stub) in entry["notes"]["imported from"]
+    rows = report["results"]
+    by_key = {(r["reader"], r["config"], r["pattern"]): r for r in rows}
+    for r in rows:
+        ref = by_key[("torch_atlas_ds", r["config"] or "s2b16", r["pattern"])]
+        assert r["reference"] == {"reader": "torch_atlas_ds", "config": ref["config"]}
+        assert r["ratio_to_reference"] == pytest.approx(r["examples_per_s"] / ref["examples_per_s"])
+    for config in ("s0b16", "s2b16"):
+        assert by_key[("torch_atlas_ds", config, "random")]["ratio_to_reference"] == 1.0
+        assert "atlas_fast[python]" == by_key[("atlas_fast-python", config, "random")]["label"]
+    shuffled = by_key[("torch_atlas_ds", "s0b16", "shuffled")]["how"]
+    assert shuffled.startswith("uniform permutation")
+    assert "torch_atlas_ds 0+test-stub (reference)" in stdout.getvalue()
 
 
 def test_the_cached_datasets_hold_the_corpus(tiny_run, atlas):
     _, report, _, cache = tiny_run
     root = cache / report["settings"]["scale"]
     manifest = json.loads((root / "manifest.json").read_text())
-    for name in corpus.CORPORA:
+    for name in corpus.DEFAULT_CORPORA:
         entry = manifest["corpora"][name]
         offsets = np.load(entry["floor_offsets"]).tolist()
         data = open(entry["floor"], "rb").read()
@@ -165,7 +239,7 @@ def test_a_second_run_reuses_the_cache(tiny_run, tmp_path, monkeypatch):
     _, report, _, cache = tiny_run
     root = cache / report["settings"]["scale"]
     before = (root / "manifest.json").stat().st_mtime_ns
-    monkeypatch.setenv("ATLAS_FAST_BENCH_HIDE", "streaming,litdata,datasets,zarr")
+    monkeypatch.setenv("ATLAS_FAST_BENCH_HIDE", HIDE_ALL)
     out = tmp_path / "again.json"
     status = cli.main(
         [
@@ -255,8 +329,9 @@ def test_compute_ratios_against_reference_and_best_peer():
     report = {
         "settings": {"reference": {"config_for_peers": "s2b100"}},
         "results": [
-            row("atlas_fast-python", "atlas", "s2b100", 100.0),
-            row("atlas_fast-python", "atlas", "s0b16", 400.0),
+            row("torch_atlas_ds", "reference", "s2b100", 100.0),
+            row("torch_atlas_ds", "reference", "s0b16", 400.0),
+            row("atlas_fast-python", "atlas", "s0b16", 800.0),
             row("atlas_fast", "atlas", "s0b16", 1200.0),
             row("mds", "peer", None, 50.0),
             row("hf", "peer", None, 200.0),
@@ -271,6 +346,11 @@ def test_compute_ratios_against_reference_and_best_peer():
     assert r[("mds", None)]["best_peer"] == "hf"
     assert r[("hf", None)]["ratio_to_best_peer"] == pytest.approx(1.0)
     assert r[("pickle-floor", None)]["ratio_to_reference"] == pytest.approx(10.0)
+    assert r[("atlas_fast-python", "s0b16")]["ratio_to_reference"] == pytest.approx(2.0)
+    # Without the reference's rows, no ratio to it at all: nothing stands in for it.
+    report["results"] = [x for x in report["results"] if x["reader"] != "torch_atlas_ds"]
+    runner.compute_ratios(report)
+    assert all(x["ratio_to_reference"] is None for x in report["results"])
 
 
 @pytest.mark.parametrize(
@@ -335,3 +415,152 @@ def test_shuffled_epoch_uses_block_shuffle_sampler_when_present(tmp_path, monkey
         assert [int(x["id"]) for x in it] == list(range(49, -1, -1))
         assert seen["seed"] == 7
         assert how.startswith("atlas_fast.BlockShuffleSampler")
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+LABEL_FILES = [
+    "README.md",
+    "docs/bench.md",
+    "atlas_fast/bench/__init__.py",
+    "atlas_fast/bench/readers.py",
+    "atlas_fast/bench/report.py",
+    "atlas_fast/bench/runner.py",
+    "atlas_fast/bench/sidebyside.py",
+    "benchmarks/bench_backends.py",
+    "benchmarks/bench_loader.py",
+]
+
+
+def test_the_python_backend_is_never_called_the_reference(tiny_run):
+    """atlas_fast[python] is our own code: no output or doc calls it "the reference"."""
+    text = tiny_run[2]
+    assert "atlas_fast[python]" in text
+    for line in text.splitlines():
+        if "atlas_fast[python]" in line:
+            assert "reference" not in line.replace("the reference package", ""), line
+    files = [ROOT / f for f in LABEL_FILES if (ROOT / f).exists()]
+    if not files:
+        pytest.skip("the source tree (README, docs, benchmarks/) is not beside these tests")
+    for path in files:
+        content = path.read_text()
+        for bad in ("reference algorithm", "[python] (reference)", "[python]` the reference"):
+            assert bad not in content.replace("reference algorithm (our re-implementation)", ""), (
+                f"{path}: {bad!r}"
+            )
+
+
+# -- the scripts in benchmarks/ -------------------------------------------------------------------
+
+
+def _script(name):
+    path = SCRIPTS / f"{name}.py"
+    if not path.exists():
+        pytest.skip(f"{path} is not beside these tests (an installed-wheel test run)")
+    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("script-cache")
+
+
+def _run_script(name, argv, script_cache, tmp_path):
+    out = tmp_path / f"{name}.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = _script(name).main(
+            ["--quick", "--reps", "1", "--cache-dir", str(script_cache), "--json", str(out), *argv]
+        )
+    assert status == 0
+    return json.loads(out.read_text()), stdout.getvalue()
+
+
+def _check_x_ref(report, with_reference):
+    assert report["reference"]["available"] is with_reference
+    keys = set(report["contenders"])
+    assert ("reference" in keys) is with_reference
+    assert report["contenders"]["python"] == "atlas_fast[python]"
+    seen = 0
+    for row in report["rows"]:
+        assert set(row["values"]) <= keys
+        for r in row["ratios"]:
+            if " x ref" not in r["name"]:
+                continue
+            seen += 1
+            if not with_reference:
+                assert r["value"] is None and r["met"] is None, (row["case"], r)
+            else:
+                key = r["name"].split()[0]
+                mine, ref = row["values"].get(key), row["values"].get("reference")
+                if r["name"] == f"{key} x ref" and mine and ref and row["unit"] != "ns":
+                    if row["unit"] == "s":
+                        assert r["value"] == pytest.approx(ref / mine)
+                    else:
+                        assert r["value"] == pytest.approx(mine / ref)
+                    assert r["value"] is not None
+    assert seen
+
+
+BACKENDS_ARGS = ["--datasets", "docs s2 b100,rows s0 b32,shards"]
+
+
+def test_bench_backends_quick_without_the_reference(script_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_FAST_BENCH_HIDE", "torch_atlas_ds")
+    report, text = _run_script("bench_backends", BACKENDS_ARGS, script_cache, tmp_path)
+    _check_x_ref(report, with_reference=False)
+    assert "reference: NOT AVAILABLE" in text
+    cases = {(r["section"], r["case"]) for r in report["rows"]}
+    for section in ("docs s2 b100", "rows s0 b32"):
+        for case in ("(g) random, no block read twice", "(d) ds[i] in order"):
+            assert (section, case) in cases
+    assert ("many shards", "open + len + first item") in cases
+    fds = [r for r in report["rows"] if r["unit"] == "fds"]
+    assert fds and all(v >= 0 for v in fds[0]["values"].values())
+
+
+def test_bench_backends_quick_with_a_reference(with_stub, script_cache, tmp_path):
+    report, text = _run_script("bench_backends", BACKENDS_ARGS, script_cache, tmp_path)
+    _check_x_ref(report, with_reference=True)
+    assert report["reference"]["label"] == "torch_atlas_ds 0+test-stub (reference)"
+    assert "every 'x ref' divides by its figure from this run" in text
+    g = [r for r in report["rows"] if r["case"] == "(g) random, no block read twice"]
+    assert g and all(r["values"]["reference"] > 0 for r in g)
+
+
+def test_bench_loader_quick(with_stub, script_cache, tmp_path):
+    pytest.importorskip("torch", reason="the DataLoader patterns need torch")
+    report, _ = _run_script("bench_loader", [], script_cache, tmp_path)
+    _check_x_ref(report, with_reference=True)
+    cases = {r["case"] for r in report["rows"]}
+    for nw in (0, 2):
+        for clock in ("wall", "CPU"):
+            assert f"BlockShuffleSampler(ds) epoch, workers={nw}, {clock}" in cases
+    assert "warm, cache_bytes=1 GiB: uniform random ds[i]" in cases
+    pss = [r for r in report["rows"] if r["case"] == "PSS per worker (median)"]
+    if Path("/proc/self/smaps_rollup").exists():
+        assert pss[0]["values"]["reference"] > 0 and pss[0]["values"]["python"] > 0
+
+
+def test_rows_corpus_is_typed_and_deterministic():
+    import datetime
+
+    rows = corpus.examples("rows", 50)
+    assert rows == corpus.examples("rows", 50)
+    assert [r["id"] for r in rows] == list(range(50))
+    for r in rows:
+        assert isinstance(r["user"], str) and isinstance(r["score"], float)
+        assert isinstance(r["active"], bool) and isinstance(r["day"], datetime.date)
+
+
+def test_datasets_for_the_scripts_are_written_once(tmp_path, atlas):
+    path = corpus.dataset(tmp_path, "rows", 40, 0, 8, shard_size=16)
+    stamp = (path / "meta.json").stat().st_mtime_ns
+    assert corpus.dataset(tmp_path, "rows", 40, 0, 8, shard_size=16) == path
+    assert (path / "meta.json").stat().st_mtime_ns == stamp
+    with atlas.AtlasDataset(path) as ds:
+        assert_same([ds[i] for i in range(len(ds))], corpus.examples("rows", 40))
+        assert len(ds.shards) == 3

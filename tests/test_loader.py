@@ -125,7 +125,7 @@ def test_getitems_serves_cached_blocks(atlas, root, expected):
     assert ds.__getitems__(batch) == [expected[i] for i in batch]
     assert decodes(ds) == 5
     assert ds.__getitems__(batch[::-1]) == [expected[i] for i in batch[::-1]]
-    assert [ds[i] for i in range(40)] == expected[:40]
+    assert [ds[i] for i in range(39, -1, -1)] == expected[39::-1]
     assert list(ds.shards[0])[:40] == expected[:40]  # a shard object shares the cache
     assert decodes(ds) == 5 + 3  # iterating the shard decoded its blocks 5, 6, 7
 
@@ -138,12 +138,25 @@ def test_default_cache_is_bounded_in_bytes(atlas, root, expected):
     info = ds.cache_info()
     assert info.max_bytes == atlas_fast.DEFAULT_CACHE_BYTES == 32 << 20
     assert info.max_blocks is None and info.currsize == 0
+    order = list(range(N))[::-1]
     for _ in range(3):
-        assert [ds[i] for i in range(N)] == expected  # the whole dataset fits: decoded once
+        assert [ds[i] for i in order] == expected[::-1]  # the whole dataset fits: decoded once
     info = ds.cache_info()
     assert (info.misses, info.hits, info.blocks) == (38, 3 * N - 38, 38)
     sizes = [len(s.block_bytes(b)) for s in ds.shards for b in range(-(-len(s) // 8))]
     assert info.currsize == sum(sizes)  # a block counts its decoded pickle size
+
+
+def test_a_pass_in_order_keeps_only_its_current_blocks(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    ds[100]
+    assert [ds[i] for i in range(N)] == expected
+    # Each block the pass read through to its end is dropped when the pass moves on to the
+    # next (block 4 of shard 1 too, cached before): what stays is each shard's last block.
+    assert sorted(cached(ds)) == [(0, 7), (1, 7), (2, 7), (3, 7), (4, 5)]
+    ds[3], ds[5], ds[4]  # not in order: block 0 is kept
+    ds[8]
+    assert (0, 0) in cached(ds) and (0, 1) in cached(ds)
 
 
 def test_cache_blocks_bounds_an_lru(atlas, root, expected):

@@ -2,8 +2,9 @@
 
 With no arguments it builds (once, into a cache directory) a corpus from the standard
 library's own sources, writes it as Atlas datasets with every compression strategy and block
-sizes 16 and 100, and times atlas_fast's readers, the pure-Python reference algorithm and the
-peers that are installed (``pip install 'atlas-fast[bench]'``: MosaicML Streaming, LitData,
+sizes 16 and 100, and times atlas_fast's two backends (atlas_fast[cython], atlas_fast[python]),
+the reference package torch_atlas_ds when it is importable (every "xref" ratio is to it) and
+the peers that are installed (``pip install 'atlas-fast[bench]'``: MosaicML Streaming, LitData,
 Hugging Face datasets, zarr) over the same access patterns. Peers not installed are reported
 as skipped, with the reason.
 
@@ -17,7 +18,7 @@ import sys
 __all__ = ["add_arguments", "run"]
 
 READER_GROUPS = {
-    "atlas": ("atlas_fast", "atlas_fast-python"),
+    "atlas": ("torch_atlas_ds", "atlas_fast", "atlas_fast-python"),
     "peers": ("mds", "litdata", "litdata-zstd", "hf", "zarr"),
     "floors": ("pickle-floor", "zstd-floor"),
 }
@@ -60,7 +61,7 @@ def add_arguments(parser) -> None:
         action="append",
         choices=CORPORA,
         dest="corpora",
-        help="a corpus to run (repeatable; default all)",
+        help="a corpus to run (repeatable; default documents, tokens and blobs)",
     )
     parser.add_argument(
         "--readers",

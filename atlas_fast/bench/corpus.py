@@ -1,7 +1,8 @@
-"""The benchmark corpus: built once, deterministically, into a cache directory.
+"""The benchmark corpora: the one generator used by ``atlas-fast bench`` and benchmarks/.
 
-Three corpora, all derived from the standard library's own ``.py`` sources (text every Python
-installation carries), so anyone can rebuild exactly the same bytes with the same Python:
+Four corpora, built deterministically (three from the standard library's own ``.py`` sources,
+text every Python installation carries; one from a seeded generator), so anyone can rebuild
+exactly the same bytes with the same Python:
 
 ``documents``
     The sources, in sorted path order, cut at blank lines into Dolma-style documents of about
@@ -12,11 +13,16 @@ installation carries), so anyone can rebuild exactly the same bytes with the sam
 ``blobs``
     ``{"id", "data"}`` with 100 KB of incompressible bytes (a SHAKE-256 stream keyed by the
     blob's number), standing in for already-compressed media.
+``rows``
+    Table rows: dicts of a few typed columns (int, str, float, bool, ``datetime.date``) drawn
+    from a seeded ``random.Random``.
 
-Each corpus is written once with the writer of this package for every strategy (0-3) and block
-size (16, 100), plus the floor files: every example pickled alone, end to end in one file, and
-the offsets (``floor.bin``, ``floor_offsets.npy``). ``manifest.json`` is written last: a cache
-directory with a manifest is complete.
+``examples(corpus, limit)`` returns a corpus's examples. ``dataset(...)`` writes them once,
+into a cache directory, as an Atlas dataset of any strategy, block size and shard size: what
+the scripts in benchmarks/ read. For ``atlas-fast bench``, ``build`` writes each corpus once
+for every strategy (0-3) and block size (16, 100), plus the floor files: every example pickled
+alone, end to end in one file, and the offsets (``floor.bin``, ``floor_offsets.npy``).
+``manifest.json`` is written last: a cache directory with a manifest is complete.
 """
 
 from __future__ import annotations
@@ -37,15 +43,21 @@ from pathlib import Path
 __all__ = [
     "ALL_CONFIGS",
     "CORPORA",
+    "DEFAULT_CORPORA",
     "Scale",
     "build",
+    "dataset",
     "default_cache_dir",
+    "examples",
     "fingerprint",
     "parse_configs",
+    "rows",
     "stdlib_documents",
 ]
 
-CORPORA = ("documents", "tokens", "blobs")
+CORPORA = ("documents", "tokens", "blobs", "rows")
+# What ``atlas-fast bench`` runs without --corpus (rows: on request, to keep the run short).
+DEFAULT_CORPORA = ("documents", "tokens", "blobs")
 STRATEGIES = (0, 1, 2, 3)
 BLOCK_SIZES = (16, 100)
 ALL_CONFIGS = tuple(f"s{s}b{b}" for s in STRATEGIES for b in BLOCK_SIZES)
@@ -60,17 +72,17 @@ _CONFIG_RE = re.compile(r"^s([0-3])b([1-9][0-9]*)$")
 class Scale:
     """How many examples each corpus holds (``None``: all the stdlib yields)."""
 
-    def __init__(self, name: str, documents=None, tokens=None, blobs=600) -> None:
+    def __init__(self, name: str, documents=None, tokens=None, blobs=600, rows=50_000) -> None:
         self.name = name
-        self.limits = {"documents": documents, "tokens": tokens, "blobs": blobs}
+        self.limits = {"documents": documents, "tokens": tokens, "blobs": blobs, "rows": rows}
 
     @classmethod
     def full(cls) -> Scale:
-        return cls("full", documents=None, tokens=None, blobs=600)
+        return cls("full", documents=None, tokens=None, blobs=600, rows=50_000)
 
     @classmethod
     def quick(cls) -> Scale:
-        return cls("quick", documents=3000, tokens=800, blobs=120)
+        return cls("quick", documents=3000, tokens=800, blobs=120, rows=5000)
 
     def key(self) -> str:
         """The cache sub-directory: the scale and the Python whose stdlib is the source."""
@@ -203,6 +215,28 @@ def blobs(limit):
         yield {"id": f"blob-{i:06d}", "data": data}
 
 
+_COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "ES", "IT", "CA", "MX", "KR")
+
+
+def rows(limit):
+    """Table rows: ``{"id", "user", "country", "score", "clicks", "active", "day"}``."""
+    import datetime
+    import random
+
+    rng = random.Random(20261123)
+    first_day = datetime.date(2024, 1, 1)
+    for i in range(limit):
+        yield {
+            "id": i,
+            "user": f"user{rng.randrange(20_000):05d}",
+            "country": rng.choice(_COUNTRIES),
+            "score": round(rng.uniform(0, 100), 3),
+            "clicks": rng.randrange(10_000),
+            "active": rng.random() < 0.7,
+            "day": first_day + datetime.timedelta(days=rng.randrange(730)),
+        }
+
+
 def fingerprint(corpus: str, example) -> str:
     """A short identity of an example, the same whichever reader returned it."""
     if corpus == "tokens":
@@ -287,7 +321,7 @@ def _write_floor(examples, directory: Path):
     return offsets[-1], digest.hexdigest()
 
 
-def _write_atlas(examples, path: Path, strategy: int, block_size: int) -> dict:
+def _write_atlas(examples, path: Path, strategy: int, block_size: int, shard=None) -> dict:
     import warnings
 
     from ..writer import AtlasDatasetWriter
@@ -296,7 +330,7 @@ def _write_atlas(examples, path: Path, strategy: int, block_size: int) -> dict:
         warnings.simplefilter("ignore", RuntimeWarning)  # dictionary fallback: recorded below
         writer = AtlasDatasetWriter(
             path,
-            shard_size=shard_size(len(examples)),
+            shard_size=shard or shard_size(len(examples)),
             block_size=block_size,
             compression_strategy=strategy,
         )
@@ -315,16 +349,62 @@ def _write_atlas(examples, path: Path, strategy: int, block_size: int) -> dict:
     }
 
 
-def _load_examples(corpus: str, scale: Scale):
-    limit = scale.limits[corpus]
+def examples(corpus: str, limit=None) -> list:
+    """The first ``limit`` examples of a corpus (``None``: all the stdlib yields; blobs 600,
+    rows 50,000), the same list on every call with the same Python."""
     if corpus == "documents":
         return list(stdlib_documents(limit))
     if corpus == "tokens":
         return list(token_arrays(stdlib_documents(None), limit))
-    return list(blobs(limit if limit is not None else 600))
+    if corpus == "blobs":
+        return list(blobs(limit if limit is not None else 600))
+    if corpus == "rows":
+        return list(rows(limit if limit is not None else 50_000))
+    raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
 
 
-def build(cache_dir, scale: Scale, configs, corpora=CORPORA, progress=True, rebuild=False):
+def _load_examples(corpus: str, scale: Scale):
+    return examples(corpus, scale.limits[corpus])
+
+
+def dataset(
+    cache_dir, corpus: str, count, strategy: int, block_size: int, shard_size=None, progress=None
+) -> Path:
+    """An Atlas dataset of ``examples(corpus, count)``, written once into ``cache_dir``.
+
+    ``shard_size`` defaults to ``shard_size(len(examples))`` (three shards or so). The dataset
+    lives in a directory named after every parameter and the Python whose stdlib is the
+    source; it is written in a temporary directory and renamed into place when complete.
+    """
+    shard = "auto" if shard_size is None else str(shard_size)
+    name = f"{corpus}-n{count or 'all'}-s{strategy}b{block_size}-sh{shard}"
+    root = Path(cache_dir) / f"datasets-py{platform.python_version()}" / name
+    if (root / "meta.json").exists():
+        return root
+    if progress:
+        progress(f"writing {name} into {root.parent}")
+    data = _memo_examples(corpus, count)
+    tmp = root.with_name(f".{name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    _write_atlas(data, tmp, strategy, block_size, shard_size)
+    tmp.rename(root)
+    return root
+
+
+_MEMO: dict = {}
+
+
+def _memo_examples(corpus: str, count):
+    """``examples(corpus, count)``, kept for the next dataset of the same corpus (one at most)."""
+    key = (corpus, count)
+    if key not in _MEMO:
+        _MEMO.clear()
+        _MEMO[key] = examples(corpus, count)
+    return _MEMO[key]
+
+
+def build(cache_dir, scale: Scale, configs, corpora=DEFAULT_CORPORA, progress=True, rebuild=False):
     """Build (or reuse) the corpora and their Atlas datasets; returns the manifest dict.
 
     The cache lives in ``cache_dir / scale.key()``. What is missing is built; what a previous
@@ -416,4 +496,6 @@ DESCRIPTIONS = {
     "tokens": f"numpy uint16 arrays of {TOKENS_PER_EXAMPLE} word-level token ids of the same text",
     "blobs": f"{{id, data}} with {BLOB_BYTES // 1000} KB of incompressible bytes (SHAKE-256), "
     "like already-compressed media",
+    "rows": "table rows {id, user, country, score, clicks, active, day}: int, str, float, bool "
+    "and datetime.date columns from a seeded generator",
 }

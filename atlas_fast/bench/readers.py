@@ -95,7 +95,7 @@ class AtlasReader(_Base):
     """atlas_fast's AtlasDataset over one backend module."""
 
     kind = "atlas"
-    corpora = ("documents", "tokens", "blobs")
+    corpora = ("documents", "tokens", "blobs", "rows")
 
     def __init__(self, name: str, module: str) -> None:
         self.name = name
@@ -110,8 +110,8 @@ class AtlasReader(_Base):
 
             why = _backend.extension_error or "ATLAS_FAST_NO_EXTENSIONS is set"
             raise Skip(
-                "the default backend is the pure-Python one, measured as atlas_fast[python] "
-                f"(the reference algorithm); compiled reader unavailable: {why}"
+                "the default backend is the pure-Python one, measured as atlas_fast[python]; "
+                f"compiled reader unavailable: {why}"
             )
         backend = "python" if self.module_name == "atlas_fast._python" else atlas_fast.BACKEND
         self.label = f"atlas_fast[{backend}]"
@@ -133,37 +133,20 @@ class AtlasReader(_Base):
         if sampler_class is not None:
             sampler = _make_sampler(sampler_class, h, seed)
             if sampler is not None:
-                how = "atlas_fast.BlockShuffleSampler"
-                window = getattr(sampler, "window_blocks", None)
-                if window and _accepts(self.module.AtlasDataset, "cache_blocks"):
-                    # As the sampler's documentation recommends: a block cache holding two
-                    # windows, so each block of a window is decoded once.
-                    ds = self.module.AtlasDataset(h.root, cache_blocks=2 * window)
-                    how += f"(window_blocks={window}), AtlasDataset(cache_blocks={2 * window})"
-                    return _read_in_order(ds, sampler, close=True), how
-                return _read_in_order(h, sampler), how
+                # Default settings, as a new user writes it: BlockShuffleSampler(ds) over
+                # AtlasDataset(path), no window or cache chosen by hand.
+                return _read_in_order(h, sampler), (
+                    "atlas_fast.BlockShuffleSampler(ds), default settings"
+                )
         order = block_permutation(h, seed)
         return _read_in_order(h, order), (
             "block permutation computed by the benchmark (no atlas_fast.BlockShuffleSampler)"
         )
 
 
-def _read_in_order(ds, order, close=False):
-    try:
-        for i in order:
-            yield ds[i]
-    finally:
-        if close:
-            ds.close()
-
-
-def _accepts(cls, name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
+def _read_in_order(ds, order):
+    for i in order:
+        yield ds[i]
 
 
 def _make_sampler(sampler_class, dataset, seed):
@@ -197,6 +180,46 @@ def block_permutation(ds, seed: int) -> list:
     return order
 
 
+# -- the reference ------------------------------------------------------------------------------
+
+
+class ReferenceReader(_Base):
+    """The real ``torch_atlas_ds`` package (when importable): the column every "xref" divides by."""
+
+    kind = "reference"
+    corpora = ("documents", "tokens", "blobs", "rows")
+    name = "torch_atlas_ds"
+
+    def load(self) -> str:
+        from . import reference
+
+        module, why = reference.load()
+        if module is None:
+            raise Skip(why)
+        self.module = module
+        info = reference.describe(module)
+        self.label = info["label"]
+        self._file = info["file"]
+        return info["version"]
+
+    def notes(self) -> dict:
+        return {"imported from": self._file}
+
+    def open(self, target):
+        return self.module.AtlasDataset(target["path"])
+
+    def get_batch(self, h, indices):
+        return _loop_batch(self, h, indices), "loop of ds[i] (no __getitems__)"
+
+    def shuffled(self, h, seed):
+        get = self.getter(h)
+        order = _permutation(self.length(h), seed).tolist()
+        return (get(i) for i in order), "uniform permutation, ds[i] (as DataLoader(shuffle=True))"
+
+    def close(self, h) -> None:
+        pass  # it has no close(): its files close when the object is collected
+
+
 # -- floors: no format at all -------------------------------------------------------------------
 
 
@@ -204,7 +227,7 @@ class PickleFloor(_Base):
     """``pickle.loads`` of one example's bytes, sliced from an mmap of all of them."""
 
     kind = "floor"
-    corpora = ("documents", "tokens", "blobs")
+    corpora = ("documents", "tokens", "blobs", "rows")
     name = "pickle-floor"
     label = "floor: pickle.loads from mmap"
 
@@ -243,7 +266,7 @@ class ZstdFloor(_Base):
     """python-zstandard decompression of an Atlas dataset's blocks, with no unpickling."""
 
     kind = "floor"
-    corpora = ("documents", "tokens", "blobs")
+    corpora = ("documents", "tokens", "blobs", "rows")
     name = "zstd-floor"
     label = "floor: zstd decompress only"
     patterns = ("sequential", "random")
@@ -654,6 +677,7 @@ class ZarrFlatTokens(_Base):
 
 
 READERS = {
+    "torch_atlas_ds": ReferenceReader,
     "atlas_fast": lambda: AtlasReader("atlas_fast", "atlas_fast.atlas"),
     "atlas_fast-python": lambda: AtlasReader("atlas_fast-python", "atlas_fast._python"),
     "pickle-floor": PickleFloor,
@@ -665,11 +689,13 @@ READERS = {
     "zarr": ZarrFlatTokens,
 }
 # Which corpora each reader reads (known without importing anything).
+_ALL = ("documents", "tokens", "blobs", "rows")
 READER_CORPORA = {
-    "atlas_fast": ("documents", "tokens", "blobs"),
-    "atlas_fast-python": ("documents", "tokens", "blobs"),
-    "pickle-floor": ("documents", "tokens", "blobs"),
-    "zstd-floor": ("documents", "tokens", "blobs"),
+    "torch_atlas_ds": _ALL,
+    "atlas_fast": _ALL,
+    "atlas_fast-python": _ALL,
+    "pickle-floor": _ALL,
+    "zstd-floor": _ALL,
     "mds": ("documents",),
     "litdata": ("documents",),
     "litdata-zstd": ("documents",),
@@ -677,6 +703,7 @@ READER_CORPORA = {
     "zarr": ("tokens",),
 }
 READER_KIND = {
+    "torch_atlas_ds": "reference",
     "atlas_fast": "atlas",
     "atlas_fast-python": "atlas",
     "pickle-floor": "floor",
@@ -688,8 +715,9 @@ READER_KIND = {
     "zarr": "peer",
 }
 # Readers that read one Atlas dataset per configuration (the others read the corpus once).
-PER_CONFIG = ("atlas_fast", "atlas_fast-python", "zstd-floor")
-REFERENCE = "atlas_fast-python"
+PER_CONFIG = ("torch_atlas_ds", "atlas_fast", "atlas_fast-python", "zstd-floor")
+# The reader every "xref" ratio divides by: the real reference package, never our own code.
+REFERENCE = "torch_atlas_ds"
 
 
 def make_reader(name: str):

@@ -18,6 +18,7 @@ _PATTERN_TITLES = {
     "cached": "cached hits: 16 consecutive examples read again and again",
 }
 _READER_ORDER = (
+    "torch_atlas_ds",
     "atlas_fast",
     "atlas_fast-python",
     "mds",
@@ -52,18 +53,15 @@ def _ratio(x) -> str:
 
 def _row_sort_key(row, configs):
     reader = row["reader"]
-    kind_rank = {"atlas": 0, "peer": 1, "floor": 2}[row["kind"]]
+    kind_rank = {"reference": 0, "atlas": 0, "peer": 1, "floor": 2}[row["kind"]]
     cfg = configs.index(row["config"]) if row["config"] in configs else -1
-    if row["kind"] == "atlas":
+    if row["kind"] in ("reference", "atlas"):
         return (kind_rank, cfg, _READER_ORDER.index(reader))
     return (kind_rank, _READER_ORDER.index(reader), cfg)
 
 
 def _reader_label(row) -> str:
-    label = row["label"]
-    if row["reader"] == "atlas_fast-python":
-        label += " (reference)"
-    return label
+    return row["label"]
 
 
 def _strategy_note(info) -> str:
@@ -95,12 +93,22 @@ def format_table(report: dict) -> str:
         f"{settings['budget_seconds']} s; readers alternated; load average before/after "
         f"{report['load_average']['before']} / {report['load_average']['after']}"
     )
+    ref = report["readers"].get(settings["reference"]["reader"], {})
+    if ref.get("status") == "ok":
+        xref = (
+            f"xref: speed relative to the reference, {ref['label']}, on the same Atlas "
+            f"configuration, or on {settings['reference']['config_for_peers']} for rows "
+            "without one."
+        )
+    else:
+        xref = (
+            "xref: none: the reference package (torch_atlas_ds) did not run here "
+            f"({ref.get('reason', 'not selected')}), and nothing else stands in for it."
+        )
     out.append(
         "ex/s: examples per second. MB/s: pickled size of the examples read (the same bytes "
-        "for every reader). xref: speed relative to the reference algorithm (atlas_fast's "
-        "pure-Python backend) on the same Atlas configuration, or on "
-        f"{settings['reference']['config_for_peers']} for rows without one. xpeer: relative to "
-        "the fastest peer on the same pattern. Above 1 is faster."
+        f"for every reader). {xref} xpeer: relative to the fastest peer on the same pattern. "
+        "Above 1 is faster. atlas_fast[python] is atlas_fast's own pure-Python backend."
     )
     skipped = [(n, r) for n, r in report["readers"].items() if r["status"] != "ok"]
     if skipped:
@@ -218,6 +226,8 @@ def plot(report: dict, path) -> None:
             frac = (configs.index(config) + 1) / (len(configs) + 1) if config in configs else 0.5
             if reader == "atlas_fast":
                 color, hatch = cmap_atlas(0.35 + 0.6 * frac), None
+            elif reader == "torch_atlas_ds":
+                color, hatch = plt.get_cmap("Greys")(0.3 + 0.6 * frac), "xx"
             elif reader == "atlas_fast-python":
                 color, hatch = cmap_ref(0.3 + 0.6 * frac), None
             elif reader in peer_colors:

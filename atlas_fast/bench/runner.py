@@ -28,6 +28,7 @@ __all__ = ["Options", "run_benchmark", "compute_ratios"]
 ALL_READERS = tuple(READER_KIND)
 # Readers sharing a process: siblings of one package (one import instead of two).
 PROCESS_GROUPS = {
+    "torch_atlas_ds": ("torch_atlas_ds",),
     "atlas_fast": ("atlas_fast",),
     "atlas_fast-python": ("atlas_fast-python",),
     "floors": ("pickle-floor", "zstd-floor"),
@@ -47,7 +48,7 @@ class Options:
         self.cache_dir = Path(cache_dir).expanduser().resolve()
         self.scale = kw.pop("scale", None) or corpus_mod.Scale.full()
         self.configs = kw.pop("configs", None) or corpus_mod.parse_configs("all")
-        self.corpora = tuple(kw.pop("corpora", None) or corpus_mod.CORPORA)
+        self.corpora = tuple(kw.pop("corpora", None) or corpus_mod.DEFAULT_CORPORA)
         self.readers = tuple(kw.pop("readers", None) or ALL_READERS)
         self.patterns = tuple(kw.pop("patterns", None) or PATTERNS)
         self.reps = kw.pop("reps", 5)
@@ -513,10 +514,11 @@ def _job_rows(job, readers) -> list:
 def compute_ratios(report: dict) -> None:
     """Fill ``ratio_to_reference`` and ``ratio_to_best_peer`` of every row, in place.
 
-    The reference is the pure-Python backend (the reference algorithm) on the same Atlas
-    configuration; rows without one (peers, the pickle floor) compare with it on the
-    configuration ``settings.reference.config_for_peers``. The best peer is the fastest peer
-    on the same corpus and pattern. Ratios above 1 mean faster.
+    The reference is the real ``torch_atlas_ds`` package on the same Atlas configuration;
+    rows without one (peers, the pickle floor) compare with it on the configuration
+    ``settings.reference.config_for_peers``. When the reference did not run (not installed),
+    every ``ratio_to_reference`` is None: nothing else stands in for it. The best peer is the
+    fastest peer on the same corpus and pattern. Ratios above 1 mean faster.
     """
     ref_config = report["settings"]["reference"]["config_for_peers"]
     rows = report["results"]

@@ -10,6 +10,7 @@ __all__ = ["describe", "load_average", "packages", "atlas_fast_info"]
 
 _PACKAGES = (
     "atlas-fast",
+    "torch-atlas-ds",
     "numpy",
     "zstandard",
     "torch",

@@ -43,7 +43,7 @@ FORMATS = {
     "dolma": "_dolma",
     "mds": "_mds",
     "wds": "_wds",
-    "energon": "_wds",
+    "energon": "_energon",
     "flat-tokens": "_flat_tokens",
 }
 
@@ -90,7 +90,7 @@ def _check_writer_options(options: dict) -> dict:
     return opts
 
 
-def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, **options):
+def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, ray=False, **options):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
     Atlas dataset at ``dst``; returns a ``ConvertSummary``.
 
@@ -107,7 +107,9 @@ def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, **options)
     example back and compares it with the source read again (``VerifyError`` names the
     first that differs) before the dataset is moved into place. ``progress``: True for a tqdm
     bar on stderr (if tqdm is installed), or a callable given ``(examples, nbytes)``
-    increments.
+    increments. ``ray=True`` writes through ``atlas_fast.ray.write_atlas`` on Ray Data
+    instead of worker processes (a task per part, in part order; the ``ray`` extra; no
+    ``checksums``; ``dst`` must be on a file system every node sees).
 
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """
@@ -134,6 +136,7 @@ def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, **options)
         verify=verify,
         progress=progress,
         options=_check_writer_options(writer_options),
+        ray=bool(ray),
     )
 
 

@@ -375,6 +375,46 @@ def verify_run(job: VerifyJob, emit) -> int:
     return index - job.start
 
 
+# -- Ray Data ----------------------------------------------------------------------------
+
+
+def _part_rows(parts: list, row: dict) -> list:
+    """The Ray Data rows of one part (a Ray task reads one part)."""
+    from ..ray import example_to_row
+
+    return [example_to_row(example) for example in parts[row["part"]].read()]
+
+
+def write_with_ray(source: Source, root: Path, options: dict) -> tuple:
+    """Write ``source`` at ``root`` through ``atlas_fast.ray.write_atlas``: a Ray Dataset of
+    one block per part, each read by a task, in part order. Returns (examples, shards)."""
+    from functools import partial
+
+    from ..ray import write_atlas
+
+    if options["checksums"]:
+        raise ValueError("checksums are not written on Ray (atlas_fast.ray.write_atlas)")
+    import ray.data
+
+    parts = list(source.parts)
+    if not parts:
+        raise SourceError("the source has no parts to read")
+    dataset = ray.data.from_items(
+        [{"part": i} for i in range(len(parts))], override_num_blocks=len(parts)
+    ).flat_map(partial(_part_rows, parts))
+    # A part's SourceError reaches the caller wrapped in Ray's task error, its text kept.
+    metadata = write_atlas(
+        dataset,
+        root,
+        shard_size=options["shard_size"],
+        block_size=options["block_size"],
+        compression_strategy=options["compression_strategy"],
+        compression_level=options["compression_level"],
+        compression_dict_size=options["compression_dict_size"],
+    )
+    return sum(metadata.shard_sizes), len(metadata.shard_sizes)
+
+
 # -- worker processes --------------------------------------------------------------------
 
 
@@ -587,13 +627,21 @@ def _tree_bytes(path: Path) -> int:
 
 
 def run_conversion(
-    list_sources, dst, *, fmt: str, workers: int, verify: bool, progress, options: dict
+    list_sources,
+    dst,
+    *,
+    fmt: str,
+    workers: int,
+    verify: bool,
+    progress,
+    options: dict,
+    ray: bool = False,
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
     started = time.monotonic()
     dst = Path(dst)
     _check_destination(dst)
-    pool = _Workers(workers) if workers > 1 else _Serial()
+    pool = _Workers(workers) if workers > 1 and not ray else _Serial()
     staging = None
     ok = False
     try:
@@ -606,9 +654,17 @@ def run_conversion(
         for s, source in enumerate(sources):
             root = out if source.split is None else out / source.split
             label = dst if source.split is None else dst / source.split
-            examples, shards = _convert_source(
-                pool, source, staging / "work" / str(s), root, label, verify, progress, options
-            )
+            if ray:
+                examples, shards = write_with_ray(source, root, options)
+                if verify:
+                    counts = [examples]  # checked against the count verify_run makes
+                    _verify_source(
+                        pool, source, [source.parts], counts, root, label, examples, progress
+                    )
+            else:
+                examples, shards = _convert_source(
+                    pool, source, staging / "work" / str(s), root, label, verify, progress, options
+                )
             summary.datasets.append((source.split, examples, shards))
         _check_destination(dst)
         if dst.is_dir():

@@ -79,8 +79,8 @@ def test_options_that_do_not_apply(tmp_path, capsys):
     assert "--decode applies to" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--workers", "0"]) == 1
     assert "--workers must be at least 1" in capsys.readouterr().err
-    assert cli.main([*base, "--from", "jsonl", "--ray"]) == 1
-    assert "--ray is not available yet" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--ray", "--workers", "2"]) == 1
+    assert "--ray and --workers exclude each other" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--shard-size", "0"]) == 1
     assert "shard_size must be a positive integer" in capsys.readouterr().err
     assert_absent(tmp_path / "out")
