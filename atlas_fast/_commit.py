@@ -21,7 +21,7 @@ from ._format import (
     META_FILE,
     VERSION,
     AtlasDatasetMetadata,
-    dump_meta,
+    meta_text,
     read_shard_metadata,
 )
 
@@ -44,15 +44,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def dump_meta_atomic(path: Path, fields: dict) -> None:
-    """``dump_meta`` (the reference's bytes) through a temporary name and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        dump_meta(tmp, fields)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """A meta.json (the reference's bytes, ``meta_text``) through ``write_bytes_atomic``."""
+    write_bytes_atomic(path, meta_text(fields).encode())
 
 
 def commit_staged_shards(

@@ -40,6 +40,7 @@ __all__ = [
     "block_count",
     "index_dtype",
     "dump_meta",
+    "meta_text",
     "max_block_bytes",
     "check_zstd_content_size",
     "CHECKSUM_FILE",
@@ -429,9 +430,14 @@ def index_dtype(total: int) -> np.dtype:
     raise ValueError(f"a shard of {total} bytes does not fit a uint64 index")
 
 
+def meta_text(fields: dict) -> str:
+    """A meta.json's text exactly as the reference writes it (indent 4, no trailing newline)."""
+    return json.dumps(fields, indent=4)
+
+
 def dump_meta(path: Path, fields: dict) -> None:
-    """Write a meta.json exactly as the reference does (indent 4, no trailing newline)."""
-    Path(path).write_text(json.dumps(fields, indent=4))
+    """Write a meta.json exactly as the reference does (``meta_text``)."""
+    Path(path).write_text(meta_text(fields))
 
 
 def check_zstd_content_size(declared: int, compressed_len: int, where: str) -> None:

@@ -119,12 +119,10 @@ class WriteJob:
     dict_dir: str
     options: dict
     first: bool  # this run starts the source: with strategy 2 it trains the dictionary
-    # Strategy 2, run 0: train in a thread while this run goes on reading (zstd's trainer
-    # releases the GIL), as with several workers nobody else waits on this one core.
-    train_in_background: bool = False
-    # Compression threads per shard writer: None for the writer's default (the cores); 1
-    # when several worker processes already share the cores.
-    compress_threads: int | None = None
+    # Several worker processes share the cores: run 0 trains the strategy-2 dictionary in a
+    # thread while it goes on reading (zstd's trainer releases the GIL), as nobody else waits
+    # on this one core, and each shard writer compresses on one thread, not on every core.
+    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,7 +245,7 @@ def write_run(job: WriteJob, emit) -> tuple:
     shard_dirs: list = []
     counts: list = []
     writer = None
-    background = shared and job.first and job.train_in_background
+    background = shared and job.first and job.parallel
     sample: list | None = [] if background else None  # the examples the dictionary learns
     trainer = None
     errors: list = []
@@ -275,7 +273,7 @@ def write_run(job: WriteJob, emit) -> tuple:
             compression_dict=zdict,
             compression_dict_size=opts["compression_dict_size"],
             checksums=opts["checksums"],
-            **({} if job.compress_threads is None else {"workers": job.compress_threads}),
+            **({"workers": 1} if job.parallel else {}),
         )
         w.dict_dir = dict_dir
         return w
@@ -710,7 +708,6 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
                 options,
                 k == 0,
                 len(runs) > 1,
-                1 if len(runs) > 1 else None,
             ),
         )
         for k, run in enumerate(runs)
