@@ -129,9 +129,10 @@ def shard_layout(root, metadata, dict_bytes) -> tuple:
     return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
 
 
-def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
-    """What reading a shard needs: (validated offsets, digested dictionary or None)."""
-    offsets = load_offsets(root, metadata)
+def open_files(root: str, metadata, dict_bytes, zstd_dict_type, check_data=True) -> tuple:
+    """What reading a shard needs: (validated offsets, digested dictionary or None).
+    ``check_data`` as for ``load_offsets``."""
+    offsets = load_offsets(root, metadata, check_data)
     strategy = metadata.compression_strategy
     if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
         path = Path(root) / DICT_FILE

@@ -8,6 +8,7 @@ files. Every problem is an ``AtlasFormatError`` naming the file and what is wron
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -126,13 +127,40 @@ def _regular_size(path: Path) -> int:
     return st.st_size
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_regular_file(path, limit: int | None = None, what: str = "") -> bytes:
+    """The whole of ``path``, which must be a regular file of at most ``limit`` bytes.
+
+    One open (non-blocking, so a FIFO cannot hang it), one fstat and the reads: the files read
+    on every shard's first use (meta.json, index.npy) are read this way, without a separate
+    stat(2) or a buffered file object. Raises ``FileNotFoundError``/``OSError`` as ``open`` does.
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AtlasFormatError(f"{path}: not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise AtlasFormatError(f"{path}: larger than {limit} bytes{what}")
+        data = os.read(fd, st.st_size + 1)
+        if len(data) != st.st_size:  # a short read, or a file that changed since fstat
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+            if limit is not None and len(data) > limit:
+                raise AtlasFormatError(f"{path}: larger than {limit} bytes{what}")
+        return data
+    finally:
+        os.close(fd)
+
+
 def _read_json_object(path: Path, what: str) -> dict:
     """The JSON object in ``path``, the meta.json of ``what`` ("dataset" or "shard")."""
     try:
-        if _regular_size(path) > MAX_META_BYTES:
-            raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
-        with open(path, "rb") as f:
-            text = f.read()
+        text = _read_regular_file(path, MAX_META_BYTES, ": not a meta.json")
     except FileNotFoundError:
         parent = os.path.dirname(path)
         if not os.path.isdir(parent):
@@ -290,16 +318,19 @@ def block_count(stored_examples: int, block_size: int) -> int:
     return -(-stored_examples // block_size)
 
 
-def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.ndarray:
+def load_offsets(
+    shard_dir: Path, metadata: AtlasDatasetShardMetadata, check_data: bool = True
+) -> np.ndarray:
     """Load ``index.npy`` as validated uint64 block offsets (``block_count + 1`` entries).
 
     Checked here: a 1-D unsigned integer array, of the length the metadata implies, starting
-    at 0 and never decreasing, ending at the size of data.bin.
+    at 0 and never decreasing, ending at the size of data.bin (``check_data`` false: the
+    caller checks that, with the same messages, on the descriptor it reads data.bin through).
     """
     # Plain strings (os.path): this runs on the first read of every shard.
     path = os.path.join(shard_dir, INDEX_FILE)
     data_path = os.path.join(shard_dir, DATA_FILE)
-    raw = _load_npy(path)
+    raw = _load_npy(path, block_count(metadata.stored_examples, metadata.block_size) + 1)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1:
         raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
     if raw.dtype.kind != "u":
@@ -325,6 +356,9 @@ def load_offsets(shard_dir: Path, metadata: AtlasDatasetShardMetadata) -> np.nda
                 f"({int(offsets[bad])} then {int(offsets[bad + 1])})"
             )
         raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
+    if not check_data:
+        offsets.setflags(write=False)
+        return offsets
     try:
         size = _regular_size(data_path)
     except FileNotFoundError:
@@ -352,60 +386,59 @@ _NPY_SIMPLE_HEADER = re.compile(
 )
 
 
-def _npy_header(f) -> tuple:
-    """``(shape, fortran_order, dtype)`` of the .npy file ``f`` (at its start)."""
-    start = f.read(10)
-    if start[6:8] == b"\x01\x00" and len(start) == 10:
-        length = int.from_bytes(start[8:10], "little")
-        match = _NPY_SIMPLE_HEADER.fullmatch(f.read(length))
-        if match is not None:
+def _npy_header(data: bytes) -> tuple:
+    """``(shape, fortran_order, dtype, header end)`` of the .npy file whose bytes are ``data``."""
+    if data[6:8] == b"\x01\x00" and len(data) >= 10:
+        end = 10 + int.from_bytes(data[8:10], "little")
+        match = _NPY_SIMPLE_HEADER.fullmatch(data, 10, end)
+        if match is not None and end <= len(data):
             shape = (int(match.group(3)),)
-            return shape, match.group(2) == b"True", np.dtype(match.group(1).decode())
-    f.seek(0)
+            return shape, match.group(2) == b"True", np.dtype(match.group(1).decode()), end
+    f = io.BytesIO(data)
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
+        return (*np.lib.format.read_array_header_1_0(f), f.tell())
     if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(f)
+        return (*np.lib.format.read_array_header_2_0(f), f.tell())
     raise ValueError(f"unsupported .npy version {version}")
 
 
-def _load_npy(path) -> np.ndarray:
-    """A .npy array (read-only), its header checked against the file size before anything is
-    allocated.
+# What a .npy header may take beyond its array's bytes (numpy writes 64 to a few hundred).
+_NPY_HEADER_LIMIT = 1 << 16
 
-    ``np.load`` alone would treat a non-.npy file as a pickle (refused, with a confusing
-    message) and trust a header's shape when allocating.
+
+def _load_npy(path, items: int | None = None) -> np.ndarray:
+    """A .npy array (read-only), its header checked against the file size.
+
+    ``items``, when known, bounds what is read: a file longer than a header and ``items``
+    8-byte values is refused before it is read. ``np.load`` alone would treat a non-.npy file
+    as a pickle (refused, with a confusing message) and trust a header's shape when allocating.
     """
+    limit = None if items is None else _NPY_HEADER_LIMIT + 8 * items
     try:
-        _regular_size(path)  # before opening: a FIFO would block open()
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
-                raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
-            f.seek(0)
-            try:
-                shape, fortran, dtype = _npy_header(f)
-                if dtype.hasobject:
-                    raise ValueError(f"dtype {dtype} holds Python objects")
-                needed = math.prod(shape) * dtype.itemsize
-                available = size - f.tell()
-                if needed != available:
-                    raise ValueError(
-                        f"the header declares shape {shape} of {dtype} ({needed} bytes) but "
-                        f"{available} bytes follow it"
-                    )
-                # Read once, the header parsed once (np.load would parse it again).
-                array = np.frombuffer(f.read(needed), dtype=dtype)
-                return array.reshape(shape, order="F" if fortran else "C")
-            except AtlasFormatError:
-                raise
-            except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...
-                raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
+        data = _read_regular_file(path, limit, ": not the .npy array expected here")
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    if not data.startswith(_NPY_MAGIC):
+        raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
+    try:
+        shape, fortran, dtype, start = _npy_header(data)
+        if dtype.hasobject:
+            raise ValueError(f"dtype {dtype} holds Python objects")
+        needed = math.prod(shape) * dtype.itemsize
+        available = len(data) - start
+        if needed != available:
+            raise ValueError(
+                f"the header declares shape {shape} of {dtype} ({needed} bytes) but "
+                f"{available} bytes follow it"
+            )
+        # Read once, the header parsed once (np.load would parse it again).
+        array = np.frombuffer(data, dtype=dtype, offset=start, count=math.prod(shape))
+        return array.reshape(shape, order="F" if fortran else "C")
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...
+        raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc
 
 
 def read_dict_file(path: Path) -> bytes:
@@ -532,7 +565,7 @@ def load_checksums(shard_dir: Path, n_blocks: int):
     path = Path(shard_dir) / CHECKSUM_FILE
     if not path.exists():
         return None
-    raw = _load_npy(path)
+    raw = _load_npy(path, n_blocks)
     if not isinstance(raw, np.ndarray) or raw.ndim != 1 or raw.dtype != np.dtype("<u8"):
         raise AtlasFormatError(
             f"{path}: expected a 1-D little-endian uint64 array, found "

@@ -625,7 +625,7 @@ class DatasetCore:
 
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:
                 reader.close()
-        self._cache.clear()

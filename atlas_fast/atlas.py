@@ -307,9 +307,9 @@ class _DatasetMethods(_Settings):
 
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        super().close()  # first: the cache is emptied once, not searched once per shard
         for shard in self.shards.made():
             shard.close()
-        super().close()
 
     def __reduce__(self):
         return (

@@ -16,9 +16,22 @@
 # truncated through another descriptor after data.bin was renamed away or replaced.
 # The descriptors are handed out, used and closed with the GIL held and never released in
 # between, so no other lock is needed.
+#
+# A data.bin of at most _COPY_MAX bytes is read into memory instead (a "copy" mapping): on a
+# dataset of many small shards, mapping and unmapping cost more than reading, a mapping
+# rounds each file up to a page of resident memory, and a copy cannot
+# fault when the file shrinks. Both kinds are checked against the file's size alike, so a
+# shard truncated after it was opened is reported the same way whichever kind reads it.
+
+from libc.errno cimport EINTR, ENOENT
+from posix.fcntl cimport O_NONBLOCK
+from posix.stat cimport S_ISREG
+from posix.types cimport off_t
+from posix.unistd cimport pread
 
 cdef enum:
     _KEEP_FDS = 32
+    _COPY_MAX = 16384
 
 cdef PyObject* _fd_keepers[_KEEP_FDS]  # the mappings holding a descriptor (borrowed), a ring
 cdef int _fd_next = 0
@@ -31,6 +44,7 @@ cdef class _Mapping:
 
     cdef const char* ptr
     cdef size_t size
+    cdef bytes copy  # the file's bytes when read instead of mapped (ptr points into it)
     cdef bytes cpath  # the file's path, encoded: its size is checked before each read
     cdef int fd  # the mapped file, for that check, or -1 (checked by path)
     cdef int slot  # its place in _fd_keepers, or -1
@@ -44,7 +58,7 @@ cdef class _Mapping:
             _fd_keepers[self.slot] = NULL
         if self.fd >= 0:
             c_close(self.fd)
-        if self.ptr != NULL:
+        if self.ptr != NULL and self.copy is None:
             munmap(<void*>self.ptr, self.size)
 
 
@@ -102,9 +116,12 @@ cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
     cdef _Mapping mapping = _Mapping.__new__(_Mapping)
     mapping.cpath = cpath
     with nogil:
-        fd = c_open(c_path, O_RDONLY | O_CLOEXEC)
+        # Non-blocking: a FIFO in data.bin's place must not hang the open (refused below).
+        fd = c_open(c_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
     if fd < 0:
         err = errno
+        if err == ENOENT:
+            raise AtlasFormatError(f"{data_path}: missing")
         exc = OSError(err, os.strerror(err), data_path)
         raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
     try:
@@ -112,6 +129,8 @@ cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
             err = errno
             exc = OSError(err, os.strerror(err), data_path)
             raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+        if not S_ISREG(st.st_mode):
+            raise AtlasFormatError(f"{data_path}: not a regular file")
         if <uint64_t>st.st_size != expected:
             raise AtlasFormatError(
                 f"{index_path}: the last offset is {expected} but {data_path} has "
@@ -119,20 +138,52 @@ cdef _Mapping _map_file(str data_path, uint64_t expected, str index_path):
             )
         if expected == 0:
             return mapping  # nothing to map (mmap refuses zero length)
-        with nogil:
-            ptr = mmap(NULL, <size_t>expected, PROT_READ, MAP_SHARED, fd, 0)
-        if ptr == MAP_FAILED:
-            err = errno
-            exc = OSError(err, os.strerror(err), data_path)
-            raise AtlasFormatError(f"{data_path}: cannot be mapped: {exc}") from exc
-        mapping.ptr = <const char*>ptr
-        mapping.size = <size_t>expected
+        if expected <= _COPY_MAX:
+            _read_copy(mapping, fd, <size_t>expected, data_path)
+        else:
+            with nogil:
+                ptr = mmap(NULL, <size_t>expected, PROT_READ, MAP_SHARED, fd, 0)
+            if ptr == MAP_FAILED:
+                err = errno
+                exc = OSError(err, os.strerror(err), data_path)
+                raise AtlasFormatError(f"{data_path}: cannot be mapped: {exc}") from exc
+            mapping.ptr = <const char*>ptr
+            mapping.size = <size_t>expected
         _keep_fd(mapping, fd)
         fd = -1
         return mapping
     finally:
         if fd >= 0:
             c_close(fd)
+
+
+cdef int _read_copy(_Mapping mapping, int fd, size_t size, str data_path) except -1:
+    """Fill ``mapping`` with the ``size`` bytes of ``fd`` (a copy mapping)."""
+    cdef bytes copy = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
+    cdef char* dst = PyBytes_AS_STRING(copy)
+    cdef size_t done = 0
+    cdef Py_ssize_t got = 1
+    cdef int err = 0
+    with nogil:
+        while done < size:
+            got = pread(fd, dst + done, size - done, <off_t>done)
+            if got < 0 and errno == EINTR:
+                continue
+            if got <= 0:
+                err = errno if got < 0 else 0
+                break
+            done += <size_t>got
+    if got < 0:
+        exc = OSError(err, os.strerror(err), data_path)
+        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+    if done < size:
+        raise AtlasFormatError(
+            f"{data_path}: shrank to {done} bytes while being read ({size} expected)"
+        )
+    mapping.copy = copy
+    mapping.ptr = dst
+    mapping.size = size
+    return 0
 
 
 cdef inline int _check_extent(_Mapping mapping, str data_path, Py_ssize_t b, uint64_t start,

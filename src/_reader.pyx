@@ -416,7 +416,9 @@ cdef class ShardCore:
         return self._lock
 
     cdef int _open_lock_held(self) except -1:
-        offsets, zdict = open_files(self._root, self._metadata, self._dict_bytes, ZstdDict)
+        # data.bin's size is checked by _map_file, on the descriptor it maps.
+        offsets, zdict = open_files(self._root, self._metadata, self._dict_bytes, ZstdDict,
+                                    self._n_blocks == 0)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:
             raise AtlasFormatError(
@@ -609,7 +611,7 @@ cdef class DatasetCore:
 
     def close(self):
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:
                 reader.close()
-        self._cache.clear()
