@@ -41,6 +41,7 @@ __all__ = [
     "BlockCacheCore",
     "ShardCoreProtocol",
     "DatasetCoreProtocol",
+    "BatchSource",
     "CoreModule",
     "RAISES",
 ]
@@ -192,6 +193,32 @@ class DatasetCoreProtocol(_Reader, Protocol):
         loads: Callable,
         cache: BlockCacheCore,
     ) -> None: ...
+
+
+class BatchSource(Protocol):
+    """What ``_batch`` (shared by both cores, below this contract: the facade never calls it)
+    needs of a core's shard reader to gather a batch. Core-internal, hence the underscores;
+    declared here so that both cores are checked to offer it and ``_batch`` to use nothing
+    else."""
+
+    _root: str  # the shard's directory
+    _block_size: int
+    _n_blocks: int
+    _compressed: bool
+
+    def _lookup(self, b: int) -> list | None:
+        """Block ``b``'s cached examples or None, counted as a hit or a miss."""
+
+    def _load(self, b: int) -> list:
+        """Block ``b``'s examples, decoded now if not cached, and cached."""
+
+    def _store(self, b: int, data) -> list:
+        """Unpickle ``data`` (block ``b``'s decoded bytes), check and cache the examples."""
+
+    def _unpickle_block(self, b: int, data) -> list:
+        """The same as ``_store``, not cached."""
+
+    def block_bytes(self, b: int) -> bytes: ...
 
 
 class CoreModule(Protocol):

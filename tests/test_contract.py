@@ -9,12 +9,15 @@ from __future__ import annotations
 import inspect
 import pickle
 import random
+import re
 import threading
+from pathlib import Path
 
 import pytest
 from loader_helpers import example, write_dataset
 
 import atlas_fast
+import atlas_fast._batch
 import atlas_fast._pyreader
 from atlas_fast import _contract, _format
 from atlas_fast._errors import AtlasFormatError, MissingSharedDictionary
@@ -59,6 +62,31 @@ def test_core_modules_offer_the_contract(core):
     ]:
         missing = [n for n in _declared(protocol) if not hasattr(cls, n)]
         assert missing == [], (cls, missing)
+
+
+def test_batch_uses_only_the_declared_batch_source(core, root):
+    """``_batch`` works on shard readers through ``BatchSource`` alone, which both cores offer."""
+    protocol = _contract.BatchSource
+    declared = set(protocol.__annotations__) | {
+        name
+        for name, value in vars(protocol).items()
+        if callable(value) and not name.startswith("__")
+    }
+    shard = core.ShardCore(
+        str(root / "1"),
+        _format.read_shard_metadata(root / "1"),
+        (root / "zstd_dict.bin").read_bytes(),
+        pickle.loads,
+        core.BlockCache(None, 4),
+        1,
+    )
+    missing = [n for n in declared if not hasattr(shard, n)]
+    assert missing == [], missing
+    assert (shard._block_size, shard._n_blocks, shard._compressed) == (4, 10, True)
+    source = Path(atlas_fast._batch.__file__).read_text()
+    used = set(re.findall(r"\breader\.(\w+)", source))
+    assert used, "no reader attribute found: the pattern no longer matches _batch's code"
+    assert used <= declared, used - declared
 
 
 def test_facade_uses_only_the_contract():
