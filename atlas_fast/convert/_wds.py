@@ -7,6 +7,8 @@ shard, ext: bytes, ...}`` with the extensions lower-cased, as ``webdataset`` giv
 ``__url__`` is the shard's path relative to the source (or the path given, for a single
 tar), never a machine-specific absolute path. Members whose basename has no dot, and
 ``__*__`` metadata files at the archive's top level, are skipped as webdataset skips them.
+Shards may be gzip-compressed (``.tar.gz``/``.tgz``, recognised by their content), as
+webdataset reads them.
 
 With ``decode=True`` the values of the extensions webdataset's basic decoders handle are
 decoded: txt/text/transcript to ``str`` (UTF-8), cls/cls2/class/count/index/inx/id to
@@ -21,6 +23,7 @@ A directory holding ``.nv-meta/split.yaml`` is an Energon dataset: one ``Source`
 from __future__ import annotations
 
 import functools
+import gzip
 import io
 import itertools
 import json
@@ -28,6 +31,7 @@ import os
 import posixpath
 import re
 import tarfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,13 +46,15 @@ _INT = {"cls", "cls2", "class", "count", "index", "inx", "id"}
 _JSON = {"json", "jsn"}
 _NPY = {"npy"}
 _NV_META = ".nv-meta"
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def sources(src, decode: bool = False) -> list[Source]:
-    """The sources of a webdataset: ``src`` is a directory (every ``*.tar`` below it, in
-    sorted order, one ``Source``), one ``.tar`` file, or a brace pattern of tar paths
-    (``shards/s-{000..009}.tar``). A directory holding ``.nv-meta/split.yaml`` is read as an
-    Energon dataset (see ``energon_sources``)."""
+    """The sources of a webdataset: ``src`` is a directory (every ``*.tar``, ``*.tar.gz`` and
+    ``*.tgz`` below it, in sorted order, one ``Source``), one tar file, or a brace pattern of
+    tar paths (``shards/s-{000..009}.tar``). A directory holding ``.nv-meta/split.yaml`` is
+    read as an Energon dataset (see ``energon_sources``)."""
     text = os.fspath(src)
     if "{" in text and not os.path.exists(text):
         tars = [Path(p) for p in brace_expand(text)]
@@ -62,11 +68,15 @@ def sources(src, decode: bool = False) -> list[Source]:
     if not path.is_dir():
         raise SourceError(f"{path}: no such file or directory")
     tars = sorted(
-        (p for p in path.rglob("*.tar") if p.is_file() and _NV_META not in p.parts),
+        (
+            p
+            for p in path.rglob("*")
+            if p.name.endswith(_TAR_SUFFIXES) and p.is_file() and _NV_META not in p.parts
+        ),
         key=lambda p: p.relative_to(path).as_posix(),
     )
     if not tars:
-        raise SourceError(f"{path}: no .tar shards found")
+        raise SourceError(f"{path}: no .tar (or .tar.gz, .tgz) shards found")
     return [Source(_parts(path, tars, decode), None)]
 
 
@@ -115,17 +125,52 @@ def _parts(root: Path, tars, decode, skip_samples=frozenset()) -> list[Part]:
     return parts
 
 
+class _Tail:
+    """A forward-only reader over ``raw`` that remembers the last bytes it gave out, so that
+    the block where a streamed tar stops can be looked at after tarfile has read past it."""
+
+    KEEP = 1 << 16  # more than tarfile reads ahead (one record, 10 KiB) plus a block
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+        self.pos = 0  # bytes given out
+        self.kept = b""  # the last of them, ending at pos
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.pos += len(data)
+        self.kept = (self.kept + data)[-self.KEEP :]
+        return data
+
+    def block_at(self, offset: int, size: int) -> bytes:
+        """The ``size`` bytes at ``offset`` (reading on to them if needed; fewer at the end)."""
+        if self.pos < offset + size:
+            self.read(offset + size - self.pos)
+        start = offset - (self.pos - len(self.kept))
+        if start < 0:
+            raise ValueError(f"offset {offset} is no longer held")
+        return self.kept[start : start + size]
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
 def _read_tar(path: str, url: str, decode: bool, skip: frozenset) -> Iterator[dict]:
-    """The samples of one tar shard, read as a stream, in member order."""
+    """The samples of one tar shard (gzip-compressed or not), read as a stream, in member
+    order."""
     try:
         f = open(path, "rb")
     except OSError as exc:
         raise SourceError(f"{path}: cannot open the shard: {exc.strerror}") from None
     with f:
+        gzipped = os.pread(f.fileno(), 2, 0) == _GZIP_MAGIC
+        tail = _Tail(gzip.GzipFile(fileobj=f, mode="rb")) if gzipped else None
         try:
-            tf = tarfile.open(fileobj=f, mode="r|")
-        except tarfile.TarError as exc:
-            raise SourceError(f"{path}: not a tar archive: {exc}") from None
+            tf = tarfile.open(fileobj=tail or f, mode="r|")
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            kind = "not a gzip-compressed tar archive" if gzipped else "not a tar archive"
+            raise SourceError(f"{path}: {kind}: {exc}") from None
         sample = None
         last = "the start"
         member = None
@@ -154,13 +199,24 @@ def _read_tar(path: str, url: str, decode: bool, skip: frozenset) -> Iterator[di
                 if ext in sample:
                     raise SourceError(f"{path}: {where}: a second {ext!r} file for key {key!r}")
                 sample[ext] = _decode(path, where, ext, data) if decode else data
-        except (tarfile.TarError, EOFError) as exc:
+            # tarfile stops quietly at a zero block, at the end of the data and at a damaged
+            # header alike: only a zero block is the archive's end.
+            end = tf.offset
+            if tail is None:
+                block = os.pread(f.fileno(), tarfile.BLOCKSIZE, end)
+            else:
+                block = tail.block_at(end, tarfile.BLOCKSIZE)
+                tail.drain()  # a damaged or cut gzip stream is found at its end
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             at = f"member {member.name!r} at offset {member.offset}" if member else "the start"
-            raise SourceError(f"{path}: {at}: {exc}") from None
-        end = tf.offset
-        tail = os.pread(f.fileno(), tarfile.BLOCKSIZE, end)
-        if len(tail) < tarfile.BLOCKSIZE or tail.count(0) != tarfile.BLOCKSIZE:
-            problem = "truncated" if len(tail) < tarfile.BLOCKSIZE else "not a tar header"
+            what = (
+                f"the gzip stream: {exc}"
+                if gzipped and not isinstance(exc, tarfile.TarError)
+                else str(exc)
+            )
+            raise SourceError(f"{path}: {at}: {what}") from None
+        if len(block) < tarfile.BLOCKSIZE or block.count(0) != tarfile.BLOCKSIZE:
+            problem = "truncated" if len(block) < tarfile.BLOCKSIZE else "not a tar header"
             raise SourceError(
                 f"{path}: offset {end} (after {last}): {problem}: the archive does not end with "
                 "an end-of-archive block"

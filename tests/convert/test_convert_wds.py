@@ -169,7 +169,7 @@ def test_missing_source(tmp_path):
     with pytest.raises(SourceError, match=r"nothing: no such file or directory"):
         sources(tmp_path / "nothing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match=r"empty: no \.tar shards found"):
+    with pytest.raises(SourceError, match=r"empty: no \.tar \(or \.tar\.gz, \.tgz\) shards found"):
         sources(tmp_path / "empty")
 
 
@@ -305,3 +305,74 @@ def test_not_a_tar(tmp_path):
 def test_brace_expand_matches_braceexpand(pattern):
     braceexpand = pytest.importorskip("braceexpand")
     assert brace_expand(pattern) == list(braceexpand.braceexpand(pattern))
+
+
+# -- gzip-compressed shards ------------------------------------------------------------------
+
+
+def _gzip_file(src, dst) -> None:
+    import gzip
+
+    dst.write_bytes(gzip.compress(src.read_bytes(), mtime=0))
+
+
+def test_gzipped_shards_read_as_the_plain_ones(tmp_path):
+    plain = tmp_path / "plain"
+    packed = tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    _write_shard(plain / "a.tar", 0, 9)
+    _write_shard(plain / "b.tar", 1, 5)
+    _gzip_file(plain / "a.tar", packed / "a.tar.gz")
+    _gzip_file(plain / "b.tar", packed / "b.tgz")
+    want = _read_all(sources(plain, decode=True))[None]
+    got = _read_all(sources(packed, decode=True))[None]
+    assert len(got) == len(want) == 14
+    for g, w in zip(got, want):
+        assert g.pop("__url__") == w.pop("__url__").replace("a.tar", "a.tar.gz").replace(
+            "b.tar", "b.tgz"
+        )
+        assert same(g, w), (g, w)
+    # and as webdataset's own reader gives them
+    urls = [str(packed / "a.tar.gz"), str(packed / "b.tgz")]
+    theirs = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+    raw = _read_all(sources(packed))[None]
+    assert len(theirs) == len(raw)
+    for g, t in zip(raw, theirs):
+        t = {k: v for k, v in t.items() if not k.startswith("__") or k == "__key__"}
+        g.pop("__url__")
+        assert same(g, t), (g, t)
+
+
+@pytest.mark.parametrize("damage", ["cut-stream", "flipped-bytes", "no-end-block", "not-tar"])
+def test_damaged_gzipped_shard_names_the_file(tmp_path, damage):
+    import gzip
+
+    tar = tmp_path / "s.tar"
+    _write_shard(tar, 0, 6)
+    data = tar.read_bytes()
+    path = tmp_path / "s.tar.gz"
+    if damage == "cut-stream":
+        packed = gzip.compress(data)
+        path.write_bytes(packed[: len(packed) * 2 // 3])
+    elif damage == "flipped-bytes":
+        packed = bytearray(gzip.compress(data))
+        for k in range(len(packed) // 2, len(packed) // 2 + 40):
+            packed[k] ^= 0xA5
+        path.write_bytes(bytes(packed))
+    elif damage == "no-end-block":
+        last = _member_offsets(tar)[-1]
+        path.write_bytes(gzip.compress(data[: last[2] + -(-last[3] // 512) * 512]))
+    else:
+        path.write_bytes(gzip.compress(b"x" * 5000))
+    (part,) = sources(path)[0].parts
+    with pytest.raises(SourceError) as info:
+        list(part.read())
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    if damage == "no-end-block":
+        assert "end-of-archive" in message
+    elif damage == "not-tar":
+        assert "not a gzip-compressed tar archive" in message or "not a tar header" in message
+    else:
+        assert "gzip" in message or "truncated" in message or "unexpected end" in message, message
