@@ -95,6 +95,11 @@ def add_arguments(parser) -> None:
     fmt_group.add_argument(
         "--decode", action="store_true", help="wds/energon: decode .json/.txt/.cls/.npy members"
     )
+    fmt_group.add_argument(
+        "--allow-unsafe-types",
+        action="store_true",
+        help="mds: convert columns whose encoding unpickles (pkl): only for trusted data",
+    )
 
 
 def _error(message: str) -> int:
@@ -122,6 +127,10 @@ def run(args) -> int:
         if args.fmt not in ("wds", "energon"):
             return _error("--decode applies to --from wds and --from energon only")
         options["decode"] = True
+    if args.allow_unsafe_types:
+        if args.fmt != "mds":
+            return _error("--allow-unsafe-types applies to --from mds only")
+        options["allow_unsafe_types"] = True
     show_bar = not args.quiet and sys.stderr.isatty()
     try:
         summary = convert(

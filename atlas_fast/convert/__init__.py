@@ -97,7 +97,7 @@ def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, ray=False,
     ``options`` holds writer options (``shard_size``, ``block_size``, ``compression_strategy``,
     ``compression_level``, ``compression_dict_size``, ``checksums``; defaults in
     ``WRITER_DEFAULTS``) and the format's own (``attributes`` for dolma, ``decode`` for
-    wds/energon; see docs/convert.md).
+    wds/energon, ``allow_unsafe_types`` for mds; see docs/convert.md).
 
     ``dst`` must not exist, or be an empty directory. The shards are written into a staging
     directory next to it and moved in at the end, so ``dst`` is complete or absent: on any

@@ -77,6 +77,8 @@ def test_options_that_do_not_apply(tmp_path, capsys):
     assert "--attributes applies to --from dolma only" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--decode"]) == 1
     assert "--decode applies to" in capsys.readouterr().err
+    assert cli.main([*base, "--from", "jsonl", "--allow-unsafe-types"]) == 1
+    assert "--allow-unsafe-types applies to --from mds only" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--workers", "0"]) == 1
     assert "--workers must be at least 1" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--ray", "--workers", "2"]) == 1

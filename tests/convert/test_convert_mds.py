@@ -351,6 +351,14 @@ def test_convert_pickled_columns_option(tmp_path, atlas, streaming):
         convert(tmp_path / "p", tmp_path / "out", "mds")
     convert(tmp_path / "p", tmp_path / "out", "mds", allow_unsafe_types=True)
     assert read_back(atlas, tmp_path / "out") == samples
+    # the same from the command line
+    from atlas_fast import cli
+
+    argv = ["convert", str(tmp_path / "p"), str(tmp_path / "cli"), "--from", "mds", "--quiet"]
+    assert cli.main(argv) == 1
+    assert not (tmp_path / "cli").exists()
+    assert cli.main([*argv, "--allow-unsafe-types"]) == 0
+    assert read_back(atlas, tmp_path / "cli") == samples
 
 
 def test_corrupt_image_is_named_by_sample(tmp_path, streaming):
