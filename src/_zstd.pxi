@@ -520,7 +520,7 @@ cdef inline void _give(ZSTD_DCtx* dctx, ZstdDict zdict, bint fresh) noexcept nog
         _dctx_give(dctx, NULL if zdict is None else &zdict.warm)
 
 
-cdef inline const ZSTD_DDict* _ddict(ZstdDict zdict) noexcept:
+cdef inline const ZSTD_DDict* _ddict(ZstdDict zdict) noexcept nogil:
     return NULL if zdict is None else zdict.ddict
 
 
@@ -741,8 +741,9 @@ cdef class PartialZstd:
             )
 
     def __dealloc__(self):
-        if self.dctx != NULL:
-            ZSTD_freeDCtx(self.dctx)
+        if self.dctx != NULL:  # stopped mid-frame: its session is ended before it goes back
+            ZSTD_DCtx_reset(self.dctx, ZSTD_reset_session_only)
+            _dctx_give(self.dctx, self.warm_slot())
         free(self.out)
         if self.have_src:
             PyBuffer_Release(&self.src)
@@ -757,16 +758,18 @@ cdef class PartialZstd:
         if self.status != _PZ_OK or self.finished or self.out_len >= offset:
             return self.status
         if self.dctx == NULL:
-            self.dctx = ZSTD_createDCtx()
+            # A pooled context (one made per frame costs as much as decoding a small one),
+            # given back once the frame is over or this object goes.
+            self.dctx = _dctx_take(self.warm_slot())
             if self.dctx == NULL:
                 self.status = _PZ_NO_MEMORY
                 return self.status
-            if self.zdict is not None:
-                ret = ZSTD_DCtx_refDDict(self.dctx, self.zdict.ddict)
-                if ZSTD_isError(ret):
-                    self.zresult = ret
-                    self.status = _PZ_ZSTD_ERROR
-                    return self.status
+            ZSTD_DCtx_reset(self.dctx, ZSTD_reset_session_only)
+            ret = ZSTD_DCtx_refDDict(self.dctx, _ddict(self.zdict))
+            if ZSTD_isError(ret):
+                self.zresult = ret
+                self.status = _PZ_ZSTD_ERROR
+                return self.status
         inb.src = self.src.buf
         inb.size = <size_t>self.src.len
         while self.out_len < offset and not self.finished:
@@ -799,9 +802,12 @@ cdef class PartialZstd:
         if self.finished:
             if self.out_len != self.out_cap:
                 self.status = _PZ_SIZE_MISMATCH
-            ZSTD_freeDCtx(self.dctx)
+            _dctx_give(self.dctx, self.warm_slot())
             self.dctx = NULL
         return self.status
+
+    cdef inline ZSTD_DCtx** warm_slot(self) noexcept nogil:
+        return NULL if self.zdict is None else &self.zdict.warm
 
     cpdef size_t advance(self, size_t offset) except? 0:
         """Decode until ``offset`` bytes are out (or the frame ends); how many bytes are out.
