@@ -3,6 +3,7 @@
     python benchmarks/bench_backends.py             # full run (a few minutes on 2 cores)
     python benchmarks/bench_backends.py --quick     # small corpora, 3 repetitions
     python benchmarks/bench_backends.py --json out.json
+    python benchmarks/bench_backends.py --random-only --datasets "docs s2 b16"  # (g) and uniform
 
 Columns: ``torch_atlas_ds`` (the reference, when importable: ``pip install --no-deps`` its
 wheel; it imports torch), ``atlas_fast[cython]`` (when built) and ``atlas_fast[python]``.
@@ -144,7 +145,7 @@ def compare(table, cons, reps, section, case, make, targets=(None, None), **kw):
     return table.add(section, case, values, ratios=ratios, **kw)
 
 
-def bench_dataset(table, cons, name, path, strategy_target, reps, rng) -> None:
+def bench_dataset(table, cons, name, path, strategy_target, reps, rng, random_only=False) -> None:
     starts = block_starts(path)
     n = sum(k for _, k in starts)
     once = [s + rng.randrange(k) for s, k in starts]
@@ -161,8 +162,10 @@ def bench_dataset(table, cons, name, path, strategy_target, reps, rng) -> None:
         ("(d) ds[i] in order", lambda c: read_pass(c, path, range(n)), 1.5 if main else None),
         ("(d) iter(ds), wall clock", lambda c: iter_pass(c, path), 2.0 if main else None),
     )
-    for case, make, target in rows:
+    for case, make, target in rows[:2] if random_only else rows:
         compare(table, cons, reps, name, case, make, ((">=", target) if target else None, None))
+    if random_only:
+        return
     compare(
         table,
         cons,
@@ -263,6 +266,11 @@ def main(argv=None) -> int:
         "--datasets",
         help="comma-separated subset of: " + ", ".join(d[0] for d in DATASETS) + ", shards",
     )
+    arg_parser.add_argument(
+        "--random-only",
+        action="store_true",
+        help="only the random patterns: (g) no block read twice, and plain uniform random",
+    )
     title = "benchmarks/bench_backends.py: single-example reads, side by side"
     args, cons, table = start(arg_parser, title, "benchmarks/bench_backends.py", argv)
     fd0 = open_fds()
@@ -273,7 +281,7 @@ def main(argv=None) -> int:
     for name, corp, strategy, block, target in DATASETS:
         if wanted is None or name in wanted:
             path = dataset(args, corp, sizes[corp], strategy, block)
-            bench_dataset(table, cons, name, path, target, reps, rng)
+            bench_dataset(table, cons, name, path, target, reps, rng, args.random_only)
     if wanted is None or "shards" in wanted:
         count = sizes["shards"] * SHARD_EXAMPLES
         path = dataset(args, "rows", count, 1, SHARD_EXAMPLES, SHARD_EXAMPLES)

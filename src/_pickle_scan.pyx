@@ -41,6 +41,7 @@ __all__ = ["PickleScanner", "scan", "MAX_PROTOCOL"]
 
 cdef enum:
     PS_MAX_PROTOCOL = 5  # pickle.HIGHEST_PROTOCOL of every CPython this builds for
+    _DENSE_BYTES = 16384  # see _reserve
 
 MAX_PROTOCOL = PS_MAX_PROTOCOL
 
@@ -482,11 +483,21 @@ cdef int _stop(PickleScan* s, uint64_t q) noexcept nogil:
 
 
 cdef int _reserve(PickleScan* s, size_t avail) noexcept nogil:
-    """First arrays sized from the block's length (pickles hold about one memo entry, one GET
-    and one MEMOIZE per 30-60 bytes of text documents), to spare most regrowth."""
+    """First arrays sized from the block's length, to spare most regrowth. Text documents hold
+    about one memo entry, one GET and one MEMOIZE per 30-60 bytes; small blocks of table rows
+    one per 11 bytes, and a 4 KB block regrew its arrays about 15 times: blocks of up to
+    _DENSE_BYTES get room for one per 8 bytes, the memo table and the element list too."""
     cdef uint32_t guess = <uint32_t>(avail // 48) + 16
+    cdef uint32_t k
     if guess > 4096:
         guess = 4096
+    if avail <= _DENSE_BYTES:
+        guess = <uint32_t>(avail // 8) + 16
+        if (_grow(<void**>&s.memo, &s.cap_memo, guess, sizeof(int32_t)) < 0
+                or _grow(<void**>&s.elems, &s.cap_elems, 64, sizeof(ps_span)) < 0):
+            return -1
+        for k in range(s.cap_memo):
+            s.memo[k] = -1
     if (_grow(<void**>&s.defs, &s.cap_defs, guess, sizeof(ps_def)) < 0
             or _grow(<void**>&s.uses, &s.cap_uses, guess, sizeof(ps_use)) < 0
             or _grow(<void**>&s.edits, &s.cap_edits, guess, sizeof(ps_edit)) < 0

@@ -531,6 +531,13 @@ def test_bench_backends_quick_with_a_reference(with_stub, script_cache, tmp_path
     assert g and all(r["values"]["reference"] > 0 for r in g)
 
 
+def test_bench_backends_random_only(with_stub, script_cache, tmp_path):
+    argv = ["--random-only", "--datasets", "rows s0 b32"]
+    report, _ = _run_script("bench_backends", argv, script_cache, tmp_path)
+    cases = [r["case"] for r in report["rows"]]
+    assert cases == ["(g) random, no block read twice", "plain uniform random ds[i]"]
+
+
 def test_bench_loader_quick(with_stub, script_cache, tmp_path):
     pytest.importorskip("torch", reason="the DataLoader patterns need torch")
     report, _ = _run_script("bench_loader", [], script_cache, tmp_path)

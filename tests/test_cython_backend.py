@@ -108,6 +108,18 @@ def test_zstd_library_reports_a_real_library():
 
 
 @needs_compiled
+def test_system_libzstd_comes_first_only_as_python_zstandards_release(monkeypatch):
+    """Private name: the binding's search order, which the library report does not show."""
+    from atlas_fast import _reader
+
+    monkeypatch.delenv("ATLAS_FAST_LIBZSTD", raising=False)
+    found = _reader._candidates()
+    major, minor, patch = zstandard.ZSTD_VERSION
+    assert found[0][1:] == ("the system libzstd", major * 10000 + minor * 100 + patch)
+    assert [how for _, how, release in found if release is None][-1] == "the system libzstd"
+
+
+@needs_compiled
 def test_libzstd_from_the_environment_variable():
     from atlas_fast import _reader
 

@@ -760,3 +760,44 @@ def test_partial_zstd_threads(big_block):
                 assert view == big_block[: len(view)]
 
         assert run_threads(reader, 8) == []
+
+
+@needs_compiled
+def test_partial_zstd_contexts_go_back_clean(bench_corpora):
+    """Pooled contexts: one left mid-frame, with or without a dictionary, decodes nothing
+    wrong into the next frame that takes it (from another thread too)."""
+    import zstandard
+
+    samples = [pickle.dumps(bench_corpora["documents"][k : k + 4]) for k in range(0, 200, 4)]
+    zdict = zstandard.train_dictionary(4096, samples)
+    blocks = [pickle.dumps(bench_corpora["documents"][k : k + 60]) for k in range(0, 240, 60)]
+    plain = [_frame(b) for b in blocks]
+    with_dict = [zstandard.ZstdCompressor(dict_data=zdict).compress(b) for b in blocks]
+    kept = _reader.ZstdDict(zdict.as_bytes(), "dict")
+
+    def reader(seed):
+        for round_ in range(6):
+            for k, raw in enumerate(blocks):
+                for frame, dictionary in ((plain[k], None), (with_dict[k], kept)):
+                    pz = _reader.PartialZstd(frame, dictionary)
+                    if (seed + round_ + k) % 2:
+                        pz.advance(100)  # abandoned mid-frame: its context goes back
+                        del pz
+                    else:
+                        assert pz.finish() == len(raw) and bytes(pz) == raw
+
+    assert run_threads(reader, 4) == []
+
+
+def test_a_prefix_does_not_decide_an_element():
+    """Why a block is decoded whole before any element is known: two lists pickled by
+    CPython share a prefix that ends past where either's first element could end."""
+    a = pickle.dumps([{}, 1, 2, 3], 2)
+    b = pickle.dumps([{1: 2}, 3], 2)
+    prefix = a[: next(k for k in range(len(a)) if a[k] != b[k])]
+    assert prefix.endswith(b"K\x01K\x02")  # both first elements could still be open
+    assert pickle.loads(a)[0] != pickle.loads(b)[0]
+    for mod in [_pyscan] + ([_pickle_scan] if _pickle_scan is not None else []):
+        s = mod.PickleScanner()
+        assert s.feed(prefix, False) == "more" and len(s) == 0
+        assert mod.scan(a).elements[0] != mod.scan(b).elements[0]
