@@ -120,9 +120,8 @@ class WriteJob:
     run_dir: str
     dict_dir: str
     options: dict
-    # Several worker processes share the cores: run 0 trains the strategy-2 dictionary in a
-    # thread while it goes on reading (zstd's trainer releases the GIL), as nobody else waits
-    # on this one core, and each shard writer compresses on one thread, not on every core.
+    # Several worker processes share the cores: each shard writer compresses on one thread,
+    # not on every core.
     parallel: bool = False
 
     @property
@@ -168,7 +167,9 @@ class _Claims:
             return start
         victim, most = None, 0
         for j in range(len(table) // 2):
-            left = sum(self.sizes[table[2 * j] : table[2 * j + 1]])
+            # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
+            # run 0 trains the strategy-2 dictionary, starts there.
+            left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
             if left > most:
                 victim, most = j, left
         if victim is None:
@@ -221,43 +222,6 @@ def _publish(dict_dir: Path, data) -> None:
     os.replace(tmp, dict_dir / _DICT_FILE)
 
 
-def _train(examples: list, opts: dict):
-    """The shared dictionary (bytes) trained on ``examples`` as the first shard of a
-    strategy-2 ``AtlasDatasetWriter`` trains it: on their pickled blocks, of
-    ``compression_dict_size`` times their bytes; None (strategy 1) when it cannot be."""
-    import zstandard
-
-    from ..writer import MIN_BLOCKS_FOR_DICTIONARY
-
-    size = opts["block_size"]
-    blocks = [pickle.dumps(examples[i : i + size]) for i in range(0, len(examples), size)]
-    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
-        return None
-    total = sum(len(b) for b in blocks)
-    dict_size = max(int(opts["compression_dict_size"] * total) + 1, 1024)
-    try:
-        trained = zstandard.train_dictionary(dict_size, blocks, level=opts["compression_level"])
-    except zstandard.ZstdError as exc:
-        warnings.warn(
-            f"zstd could not train the shared dictionary ({exc}); the dataset falls back "
-            "to STANDARD_COMPRESSION",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return trained.as_bytes()
-
-
-def _train_and_publish(examples: list, opts: dict, dict_dir: Path, errors: list) -> None:
-    data = None
-    try:
-        data = _train(examples, opts)
-    except BaseException as exc:  # re-raised by the run; waiting runs must not hang
-        errors.append(exc)
-    finally:
-        _publish(dict_dir, data)
-
-
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
@@ -301,16 +265,6 @@ def write_run(job: WriteJob, emit) -> tuple:
     groups: list = []  # (first part index, shard dirs of the group)
     counts: list = []
     writer = None
-    background = shared and job.first and job.parallel
-    sample: list | None = [] if background else None  # the examples the dictionary learns
-    trainer = None
-    errors: list = []
-
-    def start_trainer():
-        nonlocal trainer
-        args = (sample, opts, dict_dir, errors)
-        trainer = threading.Thread(target=_train_and_publish, args=args, daemon=True)
-        trainer.start()
 
     def open_shard():
         path = run_dir / str(len(shard_dirs))
@@ -318,7 +272,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         groups[-1][1].append(str(path))
         cls, chosen = shard_writer, strategy
         if shared and not known:
-            cls = shard_writer if job.first and not background else awaiting_writer
+            cls = shard_writer if job.first else awaiting_writer
             chosen = CompressionStrategy.DICTIONARY_COMPRESSION
         elif shared and zdict is None:
             chosen = CompressionStrategy.STANDARD_COMPRESSION
@@ -342,7 +296,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         if known:
             w.close()
             return
-        if job.first and not background:  # the first shard trains it and publishes it
+        if job.first:  # the first shard trains it and publishes it
             settle(w)
             known = True
             return
@@ -369,7 +323,7 @@ def write_run(job: WriteJob, emit) -> tuple:
                 compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
             )
             dump_meta(w.path / META_FILE, w.metadata._asdict())
-        if job.first and not background:
+        if job.first:
             _publish(dict_dir, data)
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
@@ -391,27 +345,17 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = open_shard()
             writer.add_example(example)
             count += 1
-            if trainer is None and sample is not None:
-                sample.append(example)
-                if len(sample) == shard_size:
-                    start_trainer()
             progress.example()
             if writer.stored_examples == shard_size:
                 close_shard(writer)
                 writer = None
         counts.append((index, count))
         progress.flush(part.nbytes)
-    if sample is not None and trainer is None:  # run 0 ended within its first shard
-        start_trainer()
     if writer is not None:
         close_shard(writer, last=True)
     elif deferred:
         close_shard(deferred.pop(), last=True)  # settles it and those before it
-    if trainer is not None:
-        trainer.join()
-        if errors:
-            raise errors[0]
-    elif job.first and not known:  # no example at all in run 0
+    if job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
     return groups, counts
 
@@ -558,10 +502,20 @@ class _Workers:
         # Workers only write and compare examples: they start without torch (see _compat).
         saved = os.environ.get("ATLAS_FAST_NO_TORCH")
         os.environ["ATLAS_FAST_NO_TORCH"] = "1"
+        # A forked child shares this process's memory until it writes to it; its garbage
+        # collector would touch every object the parent holds (copying their pages), so they
+        # are moved out of its reach first (gc.freeze), and given back to ours after.
+        import gc
+
+        frozen = ctx.get_start_method() == "fork"
+        if frozen:
+            gc.freeze()
         try:
             for p in self.processes:
                 p.start()
         finally:
+            if frozen:
+                gc.unfreeze()
             if saved is None:
                 del os.environ["ATLAS_FAST_NO_TORCH"]
             else:

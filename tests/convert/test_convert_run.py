@@ -345,6 +345,12 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     assert run0.next() == 4
     assert run1.next() == 3
     assert run0.next() is None and run1.next() is None
+    # Nobody takes part 0 from run 0, even when it has not begun.
+    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, True))
+    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, True))
+    run1.table = run0.table
+    assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
+    assert run0.next() == 0
 
 
 @given(
@@ -370,6 +376,7 @@ def test_claims_hand_out_every_part_once(sizes, n, order):
         if index is not None:
             taken[k].append(index)
     assert sorted(i for t in taken for i in t) == list(range(len(parts)))
+    assert 0 in taken[0]  # part 0 is never stolen from run 0
     for k, t in enumerate(taken):  # a run's own parts first, in order, then stolen ones
         own = [i for i in t if ranges[k][0] <= i < ranges[k][1]]
         assert t[: len(own)] == own == list(range(*ranges[k]))[: len(own)]
