@@ -253,6 +253,7 @@ def write_run(job: WriteJob, emit) -> tuple:
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
+    from ..writer import default_workers
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
@@ -305,6 +306,10 @@ def write_run(job: WriteJob, emit) -> tuple:
         deferred.append(w)
         if last or _shared_dict(dict_dir) is not ...:
             for waiting in deferred:
+                # The blocks read while the dictionary was being trained are compressed now,
+                # all at once: on every core, as the other processes may well have run out of
+                # parts by then (while run 0 trained, this one claimed what it could).
+                waiting.workers = default_workers()
                 settle(waiting)
             deferred.clear()
             known = True
