@@ -395,3 +395,36 @@ def test_worker_start_methods(tmp_path, monkeypatch, atlas, method):
     with pytest.raises(ValueError, match="ATLAS_FAST_CONVERT_START='teleport'"):
         convert(tmp_path / "src", tmp_path / "bad", "jsonl", **options)
     assert_absent(tmp_path / "bad")
+
+
+def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
+    """Run 1 writes before run 0 has begun, so it takes its own parts and then every part of
+    run 0's but the first (each stolen one a group of its own): committed in part order,
+    the examples are the source's, in order, whoever wrote them."""
+    import multiprocessing
+
+    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast.convert import _jsonl, _run
+
+    docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
+    parts = _jsonl.sources(tmp_path / "src")[0].parts
+    ranges = ((0, 3), (3, 6))
+    table = multiprocessing.get_context("spawn").Array("q", [0, 3, 3, 6])
+    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
+    options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
+    options["compression_strategy"] = 1
+    (tmp_path / "dict").mkdir()
+    results = {}
+    for run in (1, 0):
+        job = WriteJob(
+            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, True
+        )
+        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    assert [first for first, _ in results[1][0]] == [3, 2, 1]
+    assert [first for first, _ in results[0][0]] == [0]
+    groups = sorted(g for groups, _ in results.values() for g in groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    commit_staged_shards(tmp_path / "out", staged, compression_strategy=1)
+    assert read_back(atlas, tmp_path / "out") == docs
+    sizes = json.loads((tmp_path / "out" / "meta.json").read_text())["shard_sizes"]
+    assert sizes == [50, 20, 50, 20, 50, 20, 50, 50, 50, 50, 10]
