@@ -5,7 +5,7 @@ values ``datasets`` gives with no format set, except that features that ``datase
 on access (``Image``, ``Audio``) stay in their stored form, ``{"bytes": ..., "path": ...}``.
 A ``DatasetDict`` directory (``dataset_dict.json``) gives one Atlas dataset per split, under
 DST/<split>. A ``Dataset`` directory (``state.json``) is read in the order of its data files;
-a directory of ``.arrow`` files (or one file) in sorted order. Files larger than 64 MB are cut
+a directory of ``.arrow`` files (or one file) in sorted order. Files larger than 16 MB are cut
 into parts of whole record batches, so ``--workers`` can share them.
 """
 

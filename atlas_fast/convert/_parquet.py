@@ -3,7 +3,7 @@
 Each row becomes one example: a dict of its columns as ``pyarrow``'s ``to_pylist`` gives them
 (strings, ints, floats, bools, None, bytes for binary, lists, dicts for structs, datetime and
 Decimal values). A directory is searched recursively for ``*.parquet`` files, read in sorted
-order of their paths. A file is one part, or, when it is larger than 64 MB and holds several
+order of their paths. A file is one part, or, when it is larger than 16 MB and holds several
 row groups, one part per run of row groups, so ``--workers`` can share it.
 """
 

@@ -114,15 +114,68 @@ def split_runs(parts: list, n: int) -> list:
 
 @dataclass(frozen=True)
 class WriteJob:
-    parts: list
+    parts: list  # every part of the source
+    ranges: tuple  # (start, stop) of the parts each run starts with (see _Claims)
+    run: int  # this run's number: 0 starts the source (with strategy 2 it trains the dictionary)
     run_dir: str
     dict_dir: str
     options: dict
-    first: bool  # this run starts the source: with strategy 2 it trains the dictionary
-    # Several worker processes share the cores: run 0 trains the strategy-2 dictionary in a
-    # thread while it goes on reading (zstd's trainer releases the GIL), as nobody else waits
-    # on this one core, and each shard writer compresses on one thread, not on every core.
+    # Several worker processes share the cores: each shard writer compresses on one thread,
+    # not on every core.
     parallel: bool = False
+
+    @property
+    def first(self) -> bool:
+        return self.run == 0
+
+
+# The claim table of the worker processes (a shared array of ``[start, stop)`` pairs, one per
+# run) in each process, set by the pool; None: one process, nobody to share parts with.
+_SHARED_CLAIMS = None
+
+
+class _Claims:
+    """Which part a run writes next: its own parts in order while it has some left, then the
+    last unclaimed part of the run with the most bytes left (work stealing), so a run that
+    starts late or has more to do (run 0 trains the strategy-2 dictionary) is helped by the
+    others. Each run takes its own parts from the front and thieves take from the back, so
+    every run's own parts stay one contiguous range; the order of the dataset is the order of
+    the parts whoever writes them (see ``write_run``)."""
+
+    def __init__(self, job: WriteJob):
+        self.run = job.run
+        self.sizes = [max(p.nbytes, 1) for p in job.parts]
+        shared = _SHARED_CLAIMS
+        if shared is None or len(job.ranges) == 1:
+            self.table = [x for r in job.ranges for x in r]
+            self.lock = None
+        else:
+            self.table, self.lock = shared, shared.get_lock()
+
+    def next(self):
+        """The index of the next part to write, or None when none is left."""
+        if self.lock is None:
+            return self._next()
+        with self.lock:
+            return self._next()
+
+    def _next(self):
+        table, k = self.table, self.run
+        start, stop = table[2 * k], table[2 * k + 1]
+        if start < stop:
+            table[2 * k] = start + 1
+            return start
+        victim, most = None, 0
+        for j in range(len(table) // 2):
+            # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
+            # run 0 trains the strategy-2 dictionary, starts there.
+            left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
+            if left > most:
+                victim, most = j, left
+        if victim is None:
+            return None
+        table[2 * victim + 1] -= 1
+        return table[2 * victim + 1]
 
 
 @dataclass(frozen=True)
@@ -169,43 +222,6 @@ def _publish(dict_dir: Path, data) -> None:
     os.replace(tmp, dict_dir / _DICT_FILE)
 
 
-def _train(examples: list, opts: dict):
-    """The shared dictionary (bytes) trained on ``examples`` as the first shard of a
-    strategy-2 ``AtlasDatasetWriter`` trains it: on their pickled blocks, of
-    ``compression_dict_size`` times their bytes; None (strategy 1) when it cannot be."""
-    import zstandard
-
-    from ..writer import MIN_BLOCKS_FOR_DICTIONARY
-
-    size = opts["block_size"]
-    blocks = [pickle.dumps(examples[i : i + size]) for i in range(0, len(examples), size)]
-    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
-        return None
-    total = sum(len(b) for b in blocks)
-    dict_size = max(int(opts["compression_dict_size"] * total) + 1, 1024)
-    try:
-        trained = zstandard.train_dictionary(dict_size, blocks, level=opts["compression_level"])
-    except zstandard.ZstdError as exc:
-        warnings.warn(
-            f"zstd could not train the shared dictionary ({exc}); the dataset falls back "
-            "to STANDARD_COMPRESSION",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return trained.as_bytes()
-
-
-def _train_and_publish(examples: list, opts: dict, dict_dir: Path, errors: list) -> None:
-    data = None
-    try:
-        data = _train(examples, opts)
-    except BaseException as exc:  # re-raised by the run; waiting runs must not hang
-        errors.append(exc)
-    finally:
-        _publish(dict_dir, data)
-
-
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
@@ -229,11 +245,15 @@ def _writer_classes():
 
 
 def write_run(job: WriteJob, emit) -> tuple:
-    """Write the examples of ``job.parts`` into shards ``run_dir/0, 1, ...`` of
-    ``shard_size`` examples (the last one short). Returns (shard dirs, examples per part)."""
+    """Write the parts this run claims (``_Claims``) into shards ``run_dir/0, 1, ...`` of
+    ``shard_size`` examples. Consecutive parts share shards; a part that does not follow the
+    one before (a stolen one) starts a new group of shards. Returns (groups, counts): groups
+    ``(first part index, shard dirs)`` whose parts are consecutive from that index, and
+    ``(part index, examples)`` for every part written."""
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
+    from ..writer import default_workers
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
@@ -243,25 +263,17 @@ def write_run(job: WriteJob, emit) -> tuple:
     zdict = None  # the shared dictionary, once known
     known = not shared  # whether zdict is settled (strategy 2)
     shard_dirs: list = []
+    groups: list = []  # (first part index, shard dirs of the group)
     counts: list = []
     writer = None
-    background = shared and job.first and job.parallel
-    sample: list | None = [] if background else None  # the examples the dictionary learns
-    trainer = None
-    errors: list = []
-
-    def start_trainer():
-        nonlocal trainer
-        args = (sample, opts, dict_dir, errors)
-        trainer = threading.Thread(target=_train_and_publish, args=args, daemon=True)
-        trainer.start()
 
     def open_shard():
         path = run_dir / str(len(shard_dirs))
         shard_dirs.append(str(path))
+        groups[-1][1].append(str(path))
         cls, chosen = shard_writer, strategy
         if shared and not known:
-            cls = shard_writer if job.first and not background else awaiting_writer
+            cls = shard_writer if job.first else awaiting_writer
             chosen = CompressionStrategy.DICTIONARY_COMPRESSION
         elif shared and zdict is None:
             chosen = CompressionStrategy.STANDARD_COMPRESSION
@@ -285,7 +297,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         if known:
             w.close()
             return
-        if job.first and not background:  # the first shard trains it and publishes it
+        if job.first:  # the first shard trains it and publishes it
             settle(w)
             known = True
             return
@@ -294,6 +306,10 @@ def write_run(job: WriteJob, emit) -> tuple:
         deferred.append(w)
         if last or _shared_dict(dict_dir) is not ...:
             for waiting in deferred:
+                # The blocks read while the dictionary was being trained are compressed now,
+                # all at once: on every core, as the other processes may well have run out of
+                # parts by then (while run 0 trained, this one claimed what it could).
+                waiting.workers = default_workers()
                 settle(waiting)
             deferred.clear()
             known = True
@@ -312,42 +328,41 @@ def write_run(job: WriteJob, emit) -> tuple:
                 compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
             )
             dump_meta(w.path / META_FILE, w.metadata._asdict())
-        if job.first and not background:
+        if job.first:
             _publish(dict_dir, data)
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
     progress = _Emitter(emit)
     shard_size = opts["shard_size"]
-    for part in job.parts:
+    claims = _Claims(job)
+    previous = None
+    while (index := claims.next()) is not None:
+        if previous is None or index != previous + 1:
+            if writer is not None:  # the group before ends with a short shard
+                close_shard(writer)
+                writer = None
+            groups.append((index, []))
+        previous = index
+        part = job.parts[index]
         count = 0
         for example in part.read():
             if writer is None:
                 writer = open_shard()
             writer.add_example(example)
             count += 1
-            if trainer is None and sample is not None:
-                sample.append(example)
-                if len(sample) == shard_size:
-                    start_trainer()
             progress.example()
             if writer.stored_examples == shard_size:
                 close_shard(writer)
                 writer = None
-        counts.append(count)
+        counts.append((index, count))
         progress.flush(part.nbytes)
-    if sample is not None and trainer is None:  # run 0 ended within its first shard
-        start_trainer()
     if writer is not None:
         close_shard(writer, last=True)
     elif deferred:
         close_shard(deferred.pop(), last=True)  # settles it and those before it
-    if trainer is not None:
-        trainer.join()
-        if errors:
-            raise errors[0]
-    elif job.first and not known:  # no example at all in run 0
+    if job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
-    return shard_dirs, counts
+    return groups, counts
 
 
 def verify_run(job: VerifyJob, emit) -> int:
@@ -430,9 +445,11 @@ def _portable(exc: BaseException, k: int) -> BaseException:
     return RuntimeError(f"worker process {k} failed: {type(exc).__name__}: {exc}\n{text}")
 
 
-def _child(k: int, inbox, results) -> None:
+def _child(k: int, inbox, results, claims) -> None:
     """A worker process: runs ``(function, job)`` tasks until it gets None."""
+    global _SHARED_CLAIMS
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+    _SHARED_CLAIMS = claims
 
     def emit(examples, nbytes):
         results.put(("progress", k, (examples, nbytes)))
@@ -445,19 +462,43 @@ def _child(k: int, inbox, results) -> None:
             results.put(("error", k, _portable(exc, k)))
 
 
+def _start_method() -> str:
+    """ "fork" where it is safe and available: Linux, and no other thread in this process (a
+    forked child inherits no thread, so a lock another thread held would stay held); it
+    starts a worker in milliseconds with every module already imported, where "spawn"
+    starts a new interpreter that imports atlas_fast, zstandard and the format's readers
+    (a few tenths of a second of a conversion that may last one second).
+    ``ATLAS_FAST_CONVERT_START`` (fork, spawn or forkserver) overrides the choice."""
+    import multiprocessing
+
+    chosen = os.environ.get("ATLAS_FAST_CONVERT_START", "").strip()
+    methods = multiprocessing.get_all_start_methods()
+    if chosen:
+        if chosen not in methods:
+            raise ValueError(
+                f"ATLAS_FAST_CONVERT_START={chosen!r}: not a start method here "
+                f"({', '.join(methods)})"
+            )
+        return chosen
+    if sys.platform == "linux" and "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
 class _Workers:
-    """``n - 1`` spawned worker processes; the calling process is worker 0."""
+    """``n - 1`` worker processes; the calling process is worker 0."""
 
     def __init__(self, n: int):
         import multiprocessing
 
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
+        self.claims = ctx.Array("q", 2 * n)  # see _Claims
         self.processes = [
             ctx.Process(
                 target=_child,
-                args=(k, inbox, self.results),
+                args=(k, inbox, self.results, self.claims),
                 name=f"atlas-fast-convert-{k}",
                 daemon=True,
             )
@@ -466,17 +507,31 @@ class _Workers:
         # Workers only write and compare examples: they start without torch (see _compat).
         saved = os.environ.get("ATLAS_FAST_NO_TORCH")
         os.environ["ATLAS_FAST_NO_TORCH"] = "1"
+        # A forked child shares this process's memory until it writes to it; its garbage
+        # collector would touch every object the parent holds (copying their pages), so they
+        # are moved out of its reach first (gc.freeze), and given back to ours after.
+        import gc
+
+        frozen = ctx.get_start_method() == "fork"
+        if frozen:
+            gc.freeze()
         try:
             for p in self.processes:
                 p.start()
         finally:
+            if frozen:
+                gc.unfreeze()
             if saved is None:
                 del os.environ["ATLAS_FAST_NO_TORCH"]
             else:
                 os.environ["ATLAS_FAST_NO_TORCH"] = saved
 
-    def run(self, tasks: list, on_progress) -> list:
-        """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results."""
+    def run(self, tasks: list, on_progress, claims=()) -> list:
+        """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results.
+        ``claims``: the ``(start, stop)`` ranges of parts each run starts with."""
+        global _SHARED_CLAIMS
+        table = [x for r in claims for x in r]
+        self.claims[:] = table + [0] * (len(self.claims) - len(table))
         results = [None] * len(tasks)
         pending = set()
         for k, task in enumerate(tasks[1:], 1):
@@ -490,7 +545,11 @@ class _Workers:
 
         if tasks[0] is not None:
             function, job = tasks[0]
-            results[0] = function(job, emit)
+            _SHARED_CLAIMS = self.claims
+            try:
+                results[0] = function(job, emit)
+            finally:
+                _SHARED_CLAIMS = None
         while pending:
             self._receive(results, pending, on_progress, timeout=0.2)
         return results
@@ -537,7 +596,7 @@ class _Workers:
 
 
 class _Serial:
-    def run(self, tasks: list, on_progress) -> list:
+    def run(self, tasks: list, on_progress, claims=()) -> list:
         function, job = tasks[0]
         return [function(job, on_progress)]
 
@@ -697,29 +756,33 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
 
     dict_dir = work / "dict"
     dict_dir.mkdir(parents=True)
-    runs = split_runs(source.parts, _pool_size(pool))
+    parts = list(source.parts)
+    runs = split_runs(parts, _pool_size(pool))
+    ranges, start = [], 0
+    for run in runs:
+        ranges.append((start, start + len(run)))
+        start += len(run)
+    ranges = tuple(ranges)
     tasks = [
         (
             write_run,
-            WriteJob(
-                run,
-                str(work / str(k)),
-                str(dict_dir),
-                options,
-                k == 0,
-                len(runs) > 1,
-            ),
+            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, len(runs) > 1),
         )
-        for k, run in enumerate(runs)
+        for k in range(len(runs))
     ]
-    total_bytes = sum(p.nbytes for p in source.parts)
+    total_bytes = sum(p.nbytes for p in parts)
     bar = _Progress(progress, total_bytes, _phase_name("converting", source))
     try:
-        results = pool.run(tasks, bar)
+        results = pool.run(tasks, bar, ranges)
     finally:
         bar.close()
-    staged = [d for dirs, _ in results for d in dirs]
-    counts = [c for _, part_counts in results for c in part_counts]
+    # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
+    groups = sorted(g for run_groups, _ in results for g in run_groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    written = dict(c for _, part_counts in results for c in part_counts)
+    if sorted(written) != list(range(len(parts))):  # every part exactly once
+        raise RuntimeError(f"parts written: {sorted(written)}, expected {len(parts)} of them")
+    counts = [written[i] for i in range(len(parts))]
     strategy = CompressionStrategy(options["compression_strategy"])
     shared = None
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:

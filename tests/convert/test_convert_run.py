@@ -23,7 +23,7 @@ from atlas_fast.convert import (
     convert,
 )
 from atlas_fast.convert._compare import difference
-from atlas_fast.convert._run import split_runs
+from atlas_fast.convert._run import WriteJob, _Claims, split_runs
 
 
 def _jsonl_tree(root, files=5, per_file=230):
@@ -310,11 +310,11 @@ def test_run_0_shorter_than_a_shard_still_trains_the_dictionary(tmp_path, atlas)
     docs = _jsonl_tree(tmp_path / "src", files=2, per_file=100)
     options = {"shard_size": 150, "block_size": 10, "workers": 2}
     convert(tmp_path / "src", tmp_path / "out", "jsonl", **options)
-    assert _meta(tmp_path / "out") == {
-        "version": 1,
-        "shard_sizes": [100, 100],
-        "compression_strategy": 2,
-    }
+    meta = _meta(tmp_path / "out")
+    # [100, 100] when each process writes its file; [150, 50] when run 0 took the second
+    # file too (work stealing: the other process had not started yet).
+    assert meta["shard_sizes"] in ([100, 100], [150, 50])
+    assert meta["compression_strategy"] == 2
     assert (tmp_path / "out" / "zstd_dict.bin").exists()
     assert _meta(tmp_path / "out" / "1")["compression_strategy"] == 2
     assert read_back(atlas, tmp_path / "out") == docs
@@ -330,3 +330,101 @@ def test_split_runs_properties(sizes, n):
     assert [p for run in runs for p in run] == parts  # contiguous, in order, all of them
     assert len(runs) == min(n, len(parts))
     assert all(runs)
+
+
+def test_claims_take_own_parts_then_steal_from_the_back():
+    parts = [Part(str(i), size, iter) for i, size in enumerate([10, 10, 10, 10, 50, 10])]
+    ranges = ((0, 2), (2, 6))
+    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, True))
+    # One table for both runs, as the worker processes share it.
+    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, True))
+    run1.table = run0.table
+    assert [run0.next(), run0.next()] == [0, 1]  # its own parts, in order
+    assert run1.next() == 2
+    assert run0.next() == 5  # then the last unclaimed part of the other run
+    assert run0.next() == 4
+    assert run1.next() == 3
+    assert run0.next() is None and run1.next() is None
+    # Nobody takes part 0 from run 0, even when it has not begun.
+    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, True))
+    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, True))
+    run1.table = run0.table
+    assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
+    assert run0.next() == 0
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
+    n=st.integers(min_value=1, max_value=4),
+    order=st.lists(st.integers(min_value=0, max_value=3), max_size=60),
+)
+def test_claims_hand_out_every_part_once(sizes, n, order):
+    parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
+    runs = split_runs(parts, n)
+    ranges, start = [], 0
+    for run in runs:
+        ranges.append((start, start + len(run)))
+        start += len(run)
+    claims = [
+        _Claims(WriteJob(parts, tuple(ranges), k, "r", "d", {}, True)) for k in range(len(runs))
+    ]
+    for c in claims[1:]:
+        c.table = claims[0].table
+    taken = [[] for _ in claims]
+    for k in [k % len(claims) for k in order] + [k for k in range(len(claims)) for _ in parts]:
+        index = claims[k].next()
+        if index is not None:
+            taken[k].append(index)
+    assert sorted(i for t in taken for i in t) == list(range(len(parts)))
+    assert 0 in taken[0]  # part 0 is never stolen from run 0
+    for k, t in enumerate(taken):  # a run's own parts first, in order, then stolen ones
+        own = [i for i in t if ranges[k][0] <= i < ranges[k][1]]
+        assert t[: len(own)] == own == list(range(*ranges[k]))[: len(own)]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_worker_start_methods(tmp_path, monkeypatch, atlas, method):
+    """Workers forked (the default on Linux when no other thread runs) or spawned (elsewhere,
+    or ATLAS_FAST_CONVERT_START=spawn) write the same examples in the same order."""
+    docs = _jsonl_tree(tmp_path / "src")
+    monkeypatch.setenv("ATLAS_FAST_CONVERT_START", method)
+    options = {"shard_size": 200, "block_size": 10, "workers": 2}
+    convert(tmp_path / "src", tmp_path / "out", "jsonl", **options)
+    assert read_back(atlas, tmp_path / "out") == docs
+    monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "teleport")
+    with pytest.raises(ValueError, match="ATLAS_FAST_CONVERT_START='teleport'"):
+        convert(tmp_path / "src", tmp_path / "bad", "jsonl", **options)
+    assert_absent(tmp_path / "bad")
+
+
+def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
+    """Run 1 writes before run 0 has begun, so it takes its own parts and then every part of
+    run 0's but the first (each stolen one a group of its own): committed in part order,
+    the examples are the source's, in order, whoever wrote them."""
+    import multiprocessing
+
+    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast.convert import _jsonl, _run
+
+    docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
+    parts = _jsonl.sources(tmp_path / "src")[0].parts
+    ranges = ((0, 3), (3, 6))
+    table = multiprocessing.get_context("spawn").Array("q", [0, 3, 3, 6])
+    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
+    options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
+    options["compression_strategy"] = 1
+    (tmp_path / "dict").mkdir()
+    results = {}
+    for run in (1, 0):
+        job = WriteJob(
+            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, True
+        )
+        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    assert [first for first, _ in results[1][0]] == [3, 2, 1]
+    assert [first for first, _ in results[0][0]] == [0]
+    groups = sorted(g for groups, _ in results.values() for g in groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    commit_staged_shards(tmp_path / "out", staged, compression_strategy=1)
+    assert read_back(atlas, tmp_path / "out") == docs
+    sizes = json.loads((tmp_path / "out" / "meta.json").read_text())["shard_sizes"]
+    assert sizes == [50, 20, 50, 20, 50, 20, 50, 50, 50, 50, 10]
