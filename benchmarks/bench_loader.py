@@ -13,7 +13,9 @@ blocks of 64. Patterns (issue 11), every object at its DEFAULT settings:
 - (a) an epoch of ``BlockShuffleSampler(ds)`` through ``torch.utils.data.DataLoader`` (batch
   size 256, ``num_workers`` 0 and 2), against the reference's uniform random reading through
   the same DataLoader (``shuffle=True``), and against a sequential pass (``shuffle=False``) of
-  the same dataset;
+  the same dataset; beside them, the same DataLoader over a plain in-memory list of the
+  examples: what the loader itself allows (worker start-up, batch transport), a ceiling no
+  reader can pass;
 - (b) ``AtlasDataset(path, cache_bytes=1 GiB)`` (at least the decoded dataset), uniform random
   ``ds[i]`` after one warm sequential pass, against the pickle-per-example floor
   (``pickle.loads`` of each example's own bytes, from memory); ``ds.cache_info()`` when the
@@ -127,6 +129,26 @@ def loader_pass(c, path, num_workers, cpu, sampler=None, shuffle=False, max_batc
     return run
 
 
+def memory_pass(examples, num_workers):
+    """A measurement: the same DataLoader over a plain list of the examples, in order: what
+    the loader itself (workers, batch transport, collation) allows, with no reading at all."""
+    from torch.utils.data import DataLoader
+
+    def run():
+        loader = DataLoader(examples, batch_size=BATCH, num_workers=num_workers, collate_fn=collate)
+        it = iter(loader)
+        next(it)
+        count = 0
+        t0 = time.perf_counter()
+        for batch in it:
+            count += len(batch)
+        secs = time.perf_counter() - t0
+        del it
+        return count, secs
+
+    return run
+
+
 def block_shuffle(ds):
     from atlas_fast import BlockShuffleSampler
 
@@ -143,12 +165,13 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
 
     from atlas_fast import BlockShuffleSampler  # noqa: F401  (fails early without torch)
 
-    n = len(cons[-1].open(path))
+    examples = list(cons[-1].open(path))
+    n = len(examples)
     table.section(f"(a) {name}: {n:,} examples, DataLoader(batch_size={BATCH}) ({path})")
     atlas = [c for c in cons if c.atlas]
     kinds = ("sampler", "random", "sequential")
     for nw in (0, 2):
-        fns = {}
+        fns = {("ceiling", "memory"): memory_pass(examples, nw)}
         cpu = {}
         for c in atlas:
             cpu[("sampler", c.key)] = []
@@ -168,6 +191,7 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
                 max_batches=sizes["random_batches"] + 1,
             )
         res = interleaved(fns, reps)
+        ceiling = res.pop(("ceiling", "memory"))["rate"]
         for clock in ("wall", "CPU"):
             if clock == "wall":
                 got = {k: v["rate"] for k, v in res.items()}
@@ -208,6 +232,15 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
                 ratios=[x(rates["random"], CYTHON, rates["random"], REFERENCE, "cython x ref")],
             )
             table.add(name, f"sequential pass (shuffle=False), {label}", rates["sequential"])
+            if clock == "wall":
+                ref = rates["random"].get(REFERENCE)
+                table.add(
+                    name,
+                    f"in-memory list of the examples, in order, {label}",
+                    {},
+                    ratios=[ratio("ceiling x ref random", ceiling / ref if ref else None)],
+                    note=f"{ceiling / 1e3:,.1f}k/s: the loader's own ceiling (no reading)",
+                )
 
 
 def floor_pass(payloads, draws):
