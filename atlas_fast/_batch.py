@@ -35,6 +35,7 @@ from ._format import (
 __all__ = [
     "check_shared_dict",
     "shard_layout",
+    "open_dictionary",
     "open_files",
     "ShardOpener",
     "gather",
@@ -129,18 +130,22 @@ def shard_layout(root, metadata, dict_bytes) -> tuple:
     return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
 
 
-def open_files(root: str, metadata, dict_bytes, zstd_dict_type, check_data=True) -> tuple:
-    """What reading a shard needs: (validated offsets, digested dictionary or None).
-    ``check_data`` as for ``load_offsets``."""
-    offsets = load_offsets(root, metadata, check_data)
+def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
+    """What reading a shard needs: (validated offsets, digested dictionary or None)."""
+    offsets = load_offsets(root, metadata)
+    return offsets, open_dictionary(root, metadata, dict_bytes, zstd_dict_type)
+
+
+def open_dictionary(root: str, metadata, dict_bytes, zstd_dict_type):
+    """The shard's digested dictionary, or None when its strategy uses none."""
     strategy = metadata.compression_strategy
     if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
         path = Path(root) / DICT_FILE
-        return offsets, _digested_dict(zstd_dict_type, read_dict_file(path), path)
+        return _digested_dict(zstd_dict_type, read_dict_file(path), path)
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         path = Path(root).parent / DICT_FILE
-        return offsets, _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
-    return offsets, None
+        return _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
+    return None
 
 
 class ShardOpener:

@@ -436,6 +436,8 @@ def _load_npy(path, items: int | None = None) -> np.ndarray:
             )
         # Read once, the header parsed once (np.load would parse it again).
         array = np.frombuffer(data, dtype=dtype, offset=start, count=math.prod(shape))
+        if start % dtype.alignment:  # a header numpy would not write: C reads need alignment
+            array = array.copy()
         return array.reshape(shape, order="F" if fortran else "C")
     except Exception as exc:  # numpy raises ValueError, OSError, EOFError, ...
         raise AtlasFormatError(f"{path}: not a readable .npy array: {exc}") from exc

@@ -45,6 +45,7 @@ cdef class _Mapping:
     cdef const char* ptr
     cdef size_t size
     cdef bytes copy  # the file's bytes when read instead of mapped (ptr points into it)
+    cdef bint is_copy  # ptr is copy's, not a mapping: never munmap it
     cdef bytes cpath  # the file's path, encoded: its size is checked before each read
     cdef int fd  # the mapped file, for that check, or -1 (checked by path)
     cdef int slot  # its place in _fd_keepers, or -1
@@ -58,7 +59,7 @@ cdef class _Mapping:
             _fd_keepers[self.slot] = NULL
         if self.fd >= 0:
             c_close(self.fd)
-        if self.ptr != NULL and self.copy is None:
+        if self.ptr != NULL and not self.is_copy:
             munmap(<void*>self.ptr, self.size)
 
 
@@ -181,6 +182,7 @@ cdef int _read_copy(_Mapping mapping, int fd, size_t size, str data_path) except
             f"{data_path}: shrank to {done} bytes while being read ({size} expected)"
         )
     mapping.copy = copy
+    mapping.is_copy = True
     mapping.ptr = dst
     mapping.size = size
     return 0

@@ -68,7 +68,7 @@ import os
 import pickle
 import sys
 
-from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
+from ._batch import ShardOpener, gather, open_dictionary, read_ahead, shard_layout
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
@@ -76,6 +76,7 @@ from ._format import (
     check_block_examples,
     check_zstd_content_size,
     expected_block_length,
+    load_offsets,
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
@@ -416,9 +417,9 @@ cdef class ShardCore:
         return self._lock
 
     cdef int _open_lock_held(self) except -1:
-        # data.bin's size is checked by _map_file, on the descriptor it maps.
-        offsets, zdict = open_files(self._root, self._metadata, self._dict_bytes, ZstdDict,
-                                    self._n_blocks == 0)
+        # In the order the Python backend checks them (index.npy, data.bin, the dictionary),
+        # data.bin's size checked by _map_file on the descriptor it maps.
+        offsets = load_offsets(self._root, self._metadata, self._n_blocks == 0)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:
             raise AtlasFormatError(
@@ -429,6 +430,7 @@ cdef class ShardCore:
         mapping = None
         if self._n_blocks:
             mapping = _map_file(self._data_path, end, index_path)
+        zdict = open_dictionary(self._root, self._metadata, self._dict_bytes, ZstdDict)
         # Published together, with no Python code in between.
         self._mapping = mapping
         self._zdict = zdict

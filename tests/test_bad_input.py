@@ -98,7 +98,8 @@ def test_unreadable_meta(atlas, ds0, where):
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 @pytest.mark.parametrize("name", ["meta.json", "0/meta.json", "0/index.npy", "0/data.bin"])
 def test_fifo_instead_of_file(atlas, ds0, name):
-    """A named pipe would block a reader forever: refused without opening it."""
+    """A named pipe would block a reader forever: refused (opened without blocking, or not
+    at all), never waited on."""
     path = ds0 / name
     path.unlink()
     os.mkfifo(path)

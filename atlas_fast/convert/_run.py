@@ -152,6 +152,15 @@ class _Claims:
         else:
             self.table, self.lock = shared, shared.get_lock()
 
+    def first_shard_settled(self) -> None:
+        """Run 0 says its first shard is closed: the others may now take from its range. Until
+        then they may not, so that run 0's first shard (from which it trains the strategy-2
+        dictionary) holds the examples a serial run's first shard holds, whatever the timing.
+        """
+        if len(self.table) % 2:  # the flag slot after the pairs (a shared table only)
+            with self.lock:
+                self.table[len(self.table) - 1] = 1
+
     def next(self):
         """The index of the next part to write, or None when none is left."""
         if self.lock is None:
@@ -166,7 +175,10 @@ class _Claims:
             table[2 * k] = start + 1
             return start
         victim, most = None, 0
+        guarded = len(table) % 2 and not table[len(table) - 1]
         for j in range(len(table) // 2):
+            if j == 0 and guarded:
+                continue  # run 0's first shard is not settled yet (first_shard_settled)
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
             # run 0 trains the strategy-2 dictionary, starts there.
             left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
@@ -300,6 +312,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         if job.first:  # the first shard trains it and publishes it
             settle(w)
             known = True
+            claims.first_shard_settled()
             return
         # Keep reading while run 0 trains the dictionary: these shards (strategy 3 awaiting
         # it) are closed, and their blocks compressed, once it is published or at the end.
@@ -335,6 +348,8 @@ def write_run(job: WriteJob, emit) -> tuple:
     progress = _Emitter(emit)
     shard_size = opts["shard_size"]
     claims = _Claims(job)
+    if job.first and known:
+        claims.first_shard_settled()  # no dictionary to train: nothing to guard
     previous = None
     while (index := claims.next()) is not None:
         if previous is None or index != previous + 1:
@@ -494,7 +509,7 @@ class _Workers:
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
-        self.claims = ctx.Array("q", 2 * n)  # see _Claims
+        self.claims = ctx.Array("q", 2 * n + 1)  # see _Claims: n pairs, then a flag
         self.processes = [
             ctx.Process(
                 target=_child,
@@ -512,12 +527,20 @@ class _Workers:
         # are moved out of its reach first (gc.freeze), and given back to ours after.
         import gc
 
-        frozen = ctx.get_start_method() == "fork"
+        # An application's own freeze (before its DataLoader workers, say) is left alone.
+        frozen = ctx.get_start_method() == "fork" and gc.get_freeze_count() == 0
         if frozen:
             gc.freeze()
         try:
-            for p in self.processes:
-                p.start()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns on any fork of a process with native threads (numpy's
+                # BLAS and pyarrow's pools are started on import or first use). Those pools
+                # re-create themselves in a forked child, and the workers take no lock of
+                # ours that another thread could hold: _start_method forks only when no
+                # other Python thread runs.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                for p in self.processes:
+                    p.start()
         finally:
             if frozen:
                 gc.unfreeze()

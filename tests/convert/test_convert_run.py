@@ -353,6 +353,27 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     assert run0.next() == 0
 
 
+def test_nobody_takes_from_run_0_before_its_first_shard_is_settled():
+    """With the flag slot of a shared table, run 0's range is out of reach until run 0 says
+    its first shard (the strategy-2 dictionary's sample) is closed."""
+    import threading
+
+    parts = [Part(str(i), 10, iter) for i in range(6)]
+    ranges = ((0, 4), (4, 6))
+    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, True))
+    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, True))
+    shared = [*run0.table, 0]  # the pool's table: the pairs, then the flag
+    lock = threading.Lock()
+    for c in (run0, run1):
+        c.table, c.lock = shared, lock
+    assert run0.next() == 0
+    assert [run1.next(), run1.next()] == [4, 5]
+    assert run1.next() is None  # run 0's parts 1-3 are left, but guarded
+    run0.first_shard_settled()
+    assert run1.next() == 3  # now from the back of run 0's range
+    assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
+
+
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
     n=st.integers(min_value=1, max_value=4),
