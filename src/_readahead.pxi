@@ -490,23 +490,36 @@ def _readahead_min_bytes(size_t n):
 
 def _readahead_info():
     """The read-ahead's state, for tests: worker running, jobs held, buffers, counters."""
+    cdef int i
+    cdef int jobs = 0
+    cdef int buffers = 0
+    cdef size_t held
+    cdef bint running
+    cdef unsigned long long counts[3]
     if not _ra_ready():
         return None
+    # Copied under the lock, reported after: building objects may run a collection, whose
+    # finalizers may come back here.
     pthread_mutex_lock(&_ra.mu)
-    jobs = sum(1 for i in range(_RA_SLOTS) if _ra_slots[i].state != _RA_EMPTY)
-    buffers = sum(1 for i in range(_RA_SLOTS) if _ra_slots[i].buf != NULL)
-    info = {
-        "running": bool(_ra.running),
+    for i in range(_RA_SLOTS):
+        jobs += _ra_slots[i].state != _RA_EMPTY
+        buffers += _ra_slots[i].buf != NULL
+    held = _ra_held
+    running = _ra.running
+    counts[0] = _ra_by_worker
+    counts[1] = _ra_by_caller
+    counts[2] = _ra_taken
+    pthread_mutex_unlock(&_ra.mu)
+    return {
+        "running": running,
         "jobs": jobs,
         "buffers": buffers,
-        "held_bytes": _ra_held,
-        "decoded_by_worker": _ra_by_worker,
-        "decoded_by_caller": _ra_by_caller,
-        "taken": _ra_taken,
+        "held_bytes": held,
+        "decoded_by_worker": counts[0],
+        "decoded_by_caller": counts[1],
+        "taken": counts[2],
         "owners": sum(1 for o in _ra_owners if o is not None),
     }
-    pthread_mutex_unlock(&_ra.mu)
-    return info
 
 
 _ra_reset_in_child()  # the first "child": this process

@@ -262,3 +262,9 @@ def test_forked_child_during_read_ahead(atlas, root, expected):
         report = f.read()
     assert report == b"ok", report
     assert [ds[i] for i in range(N)] == expected
+
+
+def test_safe_loading_reads_ahead_too(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, trusted=False)
+    assert list(ds) == expected
+    assert [ds[i] for i in range(N)] == expected
