@@ -291,68 +291,6 @@ cdef class ShardCore:
         self._last = e
         return _item(examples, j)
 
-    cdef object _in_order(self, Py_ssize_t b, Py_ssize_t j):
-        """Example ``j`` of block ``b``, read by a pass in order: decoded ahead if queued (see
-        _readahead.pxi), the next blocks queued before it is unpickled; else as _miss."""
-        cdef _RABuffer data
-        cdef list examples
-        cdef _Entry e
-        cdef Py_ssize_t size
-        if not self._compressed:
-            return self._miss(b, j)
-        key = (self._tag, b)
-        if self._cache._find(key) is not None:
-            return self._miss(b, j)
-        data = _ra_take(<void*>self, b)
-        self._queue_next(b)
-        if data is None:
-            return self._miss(b, j)
-        self._cache._misses += 1
-        size = data.size
-        try:
-            examples = self._unpickle_c(data, b)
-        finally:
-            _ra_recycle(data)
-        e = self._cache._put(key, b, examples, size)
-        if e.examples is not None:  # another thread's copy may have won
-            examples = e.examples
-        self._last = e
-        return _item(examples, j)
-
-    cdef int _queue_next(self, Py_ssize_t b) except -1:
-        """Queue the _RA_DEPTH blocks after ``b`` for read-ahead."""
-        cdef Py_ssize_t nb
-        for nb in range(b + 1, min(b + 1 + _RA_DEPTH, self._n_blocks)):
-            self._queue_ahead(nb)
-        return 0
-
-    cdef int _queue_ahead(self, Py_ssize_t b) except -1:
-        """Queue block ``b`` (0 <= b < blocks) for read-ahead, unless it is cached, stored
-        uncompressed, or its shard cannot be opened (reading the block will say why)."""
-        cdef struct_stat st
-        if not self._compressed or self._cache._find((self._tag, b)) is not None:
-            return 0
-        if self._offsets is None:
-            try:
-                self._open()
-            except Exception:
-                return 0  # raised again, by the read of a block of this shard
-            if self._offsets is None:
-                return 0
-        # Read together, with no Python code in between (close() clears them together).
-        cdef _Mapping mapping = self._mapping
-        cdef ZstdDict zdict = self._zdict
-        cdef uint64_t start = self._offs[b]
-        cdef uint64_t end = self._offs[b + 1]
-        # The extent check of _decoded, before the worker reads the mapping; a block that
-        # fails it is left to _decoded, which raises the error when the block is read.
-        if end <= start or end > mapping.size or _file_size(mapping, &st) != 0:
-            return 0
-        if <uint64_t>st.st_size < end:
-            return 0
-        return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
-                         <size_t>(end - start), zdict)
-
     cdef object _partial(self, object key, Py_ssize_t b, Py_ssize_t j, object data):
         """Example ``j`` of block ``b`` unpickled alone from the block's pickle ``data``, or
         _WHOLE: unpickle the whole block (which also decides any error)."""
@@ -562,6 +500,70 @@ cdef class ShardCore:
         if type(examples) is not list or PyList_GET_SIZE(examples) != expected:
             check_block_examples(examples, expected, self._data_path, b)
         return examples
+
+    # -- read-ahead of a pass in order (see _readahead.pxi) -----------------------------------
+
+    cdef object _in_order(self, Py_ssize_t b, Py_ssize_t j):
+        """Example ``j`` of block ``b``, read by a pass in order: decoded ahead if queued (see
+        _readahead.pxi), the next blocks queued before it is unpickled; else as _miss."""
+        cdef _RABuffer data
+        cdef list examples
+        cdef _Entry e
+        cdef Py_ssize_t size
+        if not self._compressed:
+            return self._miss(b, j)
+        key = (self._tag, b)
+        if self._cache._find(key) is not None:
+            return self._miss(b, j)
+        data = _ra_take(<void*>self, b)
+        self._queue_next(b)
+        if data is None:
+            return self._miss(b, j)
+        self._cache._misses += 1
+        size = data.size
+        try:
+            examples = self._unpickle_c(data, b)
+        finally:
+            _ra_recycle(data)
+        e = self._cache._put(key, b, examples, size)
+        if e.examples is not None:  # another thread's copy may have won
+            examples = e.examples
+        self._last = e
+        return _item(examples, j)
+
+    cdef int _queue_next(self, Py_ssize_t b) except -1:
+        """Queue the _RA_DEPTH blocks after ``b`` for read-ahead."""
+        cdef Py_ssize_t nb
+        for nb in range(b + 1, min(b + 1 + _RA_DEPTH, self._n_blocks)):
+            self._queue_ahead(nb)
+        return 0
+
+    cdef int _queue_ahead(self, Py_ssize_t b) except -1:
+        """Queue block ``b`` (0 <= b < blocks) for read-ahead, unless it is cached, stored
+        uncompressed, or its shard cannot be opened (reading the block will say why)."""
+        cdef struct_stat st
+        if not self._compressed or self._cache._find((self._tag, b)) is not None:
+            return 0
+        if self._offsets is None:
+            try:
+                self._open()
+            except Exception:
+                return 0  # raised again, by the read of a block of this shard
+            if self._offsets is None:
+                return 0
+        # Read together, with no Python code in between (close() clears them together).
+        cdef _Mapping mapping = self._mapping
+        cdef ZstdDict zdict = self._zdict
+        cdef uint64_t start = self._offs[b]
+        cdef uint64_t end = self._offs[b + 1]
+        # The extent check of _decoded, before the worker reads the mapping; a block that
+        # fails it is left to _decoded, which raises the error when the block is read.
+        if end <= start or end > mapping.size or _file_size(mapping, &st) != 0:
+            return 0
+        if <uint64_t>st.st_size < end:
+            return 0
+        return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
+                         <size_t>(end - start), zdict)
 
     def __dealloc__(self):
         # self._lock is not freed: a lock from before a fork may be held by a lost thread,
