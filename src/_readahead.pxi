@@ -34,7 +34,8 @@
 # - After fork the worker does not exist in the child: the child (register_at_fork, and a pid
 #   check on every entry) abandons the old lock state (it may be held forever), frees the
 #   buffers and starts a new worker on first use.
-# - Memory: at most _RA_SLOTS jobs, whose declared sizes together stay under _RA_MAX_BYTES.
+# - Memory: at most _RA_SLOTS jobs, whose declared sizes together stay under _RA_MAX_BYTES;
+#   a pass queues _RA_DEPTH blocks ahead.
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
@@ -68,8 +69,8 @@ cdef extern from "<unistd.h>" nogil:
     int getpid()
 
 cdef enum:
-    _RA_SLOTS = 8  # jobs queued or done, all passes of the process together
-    _RA_DEPTH = 3  # blocks queued ahead of the one a pass reads
+    _RA_SLOTS = 16  # jobs queued or done, all passes of the process together
+    _RA_DEPTH = 6  # blocks queued ahead of the one a pass reads
     _RA_MAX_BYTES = 64 << 20  # declared sizes of the jobs held, together
 
 # Slot states.
@@ -113,6 +114,8 @@ cdef size_t _ra_held = 0  # declared bytes of the slots not empty
 cdef unsigned long long _ra_by_worker = 0
 cdef unsigned long long _ra_by_caller = 0
 cdef unsigned long long _ra_taken = 0
+cdef unsigned long long _ra_waits = 0  # times a caller waited for the worker
+cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
 # Frames declaring fewer bytes are decoded by the reading thread: a hand-off to the worker
 # costs about what decoding them does.
 cdef size_t _ra_min_bytes = 16384
@@ -166,7 +169,7 @@ cdef int _ra_oldest_lock_held(bint newest) noexcept nogil:
 
 
 cdef void* _ra_worker(void* arg) noexcept nogil:
-    global _ra_by_worker
+    global _ra_by_worker, _ra_idle
     cdef _RASync* s = <_RASync*>arg
     cdef ZSTD_DCtx* dctx = ZSTD_createDCtx()  # this thread's own
     cdef int i
@@ -174,6 +177,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
     while not s.stop:
         i = _ra_oldest_lock_held(False)
         if i < 0:
+            _ra_idle += 1
             pthread_cond_wait(&s.work, &s.mu)
             continue
         _ra_slots[i].state = _RA_BUSY
@@ -286,7 +290,7 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
     """Block ``block`` of ``who`` decoded: the index of its slot, now _RA_DRAINED, or -1 when
     it is not queued. Decodes it here if no decoder has started it, and other queued jobs
     while the worker decodes it."""
-    global _ra_by_caller
+    global _ra_by_caller, _ra_waits
     cdef int i
     cdef int mine
     cdef int other
@@ -311,6 +315,7 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
         else:
             other = _ra_oldest_lock_held(True)  # help: the newest job, the worker's last
             if other < 0:
+                _ra_waits += 1
                 pthread_cond_wait(&_ra.done, &_ra.mu)
                 continue
         _ra_slots[other].state = _RA_BUSY
@@ -495,7 +500,7 @@ def _readahead_info():
     cdef int buffers = 0
     cdef size_t held
     cdef bint running
-    cdef unsigned long long counts[3]
+    cdef unsigned long long counts[5]
     if not _ra_ready():
         return None
     # Copied under the lock, reported after: building objects may run a collection, whose
@@ -509,6 +514,8 @@ def _readahead_info():
     counts[0] = _ra_by_worker
     counts[1] = _ra_by_caller
     counts[2] = _ra_taken
+    counts[3] = _ra_waits
+    counts[4] = _ra_idle
     pthread_mutex_unlock(&_ra.mu)
     return {
         "running": running,
@@ -518,6 +525,8 @@ def _readahead_info():
         "decoded_by_worker": counts[0],
         "decoded_by_caller": counts[1],
         "taken": counts[2],
+        "caller_waits": counts[3],
+        "worker_waits": counts[4],
         "owners": sum(1 for o in _ra_owners if o is not None),
     }
 
