@@ -197,7 +197,7 @@ cdef int _ra_ready() except -1:
     """Whether read-ahead can be used in this process (after fork: reset first). GIL held."""
     if _ra_pid != getpid():
         _ra_reset_in_child()
-    return _ra != NULL
+    return _ra != NULL and _zstd_ok
 
 
 cdef bint _ra_start_lock_held() noexcept nogil:
