@@ -31,9 +31,10 @@
 #   when it is closed or freed (_ra_cancel), so an address reused by another reader never
 #   matches an older job. A job cancelled while being decoded is orphaned (who = NULL) and its
 #   slot reclaimed when done.
-# - After fork the worker does not exist in the child: the child (register_at_fork, and a pid
-#   check on every entry) abandons the old lock state (it may be held forever), frees the
-#   buffers and starts a new worker on first use.
+# - After fork the worker does not exist in the child: the child (register_at_fork, after
+#   _zstd.pxi's hook has bumped _generation, or the generation check on every entry) abandons
+#   the old lock state (it may be held forever), frees the buffers and starts a new worker on
+#   first use.
 # - Memory: at most _RA_SLOTS jobs, whose declared sizes together stay under _RA_MAX_BYTES;
 #   a pass queues _RA_DEPTH blocks ahead.
 
@@ -65,9 +66,6 @@ cdef extern from "<signal.h>" nogil:
     enum:
         SIG_SETMASK
 
-cdef extern from "<unistd.h>" nogil:
-    int getpid()
-
 cdef enum:
     _RA_SLOTS = 16  # jobs queued or done, all passes of the process together
     _RA_DEPTH = 6  # blocks queued ahead of the one a pass reads
@@ -87,7 +85,7 @@ ctypedef struct _RASlot:
     bint ok  # _RA_READY: buf holds the whole frame, declared bytes
     void* who  # the reader (its address), NULL once cancelled
     Py_ssize_t block
-    unsigned long long seq  # order queued: the worker takes the oldest, a helper the newest
+    unsigned long long seq  # order queued: decoders take the oldest job first
     const char* src
     size_t src_size
     const ZSTD_DDict* ddict
@@ -108,7 +106,8 @@ ctypedef struct _RASync:
 
 cdef _RASlot _ra_slots[_RA_SLOTS]
 cdef _RASync* _ra = NULL  # NULL: read-ahead unavailable (out of memory)
-cdef int _ra_pid = -1  # the process _ra belongs to
+# The fork generation (_zstd.pxi's _generation) _ra belongs to: -1 before the first use.
+cdef long _ra_generation = -1
 cdef unsigned long long _ra_seq = 0
 cdef size_t _ra_held = 0  # declared bytes of the slots not empty
 cdef unsigned long long _ra_by_worker = 0
@@ -144,10 +143,13 @@ cdef void _ra_decode(_RASlot* slot, ZSTD_DCtx* dctx) noexcept nogil:
     cdef size_t size = slot.declared
     slot.ok = False
     if slot.cap < size or slot.buf == NULL:
+        # With an eighth to spare: blocks of about one size then reuse buffers, never
+        # reallocating (a fresh allocation of this size costs page faults).
         free(slot.buf)
-        slot.buf = <char*>malloc(size if size else 1)
-        slot.cap = size if slot.buf != NULL else 0
+        slot.cap = size + (size >> 3) + 1
+        slot.buf = <char*>malloc(slot.cap)
         if slot.buf == NULL:
+            slot.cap = 0
             return
     if dctx == NULL:
         return
@@ -156,14 +158,13 @@ cdef void _ra_decode(_RASlot* slot, ZSTD_DCtx* dctx) noexcept nogil:
         slot.ok = produced == size
 
 
-cdef int _ra_oldest_lock_held(bint newest) noexcept nogil:
-    """The queued slot queued first (``newest``: last), or -1."""
+cdef int _ra_oldest_lock_held() noexcept nogil:
+    """The queued slot queued first, or -1."""
     cdef int i
     cdef int best = -1
     for i in range(_RA_SLOTS):
-        if _ra_slots[i].state == _RA_QUEUED and (
-            best < 0 or (_ra_slots[i].seq > _ra_slots[best].seq) == newest
-        ):
+        if _ra_slots[i].state == _RA_QUEUED and (best < 0
+                                                 or _ra_slots[i].seq < _ra_slots[best].seq):
             best = i
     return best
 
@@ -175,7 +176,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
     cdef int i
     pthread_mutex_lock(&s.mu)
     while not s.stop:
-        i = _ra_oldest_lock_held(False)
+        i = _ra_oldest_lock_held()
         if i < 0:
             _ra_idle += 1
             pthread_cond_wait(&s.work, &s.mu)
@@ -195,7 +196,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
 
 cdef int _ra_ready() except -1:
     """Whether read-ahead can be used in this process (after fork: reset first). GIL held."""
-    if _ra_pid != getpid():
+    if _ra_generation != <long>_generation:
         _ra_reset_in_child()
     return _ra != NULL and _zstd_ok
 
@@ -230,6 +231,29 @@ cdef int _ra_free_slot_lock_held(int i, list dropped) except -1:
     return 0
 
 
+cdef inline bint _ra_fits_better(_RASlot* a, _RASlot* b, size_t size) noexcept nogil:
+    """Whether ``a``'s buffer suits a job of ``size`` bytes better than ``b``'s."""
+    if (a.cap >= size) != (b.cap >= size):
+        return a.cap >= size
+    return a.cap < b.cap if a.cap >= size else a.cap > b.cap
+
+
+cdef bint _ra_queued(void* who, Py_ssize_t block) noexcept:
+    """Whether block ``block`` of ``who`` is queued, being decoded or decoded. GIL held."""
+    cdef int i
+    cdef bint found = False
+    if _ra == NULL or _ra_generation != <long>_generation:
+        return False
+    pthread_mutex_lock(&_ra.mu)
+    for i in range(_RA_SLOTS):
+        if (_ra_slots[i].who == who and _ra_slots[i].block == block
+                and _ra_slots[i].state != _RA_EMPTY and _ra_slots[i].state != _RA_DRAINED):
+            found = True
+            break
+    pthread_mutex_unlock(&_ra.mu)
+    return found
+
+
 cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, size_t src_size,
                    ZstdDict zdict) except -1:
     """Queue block ``block`` of reader ``who`` (its frame ``src[0:src_size]``, kept alive by
@@ -257,7 +281,9 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
             pthread_mutex_unlock(&_ra.mu)
             return st != _RA_DRAINED
         if st == _RA_EMPTY:
-            if free_slot < 0:
+            # The empty slot whose buffer fits best: large enough, else the largest.
+            if free_slot < 0 or _ra_fits_better(&_ra_slots[i], &_ra_slots[free_slot],
+                                                <size_t>declared):
                 free_slot = i
         elif st == _RA_READY and (_ra_slots[i].who == NULL or stale < 0
                                   or _ra_slots[i].seq < _ra_slots[stale].seq):
@@ -313,7 +339,9 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
         if _ra_slots[mine].state == _RA_QUEUED:
             other = mine
         else:
-            other = _ra_oldest_lock_held(True)  # help: the newest job, the worker's last
+            # Help: the next job in order, which this thread is likely to unpickle next (its
+            # bytes still in this core's cache).
+            other = _ra_oldest_lock_held()
             if other < 0:
                 _ra_waits += 1
                 pthread_cond_wait(&_ra.done, &_ra.mu)
@@ -410,7 +438,7 @@ cdef int _ra_cancel(void* who, Py_ssize_t block) except -1:
     cdef char* idle[_RA_SLOTS]
     cdef int n_idle = 0
     cdef int st
-    if _ra == NULL or _ra_pid != getpid():
+    if _ra == NULL or _ra_generation != <long>_generation:
         return 0
     pthread_mutex_lock(&_ra.mu)
     for i in range(_RA_SLOTS):
@@ -439,7 +467,7 @@ cdef int _ra_cancel(void* who, Py_ssize_t block) except -1:
 cdef int _ra_reset_in_child() except -1:
     """In a forked child: no worker exists. Abandon the lock state (the parent's worker may
     have held it), free the buffers, forget every job. GIL held."""
-    global _ra, _ra_pid, _ra_held
+    global _ra, _ra_generation, _ra_held
     cdef int i
     for i in range(_RA_SLOTS):
         free(_ra_slots[i].buf)
@@ -449,13 +477,13 @@ cdef int _ra_reset_in_child() except -1:
         _ra_slots[i].who = NULL
     _ra_held = 0
     _ra = _ra_new_sync()  # the old one is abandoned, never freed
-    _ra_pid = getpid()
+    _ra_generation = <long>_generation
     _ra_owners[:] = [None] * _RA_SLOTS
     return 0
 
 
 def _readahead_after_fork():
-    if _ra_pid != getpid():
+    if _ra_generation != <long>_generation:
         _ra_reset_in_child()
 
 
@@ -464,7 +492,7 @@ def _readahead_shutdown():
     cdef list dropped = []
     cdef int i
     cdef int st
-    if _ra == NULL or _ra_pid != getpid():
+    if _ra == NULL or _ra_generation != <long>_generation:
         return
     pthread_mutex_lock(&_ra.mu)
     running = _ra.running

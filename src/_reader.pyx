@@ -544,6 +544,8 @@ cdef class ShardCore:
         cdef struct_stat st
         if not self._compressed or self._cache._find((self._tag, b)) is not None:
             return 0
+        if _ra_queued(<void*>self, b):
+            return 0
         if self._offsets is None:
             try:
                 self._open()
