@@ -337,7 +337,9 @@ def _worth_the_pool(reader) -> bool:
 
 
 def read_ahead(blocks):
-    """Every example of ``blocks`` ((reader, block number) pairs), in order.
+    """Every example of ``blocks`` ((reader, block number) pairs), in order (the Python
+    backend's ``iter``; the compiled backend reads ahead on its own C thread, see
+    src/_readahead.pxi).
 
     The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
     unpickled and handed out; when the block needed has not started, this thread decodes it.
