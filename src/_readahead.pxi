@@ -115,9 +115,11 @@ cdef unsigned long long _ra_by_caller = 0
 cdef unsigned long long _ra_taken = 0
 cdef unsigned long long _ra_waits = 0  # times a caller waited for the worker
 cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
-# Frames declaring fewer bytes are decoded by the reading thread: a hand-off to the worker
-# costs about what decoding them does.
+# Frames of fewer stored bytes are decoded by the reading thread: a hand-off to the worker
+# (and the decoded bytes crossing to the reading thread's core) costs about what decoding them
+# does. The Python backend's pool draws the line at the same size (_batch.POOL_MIN_BLOCK_BYTES).
 cdef size_t _ra_min_bytes = 16384
+C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
 _ra_owners = [None] * _RA_SLOTS
 
 
@@ -271,7 +273,7 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
         return False
     declared = ZSTD_getFrameContentSize(src, src_size)
     if (declared == ZSTD_CONTENTSIZE_ERROR or declared == ZSTD_CONTENTSIZE_UNKNOWN
-            or declared == 0 or declared > _RA_MAX_BYTES or declared < _ra_min_bytes
+            or declared == 0 or declared > _RA_MAX_BYTES or src_size < _ra_min_bytes
             or not _limits_allow(declared, src_size)):
         return False  # the caller's own path decodes it (and words any error)
     pthread_mutex_lock(&_ra.mu)
@@ -514,7 +516,7 @@ def _readahead_shutdown():
 
 
 def _readahead_min_bytes(size_t n):
-    """Set the smallest declared block size that is read ahead (tests: 0); the old value."""
+    """Set the smallest stored block size that is read ahead (tests: 0); the old value."""
     global _ra_min_bytes
     old = _ra_min_bytes
     _ra_min_bytes = n
