@@ -298,12 +298,13 @@ def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
 class _Ahead:
     """One block of the read-ahead: cached examples, its future, or its bytes decoded here."""
 
-    __slots__ = ("reader", "b", "examples", "future", "data")
+    __slots__ = ("reader", "b", "examples", "future", "data", "pid")
 
     def __init__(self, reader, b: int, on_pool: bool) -> None:
         self.reader = reader
         self.b = b
         self.data = None
+        self.pid = os.getpid()
         self.examples = reader._lookup(b)
         if self.examples is not None or not on_pool:
             self.future = _INLINE
@@ -314,7 +315,10 @@ class _Ahead:
         if self.examples is not None:
             return self.examples
         reader = self.reader
-        if self.future.cancel():  # not started (or never submitted): decode it here
+        # In a forked child (an iterator carried over from the parent) the pool thread that
+        # had the block does not exist and the future's lock may be held forever: decode it
+        # here, never touching the future.
+        if self.pid != os.getpid() or self.future.cancel():
             data = reader.block_bytes(self.b)
         else:
             data = self.future.result()
@@ -343,7 +347,9 @@ def _worth_the_pool(reader) -> bool:
 
 
 def read_ahead(blocks):
-    """Every example of ``blocks`` ((reader, block number) pairs), in order.
+    """Every example of ``blocks`` ((reader, block number) pairs), in order (the Python
+    backend's ``iter``; the compiled backend reads ahead on its own C thread, see
+    src/_readahead.pxi).
 
     The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
     unpickled and handed out; when the block needed has not started, this thread decodes it.

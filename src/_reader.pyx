@@ -67,8 +67,9 @@ from zstd cimport (
 import os
 import pickle
 import sys
+from collections import deque
 
-from ._batch import ShardOpener, gather, open_dictionary, read_ahead, shard_layout
+from ._batch import ShardOpener, gather, open_dictionary, shard_layout
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
@@ -130,6 +131,7 @@ C_CONSTANTS = {
 include "_zstd.pxi"
 include "_mapping.pxi"
 include "_cache.pxi"
+include "_readahead.pxi"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +251,8 @@ cdef class ShardCore:
                 # A pass in order is done with block b - 1 and will not read it again:
                 # keeping it would only evict what others read (and slow the pass).
                 self._cache._forget(e)
+                self._next = k + 1
+                return self._in_order(b, j)
             self._next = k + 1
             return self._miss(b, j)
         self._next = k + 1
@@ -365,7 +369,7 @@ cdef class ShardCore:
 
     def __iter__(self):
         """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead((self, b) for b in range(self._n_blocks))
+        return _read_in_order((self, b) for b in range(self._n_blocks))
 
     def cache_info(self):
         return self._cache.cache_info()
@@ -378,6 +382,7 @@ cdef class ShardCore:
         cdef PyThread_type_lock lock = self._lock_get()
         if lock == NULL:
             raise MemoryError("cannot allocate a lock")
+        _ra_cancel(<void*>self, -1)
         _acquire(lock)
         # Dropped after the lock is released: freeing them may run arbitrary code.
         dropped = (self._last, self._mapping, self._zdict, self._offsets)
@@ -500,11 +505,120 @@ cdef class ShardCore:
             check_block_examples(examples, expected, self._data_path, b)
         return examples
 
+    # -- read-ahead of a pass in order (see _readahead.pxi) -----------------------------------
+
+    cdef object _in_order(self, Py_ssize_t b, Py_ssize_t j):
+        """Example ``j`` of block ``b``, read by a pass in order: decoded ahead if queued (see
+        _readahead.pxi), the next blocks queued before it is unpickled; else as _miss."""
+        cdef _RABuffer data
+        cdef list examples
+        cdef _Entry e
+        cdef Py_ssize_t size
+        if not self._compressed:
+            return self._miss(b, j)
+        key = (self._tag, b)
+        if self._cache._find(key) is not None:
+            return self._miss(b, j)
+        data = _ra_take(<void*>self, b)
+        self._queue_next(b)
+        if data is None:
+            return self._miss(b, j)
+        self._cache._misses += 1
+        size = data.size
+        try:
+            examples = self._unpickle_c(data, b)
+        finally:
+            _ra_recycle(data)
+        e = self._cache._put(key, b, examples, size)
+        if e.examples is not None:  # another thread's copy may have won
+            examples = e.examples
+        self._last = e
+        return _item(examples, j)
+
+    cdef int _queue_next(self, Py_ssize_t b) except -1:
+        """Queue the _RA_DEPTH blocks after ``b`` for read-ahead."""
+        cdef Py_ssize_t nb
+        for nb in range(b + 1, min(b + 1 + _RA_DEPTH, self._n_blocks)):
+            self._queue_ahead(nb)
+        return 0
+
+    cdef int _queue_ahead(self, Py_ssize_t b) except -1:
+        """Queue block ``b`` (0 <= b < blocks) for read-ahead, unless it is cached, stored
+        uncompressed, or its shard cannot be opened (reading the block will say why)."""
+        cdef struct_stat st
+        if not self._compressed or self._cache._find((self._tag, b)) is not None:
+            return 0
+        if _ra_queued(<void*>self, b):
+            return 0
+        if self._offsets is None:
+            try:
+                self._open()
+            except Exception:
+                return 0  # raised again, by the read of a block of this shard
+            if self._offsets is None:
+                return 0
+        # Read together, with no Python code in between (close() clears them together).
+        cdef _Mapping mapping = self._mapping
+        cdef ZstdDict zdict = self._zdict
+        cdef uint64_t start = self._offs[b]
+        cdef uint64_t end = self._offs[b + 1]
+        # The extent check of _decoded, before the worker reads the mapping; a block that
+        # fails it is left to _decoded, which raises the error when the block is read.
+        if end <= start or end > mapping.size or _file_size(mapping, &st) != 0:
+            return 0
+        if <uint64_t>st.st_size < end:
+            return 0
+        return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
+                         <size_t>(end - start), zdict)
+
     def __dealloc__(self):
         # self._lock is not freed: a lock from before a fork may be held by a lost thread,
         # and a current one is a few bytes. Free only one of the current generation.
+        _ra_cancel(<void*>self, -1)  # an address reused by another reader matches no job
         if self._lock != NULL and self._lock_generation == _generation:
             PyThread_free_lock(self._lock)
+
+
+def _read_in_order(pairs):
+    """Every example of ``pairs`` ((ShardCore, block) pairs), in order: the next _RA_DEPTH
+    blocks are decoded ahead (see _readahead.pxi) while one is unpickled. Cached blocks are
+    used; blocks decoded here are not cached (a pass in order would evict what others keep).
+    Closing or dropping the generator cancels what was queued."""
+    cdef ShardCore reader
+    cdef ShardCore later
+    cdef Py_ssize_t b
+    cdef _RABuffer data
+    cdef bint more = True
+    ahead = deque()
+    pairs = iter(pairs)
+    try:
+        while True:
+            while more and len(ahead) <= _RA_DEPTH:
+                pair = next(pairs, None)
+                if pair is None:
+                    more = False
+                else:
+                    ahead.append(pair)
+            if not ahead:
+                return
+            reader, b = ahead.popleft()
+            examples = reader._lookup(b)
+            if examples is None:
+                data = _ra_take(<void*>reader, b) if reader._compressed else None
+                for later, nb in ahead:
+                    later._queue_ahead(nb)
+                if data is None:
+                    examples = reader._unpickle_c(reader._decoded(b, True, True), b)
+                else:
+                    try:
+                        examples = reader._unpickle_c(data, b)
+                    finally:
+                        _ra_recycle(data)
+                    data = None
+            yield from examples
+    finally:
+        for later, nb in ahead:
+            _ra_cancel(<void*>later, nb)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +712,7 @@ cdef class DatasetCore:
 
     def __iter__(self):
         """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead(
+        return _read_in_order(
             (self._reader_c(s), b)
             for s in range(self._n_shards)
             if self._sizes[s]

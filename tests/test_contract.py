@@ -210,6 +210,7 @@ def test_c_constants_mirror_the_python_ones():
     assert c["MAX_ZSTD_RATIO"] == _format.MAX_ZSTD_RATIO
     assert c["DEFAULT_MAX_BLOCK_BYTES"] == _format._DEFAULT_MAX_BLOCK_BYTES
     assert c["STREAM_STEP"] == atlas_fast._pyreader.STREAM_STEP
+    assert c["READ_AHEAD_MIN_STORED"] == atlas_fast._batch.POOL_MIN_BLOCK_BYTES
 
 
 def test_threads_share_one_dataset_through_a_small_cache(atlas, root):

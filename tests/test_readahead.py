@@ -1,0 +1,270 @@
+"""Passes in order (iter(ds), ds[i] for i in order) with blocks decoded ahead: every example
+exact whatever else happens meanwhile (random reads, threads, close, fork), and a damaged
+block reported when it is reached, as without read-ahead. The compiled backend's read-ahead
+is a C thread (src/_readahead.pxi); the Python backend's is the pool (atlas_fast._batch)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import signal
+import time
+
+import pytest
+from helpers import run_threads
+from loader_helpers import example, write_dataset
+
+import atlas_fast
+from atlas_fast import AtlasFormatError, CompressionStrategy
+
+N = 600  # 3 shards of 200, blocks of 10: 60 blocks
+
+
+def _reader_module():
+    if atlas_fast.BACKEND != "cython":
+        return None
+    return importlib.import_module("atlas_fast._reader")
+
+
+@pytest.fixture(autouse=True)
+def read_ahead_small_blocks(monkeypatch):
+    """These blocks are small: read them ahead anyway (both backends)."""
+    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 0)
+    reader = _reader_module()
+    if reader is None:
+        yield
+        return
+    old = reader._readahead_min_bytes(0)
+    yield
+    reader._readahead_min_bytes(old)
+
+
+@pytest.fixture(scope="module", params=["shared", "per-shard", "uncompressed"])
+def root(request, tmp_path_factory):
+    strategy = {
+        "shared": CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+        "per-shard": CompressionStrategy.STANDARD_COMPRESSION,
+        "uncompressed": CompressionStrategy.NO_COMPRESSION,
+    }[request.param]
+    return write_dataset(tmp_path_factory.mktemp("ahead") / "ds", N, 200, 10, strategy)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return [example(i) for i in range(N)]
+
+
+def info():
+    reader = _reader_module()
+    return None if reader is None else reader._readahead_info()
+
+
+def test_iter_and_in_order(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    assert list(ds) == expected
+    assert [ds[i] for i in range(N)] == expected
+    assert list(ds) == expected  # again, some blocks now cached
+    assert [x for shard in ds.shards for x in shard] == expected
+    shard = ds.shards[1]
+    assert [shard[i] for i in range(len(shard))] == expected[200:400]
+
+
+def test_read_ahead_is_used_on_compressed_blocks_only(atlas, backend, root, expected):
+    if backend != "cython":
+        pytest.skip("the C read-ahead's counters")
+    compressed = atlas.AtlasDataset(root).shards[0]._compressed
+    before = info()["taken"]
+    ds = atlas.AtlasDataset(root)
+    assert list(ds) == expected
+    assert [ds[i] for i in range(N)] == expected
+    taken = info()["taken"] - before
+    if compressed:
+        assert taken > 0
+    else:
+        assert taken == 0
+
+
+def test_in_order_interleaved_with_random_reads(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=2)
+    rng = random.Random(5)
+    for i in range(N):
+        assert ds[i] == expected[i]
+        if i % 7 == 3:
+            k = rng.randrange(N)
+            assert ds[k] == expected[k]
+    it = iter(ds)
+    for i in range(N):
+        assert next(it) == expected[i]
+        if i % 11 == 0:
+            k = rng.randrange(N)
+            assert ds[k] == expected[k]
+
+
+def test_two_passes_at_once(atlas, root, expected):
+    first, second = atlas.AtlasDataset(root), atlas.AtlasDataset(root)
+    assert [a for pair in zip(first, second, iter(first)) for a in pair] == [
+        x for x in expected for _ in range(3)
+    ]
+    assert [(first[i], second[i]) for i in range(N)] == [(x, x) for x in expected]
+
+
+def test_threads_on_one_dataset(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=3)
+
+    def work(k):
+        rng = random.Random(k)
+        for _ in range(2):
+            if k % 3 == 0:
+                assert list(ds) == expected
+            elif k % 3 == 1:
+                assert [ds[i] for i in range(N)] == expected
+            else:
+                for i in range(N):
+                    j = i if rng.random() < 0.8 else rng.randrange(N)
+                    assert ds[j] == expected[j]
+            if k == 4:
+                ds.close()  # under the others' passes
+
+    assert run_threads(work, 6) == []
+
+
+def test_close_during_read_ahead(atlas, backend, root, expected):
+    ds = atlas.AtlasDataset(root)
+    it = iter(ds)
+    head = [next(it) for _ in range(25)]
+    ds.close()
+    assert head + list(it) == expected
+    got = [ds[i] for i in range(95)]
+    ds.close()
+    got += [ds[i] for i in range(95, N)]
+    assert got == expected
+    it = iter(ds)
+    next(it)
+    it.close()
+    del it
+    if backend == "cython":
+        reader = _reader_module()
+        ds.close()
+        reader._readahead_shutdown()  # joins the worker: every job done or dropped
+        state = info()
+        assert state["jobs"] == 0 and state["owners"] == 0 and state["held_bytes"] == 0
+        assert not state["running"]
+    assert list(ds) == expected  # the worker starts again
+
+
+def _mapped(path) -> bool:
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().endswith(str(path)) for line in f)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_dropped_dataset_unmaps_and_frees(atlas, backend, root, expected):
+    if backend != "cython":
+        pytest.skip("the compiled backend's mapping")
+    data = root / "1" / "data.bin"
+    ds = atlas.AtlasDataset(root)
+    it = iter(ds)
+    assert [next(it) for _ in range(205)] == expected[:205]
+    assert _mapped(data)
+    del it, ds
+    _reader_module()._readahead_shutdown()
+    assert not _mapped(data)
+    state = info()
+    assert state["jobs"] == 0 and state["owners"] == 0
+
+
+def _damage_block(root, shard: int, block: int) -> None:
+    """Overwrite the middle of a block's stored bytes (its size unchanged)."""
+    import numpy as np
+
+    shard_dir = root / str(shard)
+    offsets = np.load(shard_dir / "index.npy").astype(np.int64)
+    start, end = int(offsets[block]), int(offsets[block + 1])
+    with open(shard_dir / "data.bin", "r+b") as f:
+        f.seek(start + (end - start) // 2)
+        f.write(b"\xff" * max(4, (end - start) // 4))
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except AtlasFormatError as exc:
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("strategy", [2, 3])
+def test_damaged_block_is_reported_where_it_is(atlas, tmp_path, strategy):
+    root = write_dataset(tmp_path / "ds", N, 200, 10, strategy)
+    _damage_block(root, 1, 7)  # examples 270..279
+    bad = 270
+    direct = _error_of(lambda: atlas.AtlasDataset(root)[bad])
+    assert direct is not None
+    ds = atlas.AtlasDataset(root)
+    got = []
+    it = iter(ds)
+    with pytest.raises(AtlasFormatError) as caught:
+        for x in it:
+            got.append(x)
+    assert got == [example(i) for i in range(bad)]
+    assert (type(caught.value), str(caught.value)) == direct
+    ds = atlas.AtlasDataset(root)
+    assert [ds[i] for i in range(bad)] == [example(i) for i in range(bad)]
+    assert _error_of(lambda: ds[bad]) == direct
+    assert [ds[i] for i in range(bad + 10, N)] == [example(i) for i in range(bad + 10, N)]
+
+
+def test_oversized_block_is_refused_as_without_read_ahead(atlas, tmp_path, monkeypatch):
+    root = write_dataset(tmp_path / "ds", N, 200, 10)
+    monkeypatch.setenv("ATLAS_FAST_MAX_BLOCK_BYTES", "64")
+    direct = _error_of(lambda: atlas.AtlasDataset(root)[0])
+    assert direct is not None
+    assert _error_of(lambda: list(atlas.AtlasDataset(root))) == direct
+    ds = atlas.AtlasDataset(root)
+    assert _error_of(lambda: [ds[i] for i in range(N)]) == direct
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_during_read_ahead(atlas, root, expected):
+    """A DataLoader-like child forked while the parent's pass has blocks queued (the worker
+    may be decoding one at fork time): the child reads everything exactly, the parent goes on."""
+    ds = atlas.AtlasDataset(root)
+    it = iter(ds)
+    head = [next(it) for _ in range(15)]
+    for i in range(30):  # an in-order pass has queued blocks too
+        assert ds[i] == expected[i]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 1
+        try:
+            os.close(read)
+            ok = head + list(it) == expected
+            ok = ok and list(ds) == expected
+            ok = ok and [ds[i] for i in range(N)] == expected
+            os.write(write, b"ok" if ok else b"wrong examples")
+            status = 0
+        except BaseException as exc:
+            os.write(write, repr(exc).encode()[:500])
+        finally:
+            os._exit(status)
+    os.close(write)
+    assert head + list(it) == expected
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung (a lock held at fork time?)")
+        time.sleep(0.02)
+    with os.fdopen(read, "rb") as f:
+        report = f.read()
+    assert report == b"ok", report
+    assert [ds[i] for i in range(N)] == expected
+
+
+def test_safe_loading_reads_ahead_too(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, trusted=False)
+    assert list(ds) == expected
+    assert [ds[i] for i in range(N)] == expected
