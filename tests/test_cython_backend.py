@@ -470,11 +470,12 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
     for i in range(0, 300, 3):  # the parent opens, maps and caches first
         assert ds[i]["id"] == i
     # Another thread of the parent holds a shard's lock at fork time: it is opening the shard
-    # (the core's ``open_files``, a private name patched to hold it there).
+    # (the first function the core calls to open it, a private name patched to hold it there).
     held = threading.Event()
     release = threading.Event()
     core = atlas.AtlasDataset._backend
-    original = core.open_files
+    opener_name = "load_offsets" if core.BACKEND == "cython" else "open_files"
+    original = getattr(core, opener_name)
 
     def slow_open(*args):
         if not held.is_set():
@@ -483,7 +484,7 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
         return original(*args)
 
     ds.close()
-    core.open_files = slow_open
+    setattr(core, opener_name, slow_open)
     try:
         opener = threading.Thread(target=lambda: ds[150])
         opener.start()
@@ -506,7 +507,7 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
         release.set()
         opener.join()
     finally:
-        core.open_files = original
+        setattr(core, opener_name, original)
     deadline = time.monotonic() + 60
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         if time.monotonic() > deadline:
@@ -579,9 +580,9 @@ def test_data_file_changed_after_index_check(tmp_path, monkeypatch):
     examples = _examples(20)
     path = write_shard(tmp_path / "0", examples, 4, 0)
     shard = atlas_fast.atlas.AtlasDatasetShard(path)
-    # The core's ``open_files`` (private) is patched to change data.bin right after the
-    # index was checked against it: the mapping must notice.
-    original = atlas_fast._reader.open_files
+    # The core's ``load_offsets`` (private) is patched to change data.bin right after the
+    # index was read: the mapping must notice.
+    original = atlas_fast._reader.load_offsets
 
     def grow_then_open(*args):
         result = original(*args)
@@ -589,7 +590,7 @@ def test_data_file_changed_after_index_check(tmp_path, monkeypatch):
             f.write(b"extra")
         return result
 
-    monkeypatch.setattr(atlas_fast._reader, "open_files", grow_then_open)
+    monkeypatch.setattr(atlas_fast._reader, "load_offsets", grow_then_open)
     with pytest.raises(AtlasFormatError, match=r"index\.npy: the last offset is \d+ but .* bytes"):
         shard[0]
 
