@@ -24,7 +24,6 @@ from __future__ import annotations
 import operator
 import os
 import pickle
-import queue
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from . import _backend
 from ._commit import dump_meta_atomic
 from ._format import (
     CHECKSUM_FILE,
@@ -57,9 +57,6 @@ MIN_BLOCKS_FOR_DICTIONARY = 7
 
 # workers=None: the cores this process may run on, at most this many.
 MAX_DEFAULT_WORKERS = 8
-
-# Pickled blocks handed to the compression pool and not yet written, per worker thread.
-IN_FLIGHT_PER_WORKER = 2
 
 
 def default_workers() -> int:
@@ -197,10 +194,9 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._checksums: list = []  # checksums=True: block_checksum of each stored block
         self._data = None  # data.bin, opened with the first block
         self._closed = False
-        # workers > 1: full blocks are compressed on a pool, written in order by this thread.
-        self._pool = None  # ThreadPoolExecutor, started with the first block to compress
-        self._idle = None  # queue of compressors: each is used by one task at a time
-        self._in_flight: deque = deque()  # (block number, future), in block order
+        # The backend's block compressor (see _contract.BlockCompressorProtocol), made with
+        # the first block to compress: workers > 1 compress on threads, in block order.
+        self._zc = None
         self._submitted = 0  # blocks handed to _store so far
 
     def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
@@ -235,59 +231,46 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 
     def _store(self, block: bytes) -> None:
         """Compress (per the strategy) and append a pickled block, in the order given."""
-        number = self._submitted
         self._submitted += 1
         if self.compressor is None:
             self._append(block)
-        elif self.workers == 1:
-            try:
-                data = self.compressor.compress(block)
-            except Exception as exc:
-                raise self._block_error(number, exc) from exc
-            self._append(data)
-        else:
-            if self._pool is None:
-                self._start_pool()
-            self._in_flight.append((number, self._pool.submit(self._compress_task, block)))
-            self._drain(IN_FLIGHT_PER_WORKER * self.workers)
-
-    def _start_pool(self) -> None:
-        self._idle = queue.SimpleQueue()
-        self._idle.put(self.compressor)
-        for _ in range(self.workers - 1):
-            self._idle.put(self._new_compressor(self._compression_dict))
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="atlas-fast-zstd")
-
-    def _compress_task(self, block: bytes):
-        """On a pool thread: the pool runs at most ``workers`` tasks and the queue holds
-        ``workers`` compressors, so ``get`` never waits and no compressor is shared."""
-        compressor = self._idle.get()
+            return
+        if self._zc is None:
+            zdict = self._compression_dict
+            self._zc = _backend.core.block_compressor(
+                self.metadata.compression_level,
+                None if zdict is None else zdict.as_bytes(),
+                self.workers,
+            )
         try:
-            data = compressor.compress(block)
-        finally:
-            self._idle.put(compressor)
-        return data, block_checksum(data) if self.checksums else None
+            frames = self._zc.submit(block)
+        except Exception as exc:
+            raise self._block_error(exc) from exc
+        for data in frames:
+            self._append(data)
 
-    def _drain(self, keep: int) -> None:
-        """Write the oldest compressed blocks until at most ``keep`` are in flight."""
-        while len(self._in_flight) > keep:
-            number, future = self._in_flight.popleft()
+    def _drain(self) -> None:
+        """Write every block still being compressed."""
+        if self._zc is not None:
             try:
-                data, checksum = future.result()
+                frames = self._zc.finish()
             except Exception as exc:
-                raise self._block_error(number, exc) from exc
-            self._append(data, checksum)
+                raise self._block_error(exc) from exc
+            for data in frames:
+                self._append(data)
 
-    def _block_error(self, number: int, exc: Exception) -> BaseException:
+    def _block_error(self, exc: Exception) -> BaseException:
+        # Frames come back in block order: the failing one is the next to be written.
+        number = len(self._offsets) - 1
         return _with_context(exc, f"{self.path}: compressing block {number}")
 
-    def _append(self, data: bytes, checksum=None) -> None:
+    def _append(self, data: bytes) -> None:
         if self._data is None:
             self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
         if self.checksums:
-            self._checksums.append(block_checksum(data) if checksum is None else checksum)
+            self._checksums.append(block_checksum(data))
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -334,7 +317,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             blocks.reverse()
             while blocks:  # each pickled block is let go once stored
                 self._store(blocks.pop())
-        self._drain(0)
+        self._drain()
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
             self._data = open(self.path / DATA_FILE, "wb")
@@ -358,11 +341,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._release()
 
     def _release(self) -> None:
-        """Stop the pool (blocks not started are dropped) and close data.bin."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = self._idle = None
-        self._in_flight.clear()
+        """Stop the compression threads (queued blocks are dropped) and close data.bin."""
+        if self._zc is not None:
+            self._zc.close()
+            self._zc = None
         if self._data is not None:
             self._data.close()
 
