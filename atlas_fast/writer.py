@@ -349,6 +349,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._data.close()
 
 
+# The class above, whatever a test double patched in as ``AtlasDatasetShardWriter`` is.
+_OwnShardWriter = AtlasDatasetShardWriter
+
+
 class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     """Writes a dataset as shards ``0, 1, 2, ...`` of ``shard_size`` examples each.
 
@@ -363,10 +367,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
 
     ``workers`` (default: the usable cores, at most 8) is the shard writers' compression
-    threads (passed on to them only when given). Under strategy 3 it also lets up to
-    ``workers - 1`` full shards train their dictionaries on other threads while the next one
-    fills, so up to ``workers`` shards' pickled blocks are held at once (the reference holds
-    one; ``workers=1`` does the same).
+    threads (passed on to them only when given). It also lets up to ``workers - 1`` full
+    shards be finished on other threads while the next one fills (their last blocks, index
+    and meta.json; under strategy 3 their dictionary training, so up to ``workers`` shards'
+    pickled blocks are held at once, where the reference holds one; ``workers=1`` does the
+    same). Strategy 2's first shard is finished before the next one starts.
 
     If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
     a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
@@ -450,11 +455,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
         self.shard_sizes.append(len(shard))
-        if (
-            not last
-            and self.workers > 1
-            and self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
-        ):
+        if not last and self.workers > 1 and self._may_finish_elsewhere(shard):
             self._collect(wait=False)
             if len(self._finishing) < self.workers - 1:
                 if self._finisher is None:
@@ -463,13 +464,31 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                     )
                 self._finishing.append((shard, self._finisher.submit(shard.close)))
                 return
-            # Every other thread is busy with a shard: this one trains this shard itself.
+            # Every other thread is busy with a shard: this one finishes this shard itself.
         shard.close()
         if (
             len(self.shard_sizes) == 1
             and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         ):
             self._share_first_dictionary(Path(shard.path))
+
+    def _may_finish_elsewhere(self, shard) -> bool:
+        """Whether ``shard`` may be closed on another thread while the next one fills.
+
+        Strategy 3 shards (whatever their writer: training is most of the work) and shards of
+        our own writer under any strategy (their last blocks, index and meta.json), except
+        strategy 2's first shard, whose dictionary the next shard needs. A test double of
+        another class is closed on this thread, before the next shard is created, as the
+        reference does."""
+        strategy = self.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            return True
+        if type(shard) is not _OwnShardWriter:
+            return False
+        return not (
+            strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+            and len(self.shard_sizes) == 1
+        )
 
     def _collect(self, wait: bool) -> None:
         """Take the shards finished on other threads (all of them if ``wait``); the first
