@@ -40,6 +40,7 @@ cdef enum:
     _Z_QUEUED = 1
     _Z_DONE = 2
     _Z_MAX_HELPERS = 63
+    _Z_SPARE = 16  # contexts and buffers kept for the next BlockCompressors
 
 
 cdef struct _ZJob:
@@ -128,6 +129,60 @@ cdef void* _z_helper_main(void* arg) noexcept nogil:
     return NULL
 
 
+# Contexts and frame buffers of closed BlockCompressors, for the next ones: a new context
+# page-faults its workspace in at its first frame (a ZSTD_CCtx_reset of the parameters keeps
+# the workspace, and the frames do not depend on what a context compressed before). Only
+# touched with the GIL held, which serialises them.
+cdef ZSTD_CCtx* _spare_cctx[_Z_SPARE]
+cdef int _spare_cctx_n = 0
+cdef char* _spare_buf[_Z_SPARE]
+cdef size_t _spare_buf_cap[_Z_SPARE]
+cdef int _spare_buf_n = 0
+
+
+cdef ZSTD_CCtx* _cctx_take() noexcept:
+    global _spare_cctx_n
+    if _spare_cctx_n:
+        _spare_cctx_n -= 1
+        return _spare_cctx[_spare_cctx_n]
+    return ZSTD_createCCtx()
+
+
+cdef void _cctx_give(ZSTD_CCtx* cctx) noexcept:
+    global _spare_cctx_n
+    if cctx == NULL:
+        return
+    if _spare_cctx_n < _Z_SPARE and not ZSTD_isError(
+        ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters)
+    ):
+        _spare_cctx[_spare_cctx_n] = cctx
+        _spare_cctx_n += 1
+    else:
+        ZSTD_freeCCtx(cctx)
+
+
+cdef void _buf_take(_ZJob* job) noexcept:
+    global _spare_buf_n
+    if _spare_buf_n:
+        _spare_buf_n -= 1
+        job.dst = _spare_buf[_spare_buf_n]
+        job.dst_cap = _spare_buf_cap[_spare_buf_n]
+
+
+cdef void _buf_give(_ZJob* job) noexcept:
+    global _spare_buf_n
+    if job.dst == NULL:
+        return
+    if _spare_buf_n < _Z_SPARE:
+        _spare_buf[_spare_buf_n] = job.dst
+        _spare_buf_cap[_spare_buf_n] = job.dst_cap
+        _spare_buf_n += 1
+    else:
+        free(job.dst)
+    job.dst = NULL
+    job.dst_cap = 0
+
+
 def zstd_compress_version():
     """The libzstd version number BlockCompressor compresses with, or None without one."""
     return ZSTD_versionNumber() if _zcompress_ok else None
@@ -208,13 +263,13 @@ cdef class BlockCompressor:
                 self._helpers[k].started = True
 
     cdef ZSTD_CCtx* _new_cctx(self, int level, const char* zd, size_t zd_size) except NULL:
-        cdef ZSTD_CCtx* cctx = ZSTD_createCCtx()
+        cdef ZSTD_CCtx* cctx = _cctx_take()
         cdef size_t r
         if cctx == NULL:
             raise MemoryError("cannot allocate a zstd compression context")
         r = _cctx_setup(cctx, level, zd, zd_size)
         if r:
-            ZSTD_freeCCtx(cctx)
+            _cctx_give(cctx)
             raise ValueError(f"zstd: {ZSTD_getErrorName(r).decode('ascii', 'replace')}")
         return cctx
 
@@ -233,6 +288,8 @@ cdef class BlockCompressor:
         slot = s.tail % s.depth
         job = &s.jobs[slot]
         bound = ZSTD_compressBound(<size_t>PyBytes_GET_SIZE(block))
+        if job.dst == NULL:
+            _buf_take(job)
         if job.dst_cap < bound:
             dst = <char*>realloc(job.dst, bound)
             if dst == NULL:
@@ -322,18 +379,17 @@ cdef class BlockCompressor:
                 if self._helpers[k].started and joinable:
                     with nogil:
                         pthread_join(self._helpers[k].thread, NULL)
-                if self._helpers[k].cctx != NULL and (joinable or not self._helpers[k].started):
-                    ZSTD_freeCCtx(self._helpers[k].cctx)
+                if joinable or not self._helpers[k].started:
+                    _cctx_give(self._helpers[k].cctx)
             if joinable:
                 free(self._helpers)
             self._helpers = NULL
-        if self._cctx != NULL:
-            ZSTD_freeCCtx(self._cctx)
-            self._cctx = NULL
+        _cctx_give(self._cctx)
+        self._cctx = NULL
         if joinable:
             if s.jobs != NULL:
                 for k in range(<int>s.depth):
-                    free(s.jobs[k].dst)
+                    _buf_give(&s.jobs[k])
                 free(s.jobs)
             if self._sync_ok:
                 pthread_cond_destroy(&s.work)

@@ -73,6 +73,7 @@ from zstd cimport (
     ZSTD_inBuffer,
     ZSTD_isError_fn,
     ZSTD_outBuffer,
+    ZSTD_reset_session_and_parameters,
     ZSTD_reset_session_only,
     ZSTD_versionNumber_fn,
     ZSTD_versionString_fn,

@@ -15,6 +15,7 @@ cdef extern from *:
     #define ZSTD_CONTENTSIZE_UNKNOWN (0ULL - 1)
     #define ZSTD_CONTENTSIZE_ERROR (0ULL - 2)
     #define ZSTD_reset_session_only 1
+    #define ZSTD_reset_session_and_parameters 3
     #define ZSTD_c_compressionLevel 100
     #define ZSTD_c_contentSizeFlag 200
     #define ZSTD_c_checksumFlag 201
@@ -43,6 +44,7 @@ cdef extern from *:
     const unsigned long long ZSTD_CONTENTSIZE_UNKNOWN
     const unsigned long long ZSTD_CONTENTSIZE_ERROR
     const int ZSTD_reset_session_only
+    const int ZSTD_reset_session_and_parameters
     # Compression: the parameters python-zstandard's ZstdCompressor sets, ZSTD_e_end.
     const int ZSTD_c_compressionLevel
     const int ZSTD_c_contentSizeFlag
