@@ -141,11 +141,12 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
 
     ``workers`` (default: the usable cores, at most 8) threads compress full blocks while the
-    calling thread pickles the next ones; blocks are written in order, at most
-    ``2 * workers`` of them in flight, and the files are byte-identical to ``workers=1``
-    (which compresses on the calling thread). Each thread has a compressor of its own, with
-    the parameters of ``compressor``. An error on a pool thread is raised on the calling
-    thread, naming the shard and the block.
+    calling thread pickles the next ones (the backend's ``block_compressor``: in the compiled
+    one, ``workers - 1`` threads that never take the GIL, and the calling thread compresses
+    queued blocks rather than wait); blocks are written in order, at most ``2 * workers`` of
+    them in flight, and the files are byte-identical to ``workers=1`` (which compresses on the
+    calling thread) and to ``compressor.compress``. An error on another thread is raised on
+    the calling thread, naming the shard and the block.
 
     If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
