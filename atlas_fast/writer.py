@@ -533,7 +533,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         source.rename(self.path / DICT_FILE)
         self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
         metadata = metadata._replace(compression_strategy=int(self.compression_strategy))
-        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict())
+        # Not a commit marker (the root meta.json, written last, is): no flush to disk.
+        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict(), fsync=False)
 
     def close(self) -> None:
         """Finish the last shard, pad the shard folder names, then write the root meta.json."""
