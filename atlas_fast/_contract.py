@@ -221,6 +221,23 @@ class BatchSource(Protocol):
     def block_bytes(self, b: int) -> bytes: ...
 
 
+class BlockCompressorProtocol(Protocol):
+    """The writer's compression of pickled blocks: the frames are those of
+    ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict))
+    .compress(block)``, byte for byte, whatever the backend and the number of workers.
+    Called from one thread at a time; an error is raised by the call that would return the
+    failing block's frame."""
+
+    def submit(self, block: bytes) -> list:
+        """Queue a block; the frames finished since the last call, in block order."""
+
+    def finish(self) -> list:
+        """The frames of every block still queued, in block order."""
+
+    def close(self) -> None:
+        """Stop the threads; blocks still queued are dropped. Idempotent."""
+
+
 class CoreModule(Protocol):
     """What a backend module offers."""
 
@@ -230,3 +247,7 @@ class CoreModule(Protocol):
     DatasetCore: type
 
     def zstd_library(self) -> dict: ...
+
+    def block_compressor(
+        self, level: int, zdict: bytes | None, workers: int
+    ) -> BlockCompressorProtocol: ...

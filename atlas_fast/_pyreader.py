@@ -42,8 +42,17 @@ from ._format import (
     unpickle_error,
     zstd_frame_error,
 )
+from ._pycompress import PoolCompressor
 
-__all__ = ["ZstdDict", "BlockCache", "ShardCore", "DatasetCore", "zstd_library", "BACKEND"]
+__all__ = [
+    "ZstdDict",
+    "BlockCache",
+    "ShardCore",
+    "DatasetCore",
+    "zstd_library",
+    "block_compressor",
+    "BACKEND",
+]
 
 BACKEND = "python"
 
@@ -60,6 +69,11 @@ def zstd_library() -> dict:
         "version": zstandard.ZSTD_VERSION and ".".join(map(str, zstandard.ZSTD_VERSION)),
         "binding": f"python-zstandard {zstandard.__version__} ({zstandard.backend})",
     }
+
+
+def block_compressor(level: int, zdict, workers: int) -> PoolCompressor:
+    """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
+    return PoolCompressor(level, zdict, workers)
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import operator
 import os
 import pickle
-import queue
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from . import _backend
 from ._commit import dump_meta_atomic
 from ._format import (
     CHECKSUM_FILE,
@@ -57,9 +57,6 @@ MIN_BLOCKS_FOR_DICTIONARY = 7
 
 # workers=None: the cores this process may run on, at most this many.
 MAX_DEFAULT_WORKERS = 8
-
-# Pickled blocks handed to the compression pool and not yet written, per worker thread.
-IN_FLIGHT_PER_WORKER = 2
 
 
 def default_workers() -> int:
@@ -144,11 +141,12 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
 
     ``workers`` (default: the usable cores, at most 8) threads compress full blocks while the
-    calling thread pickles the next ones; blocks are written in order, at most
-    ``2 * workers`` of them in flight, and the files are byte-identical to ``workers=1``
-    (which compresses on the calling thread). Each thread has a compressor of its own, with
-    the parameters of ``compressor``. An error on a pool thread is raised on the calling
-    thread, naming the shard and the block.
+    calling thread pickles the next ones (the backend's ``block_compressor``: in the compiled
+    one, ``workers - 1`` threads that never take the GIL, and the calling thread compresses
+    queued blocks rather than wait); blocks are written in order, at most ``2 * workers`` of
+    them in flight, and the files are byte-identical to ``workers=1`` (which compresses on the
+    calling thread) and to ``compressor.compress``. An error on another thread is raised on
+    the calling thread, naming the shard and the block.
 
     If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
@@ -197,10 +195,9 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._checksums: list = []  # checksums=True: block_checksum of each stored block
         self._data = None  # data.bin, opened with the first block
         self._closed = False
-        # workers > 1: full blocks are compressed on a pool, written in order by this thread.
-        self._pool = None  # ThreadPoolExecutor, started with the first block to compress
-        self._idle = None  # queue of compressors: each is used by one task at a time
-        self._in_flight: deque = deque()  # (block number, future), in block order
+        # The backend's block compressor (see _contract.BlockCompressorProtocol), made with
+        # the first block to compress: workers > 1 compress on threads, in block order.
+        self._zc = None
         self._submitted = 0  # blocks handed to _store so far
 
     def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
@@ -235,59 +232,46 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 
     def _store(self, block: bytes) -> None:
         """Compress (per the strategy) and append a pickled block, in the order given."""
-        number = self._submitted
         self._submitted += 1
         if self.compressor is None:
             self._append(block)
-        elif self.workers == 1:
-            try:
-                data = self.compressor.compress(block)
-            except Exception as exc:
-                raise self._block_error(number, exc) from exc
-            self._append(data)
-        else:
-            if self._pool is None:
-                self._start_pool()
-            self._in_flight.append((number, self._pool.submit(self._compress_task, block)))
-            self._drain(IN_FLIGHT_PER_WORKER * self.workers)
-
-    def _start_pool(self) -> None:
-        self._idle = queue.SimpleQueue()
-        self._idle.put(self.compressor)
-        for _ in range(self.workers - 1):
-            self._idle.put(self._new_compressor(self._compression_dict))
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="atlas-fast-zstd")
-
-    def _compress_task(self, block: bytes):
-        """On a pool thread: the pool runs at most ``workers`` tasks and the queue holds
-        ``workers`` compressors, so ``get`` never waits and no compressor is shared."""
-        compressor = self._idle.get()
+            return
+        if self._zc is None:
+            zdict = self._compression_dict
+            self._zc = _backend.core.block_compressor(
+                self.metadata.compression_level,
+                None if zdict is None else zdict.as_bytes(),
+                self.workers,
+            )
         try:
-            data = compressor.compress(block)
-        finally:
-            self._idle.put(compressor)
-        return data, block_checksum(data) if self.checksums else None
+            frames = self._zc.submit(block)
+        except Exception as exc:
+            raise self._block_error(exc) from exc
+        for data in frames:
+            self._append(data)
 
-    def _drain(self, keep: int) -> None:
-        """Write the oldest compressed blocks until at most ``keep`` are in flight."""
-        while len(self._in_flight) > keep:
-            number, future = self._in_flight.popleft()
+    def _drain(self) -> None:
+        """Write every block still being compressed."""
+        if self._zc is not None:
             try:
-                data, checksum = future.result()
+                frames = self._zc.finish()
             except Exception as exc:
-                raise self._block_error(number, exc) from exc
-            self._append(data, checksum)
+                raise self._block_error(exc) from exc
+            for data in frames:
+                self._append(data)
 
-    def _block_error(self, number: int, exc: Exception) -> BaseException:
+    def _block_error(self, exc: Exception) -> BaseException:
+        # Frames come back in block order: the failing one is the next to be written.
+        number = len(self._offsets) - 1
         return _with_context(exc, f"{self.path}: compressing block {number}")
 
-    def _append(self, data: bytes, checksum=None) -> None:
+    def _append(self, data: bytes) -> None:
         if self._data is None:
             self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
         if self.checksums:
-            self._checksums.append(block_checksum(data) if checksum is None else checksum)
+            self._checksums.append(block_checksum(data))
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -334,7 +318,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             blocks.reverse()
             while blocks:  # each pickled block is let go once stored
                 self._store(blocks.pop())
-        self._drain(0)
+        self._drain()
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
             self._data = open(self.path / DATA_FILE, "wb")
@@ -358,13 +342,16 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._release()
 
     def _release(self) -> None:
-        """Stop the pool (blocks not started are dropped) and close data.bin."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = self._idle = None
-        self._in_flight.clear()
+        """Stop the compression threads (queued blocks are dropped) and close data.bin."""
+        if self._zc is not None:
+            self._zc.close()
+            self._zc = None
         if self._data is not None:
             self._data.close()
+
+
+# The class above, whatever a test double patched in as ``AtlasDatasetShardWriter`` is.
+_OwnShardWriter = AtlasDatasetShardWriter
 
 
 class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
@@ -381,10 +368,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
 
     ``workers`` (default: the usable cores, at most 8) is the shard writers' compression
-    threads (passed on to them only when given). Under strategy 3 it also lets up to
-    ``workers - 1`` full shards train their dictionaries on other threads while the next one
-    fills, so up to ``workers`` shards' pickled blocks are held at once (the reference holds
-    one; ``workers=1`` does the same).
+    threads (passed on to them only when given). It also lets up to ``workers - 1`` full
+    shards be finished on other threads while the next one fills (their last blocks, index
+    and meta.json; under strategy 3 their dictionary training, so up to ``workers`` shards'
+    pickled blocks are held at once, where the reference holds one; ``workers=1`` does the
+    same). Strategy 2's first shard is finished before the next one starts.
 
     If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
     a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
@@ -468,11 +456,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
         self.shard_sizes.append(len(shard))
-        if (
-            not last
-            and self.workers > 1
-            and self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
-        ):
+        if not last and self.workers > 1 and self._may_finish_elsewhere(shard):
             self._collect(wait=False)
             if len(self._finishing) < self.workers - 1:
                 if self._finisher is None:
@@ -481,13 +465,31 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                     )
                 self._finishing.append((shard, self._finisher.submit(shard.close)))
                 return
-            # Every other thread is busy with a shard: this one trains this shard itself.
+            # Every other thread is busy with a shard: this one finishes this shard itself.
         shard.close()
         if (
             len(self.shard_sizes) == 1
             and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         ):
             self._share_first_dictionary(Path(shard.path))
+
+    def _may_finish_elsewhere(self, shard) -> bool:
+        """Whether ``shard`` may be closed on another thread while the next one fills.
+
+        Strategy 3 shards (whatever their writer: training is most of the work) and shards of
+        our own writer under any strategy (their last blocks, index and meta.json), except
+        strategy 2's first shard, whose dictionary the next shard needs. A test double of
+        another class is closed on this thread, before the next shard is created, as the
+        reference does."""
+        strategy = self.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            return True
+        if type(shard) is not _OwnShardWriter:
+            return False
+        return not (
+            strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+            and len(self.shard_sizes) == 1
+        )
 
     def _collect(self, wait: bool) -> None:
         """Take the shards finished on other threads (all of them if ``wait``); the first
@@ -531,7 +533,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         source.rename(self.path / DICT_FILE)
         self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
         metadata = metadata._replace(compression_strategy=int(self.compression_strategy))
-        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict())
+        # Not a commit marker (the root meta.json, written last, is): no flush to disk.
+        dump_meta_atomic(shard_dir / META_FILE, metadata._asdict(), fsync=False)
 
     def close(self) -> None:
         """Finish the last shard, pad the shard folder names, then write the root meta.json."""

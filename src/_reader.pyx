@@ -27,7 +27,7 @@ from cpython.pythread cimport (
 )
 from libc.errno cimport errno
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport free, getenv, malloc, realloc
+from libc.stdlib cimport calloc, free, getenv, malloc, realloc
 from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.fcntl cimport O_RDONLY
@@ -41,6 +41,20 @@ cimport cython
 
 from atlas_fast._pickle_scan cimport PS_DONE, PickleScanner, ps_feed
 from zstd cimport (
+    ZSTD_CCtx,
+    ZSTD_CCtx_loadDictionary_fn,
+    ZSTD_CCtx_reset_fn,
+    ZSTD_CCtx_setParameter_fn,
+    ZSTD_CCtx_setPledgedSrcSize_fn,
+    ZSTD_c_checksumFlag,
+    ZSTD_c_compressionLevel,
+    ZSTD_c_contentSizeFlag,
+    ZSTD_c_dictIDFlag,
+    ZSTD_compressBound_fn,
+    ZSTD_compressStream2_fn,
+    ZSTD_createCCtx_fn,
+    ZSTD_e_end,
+    ZSTD_freeCCtx_fn,
     ZSTD_CONTENTSIZE_ERROR,
     ZSTD_CONTENTSIZE_UNKNOWN,
     ZSTD_DCtx,
@@ -59,6 +73,7 @@ from zstd cimport (
     ZSTD_inBuffer,
     ZSTD_isError_fn,
     ZSTD_outBuffer,
+    ZSTD_reset_session_and_parameters,
     ZSTD_reset_session_only,
     ZSTD_versionNumber_fn,
     ZSTD_versionString_fn,
@@ -110,6 +125,8 @@ __all__ = [
     "zstd_library",
     "zstd_available",
     "zstd_load_error",
+    "block_compressor",
+    "BlockCompressor",
     "BACKEND",
 ]
 
@@ -132,6 +149,8 @@ include "_zstd.pxi"
 include "_mapping.pxi"
 include "_cache.pxi"
 include "_readahead.pxi"
+
+include "_compress.pxi"
 
 
 # ---------------------------------------------------------------------------------------------

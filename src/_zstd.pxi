@@ -20,7 +20,18 @@ cdef ZSTD_getDictID_fromDDict_fn ZSTD_getDictID_fromDDict = NULL
 cdef ZSTD_getDictID_fromFrame_fn ZSTD_getDictID_fromFrame = NULL
 cdef ZSTD_decompressStream_fn ZSTD_decompressStream = NULL
 
+# Compression, bound when the library has it (the reader does not need it).
+cdef ZSTD_createCCtx_fn ZSTD_createCCtx = NULL
+cdef ZSTD_freeCCtx_fn ZSTD_freeCCtx = NULL
+cdef ZSTD_CCtx_setParameter_fn ZSTD_CCtx_setParameter = NULL
+cdef ZSTD_CCtx_reset_fn ZSTD_CCtx_reset = NULL
+cdef ZSTD_CCtx_setPledgedSrcSize_fn ZSTD_CCtx_setPledgedSrcSize = NULL
+cdef ZSTD_CCtx_loadDictionary_fn ZSTD_CCtx_loadDictionary = NULL
+cdef ZSTD_compressStream2_fn ZSTD_compressStream2 = NULL
+cdef ZSTD_compressBound_fn ZSTD_compressBound = NULL
+
 cdef bint _zstd_ok = False
+cdef bint _zcompress_ok = False
 _zstd_info = None  # dict reported by zstd_library() once bound
 _zstd_error = "libzstd was not looked for"
 
@@ -29,6 +40,11 @@ _SYMBOLS = (
     "ZSTD_getFrameContentSize", "ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_DCtx_reset",
     "ZSTD_DCtx_refDDict", "ZSTD_createDDict", "ZSTD_freeDDict", "ZSTD_getDictID_fromDDict",
     "ZSTD_decompressStream", "ZSTD_getDictID_fromFrame",
+)
+_COMPRESS_SYMBOLS = (
+    "ZSTD_createCCtx", "ZSTD_freeCCtx", "ZSTD_CCtx_setParameter", "ZSTD_CCtx_reset",
+    "ZSTD_CCtx_setPledgedSrcSize", "ZSTD_CCtx_loadDictionary", "ZSTD_compressStream2",
+    "ZSTD_compressBound",
 )
 _MIN_VERSION = 10400  # ZSTD_DCtx_reset and ZSTD_DCtx_refDDict are stable from 1.4.0
 
@@ -81,9 +97,34 @@ cdef object _bind(str path, object versions=None):
     ZSTD_getDictID_fromDDict = <ZSTD_getDictID_fromDDict_fn>syms[11]
     ZSTD_decompressStream = <ZSTD_decompressStream_fn>syms[12]
     ZSTD_getDictID_fromFrame = <ZSTD_getDictID_fromFrame_fn>syms[13]
+    _bind_compression(handle)
     if dladdr(syms[5], &info) and info.dli_fname != NULL:
         return os.path.realpath(os.fsdecode(info.dli_fname))
     return os.path.realpath(path) if os.sep in path else path
+
+
+cdef void _bind_compression(void* handle) noexcept:
+    """Bind the compression functions if ``handle`` has them all (else leave them unbound)."""
+    global ZSTD_createCCtx, ZSTD_freeCCtx, ZSTD_CCtx_setParameter, ZSTD_CCtx_reset
+    global ZSTD_CCtx_setPledgedSrcSize, ZSTD_CCtx_loadDictionary, ZSTD_compressStream2
+    global ZSTD_compressBound, _zcompress_ok
+    cdef void* syms[8]
+    cdef bytes cname
+    for k, name in enumerate(_COMPRESS_SYMBOLS):
+        cname = name.encode()
+        syms[k] = dlsym(handle, cname)
+        if syms[k] == NULL:
+            _zcompress_ok = False
+            return
+    ZSTD_createCCtx = <ZSTD_createCCtx_fn>syms[0]
+    ZSTD_freeCCtx = <ZSTD_freeCCtx_fn>syms[1]
+    ZSTD_CCtx_setParameter = <ZSTD_CCtx_setParameter_fn>syms[2]
+    ZSTD_CCtx_reset = <ZSTD_CCtx_reset_fn>syms[3]
+    ZSTD_CCtx_setPledgedSrcSize = <ZSTD_CCtx_setPledgedSrcSize_fn>syms[4]
+    ZSTD_CCtx_loadDictionary = <ZSTD_CCtx_loadDictionary_fn>syms[5]
+    ZSTD_compressStream2 = <ZSTD_compressStream2_fn>syms[6]
+    ZSTD_compressBound = <ZSTD_compressBound_fn>syms[7]
+    _zcompress_ok = True
 
 
 def _candidates():

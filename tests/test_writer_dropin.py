@@ -8,6 +8,7 @@ double that accepts the reference's keywords only; these tests use a double of o
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import warnings
 
@@ -307,16 +308,37 @@ def test_meta_json_is_the_last_file_written(tmp_path, monkeypatch):
     seen = []
     real = atlas_fast.writer.dump_meta_atomic
 
-    def spy(path, fields):
+    def spy(path, fields, **kwargs):
         if path.parent == tmp_path / "ds":
             seen.append(sorted(p.name for p in path.parent.iterdir()))
-        real(path, fields)
+        real(path, fields, **kwargs)
 
     monkeypatch.setattr(atlas_fast.writer, "dump_meta_atomic", spy)
     with AtlasDatasetWriter(tmp_path / "ds", 1, 1, compression_strategy=1) as w:
         for i in range(11):
             w.add_example(i)
     assert seen == [[f"{n:02d}" for n in range(11)]]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_only_the_root_meta_json_is_flushed_to_disk(tmp_path, monkeypatch, strategy):
+    """The commit marker is fsynced before its rename; nothing else is (strategy 2's rewrite
+    of the first shard's meta.json included: the dataset is not committed yet)."""
+    flushed = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    root = tmp_path / "ds"
+    with AtlasDatasetWriter(root, 40, 4, compression_strategy=strategy) as w:
+        for i in range(100):
+            w.add_example(f"example {i}" * (i % 7))
+    assert [os.path.basename(p) for p in flushed] == [f".meta.json.tmp-{os.getpid()}"]
+    assert os.path.dirname(flushed[0]) == str(root)
 
 
 def test_opening_a_directory_that_is_not_there_says_so(atlas, tmp_path):

@@ -9,9 +9,11 @@ import warnings
 import pytest
 import zstandard
 
+import atlas_fast._backend
 import atlas_fast.writer
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
-from atlas_fast.writer import IN_FLIGHT_PER_WORKER, default_workers
+from atlas_fast._pycompress import IN_FLIGHT_PER_WORKER, PoolCompressor
+from atlas_fast.writer import default_workers
 
 
 def examples(n):
@@ -123,11 +125,19 @@ class RecordingCompressor:
 _REAL_COMPRESSOR = zstandard.ZstdCompressor
 
 
+def use_python_zstandard(monkeypatch):
+    """Compress through python-zstandard (the pure-Python backend's block compressor) on
+    either backend, so that a patched ``zstandard.ZstdCompressor`` sees every block; the
+    compiled one's is pinned by tests/test_block_compressor.py."""
+    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", PoolCompressor)
+
+
 @pytest.fixture
 def recording(monkeypatch):
     RecordingCompressor.threads = set()
     RecordingCompressor.overlaps = 0
     monkeypatch.setattr(zstandard, "ZstdCompressor", RecordingCompressor)
+    use_python_zstandard(monkeypatch)
     return RecordingCompressor
 
 
@@ -199,6 +209,7 @@ def test_peak_memory_holds_a_fixed_number_of_blocks(tmp_path, monkeypatch, worke
     (2 per worker in flight, plus the one it is adding): memory is bounded whatever the
     dataset's size, and workers=1 holds none."""
     monkeypatch.setattr(zstandard, "ZstdCompressor", GatedCompressor)
+    use_python_zstandard(monkeypatch)
     GatedCompressor.gate = threading.Event()
     GatedCompressor.added = 0
     with AtlasDatasetWriter(tmp_path / "ds", 1000, 1, compression_strategy=1, workers=workers) as w:

@@ -1,0 +1,82 @@
+"""The writer's block compression with python-zstandard: the pure-Python backend's
+``block_compressor``, and the compiled one's when its libzstd is not the version
+python-zstandard compresses with (so the frames never depend on the backend).
+
+``PoolCompressor`` keeps the ``BlockCompressor`` contract (``atlas_fast._contract``):
+``submit(block)`` queues a pickled block and returns the frames finished since, in block
+order; ``finish()`` the rest; ``close()`` stops the threads. With ``workers > 1`` a thread pool
+compresses (python-zstandard releases the GIL), at most ``2 * workers`` blocks in flight, one
+``ZstdCompressor`` per task at a time; with ``workers == 1`` each block is compressed on the
+calling thread as it is submitted.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import zstandard
+
+__all__ = ["PoolCompressor", "zstandard_version_number"]
+
+# Pickled blocks handed to the pool and not yet returned, per worker thread.
+IN_FLIGHT_PER_WORKER = 2
+
+
+def zstandard_version_number() -> int:
+    """The libzstd python-zstandard compresses with, as ZSTD_versionNumber() counts it."""
+    major, minor, patch = zstandard.ZSTD_VERSION[:3]
+    return major * 10000 + minor * 100 + patch
+
+
+class PoolCompressor:
+    def __init__(self, level: int, zdict, workers: int) -> None:
+        def new():
+            if zdict is None:
+                return zstandard.ZstdCompressor(level=level)
+            return zstandard.ZstdCompressor(
+                level=level, dict_data=zstandard.ZstdCompressionDict(bytes(zdict))
+            )
+
+        self._compressor = new()
+        self._workers = workers
+        self._pool = None
+        self._in_flight: deque = deque()
+        if workers > 1:
+            self._idle = queue.SimpleQueue()
+            self._idle.put(self._compressor)
+            for _ in range(workers - 1):
+                self._idle.put(new())
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="atlas-fast-zstd")
+
+    def _task(self, block: bytes) -> bytes:
+        # The pool runs at most `workers` tasks and the queue holds `workers` compressors,
+        # so `get` never waits and no compressor is shared.
+        compressor = self._idle.get()
+        try:
+            return compressor.compress(block)
+        finally:
+            self._idle.put(compressor)
+
+    def submit(self, block: bytes) -> list:
+        if self._pool is None:
+            return [self._compressor.compress(block)]
+        self._in_flight.append(self._pool.submit(self._task, block))
+        return self._drain(IN_FLIGHT_PER_WORKER * self._workers)
+
+    def finish(self) -> list:
+        return self._drain(0)
+
+    def _drain(self, keep: int) -> list:
+        out = []
+        while len(self._in_flight) > keep:
+            out.append(self._in_flight[0].result())
+            self._in_flight.popleft()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._in_flight.clear()

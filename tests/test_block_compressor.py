@@ -1,0 +1,98 @@
+"""The writer's block compressors (``block_compressor`` of each core): the frames of
+python-zstandard's ``ZstdCompressor.compress`` byte for byte, in block order, whatever the
+number of workers, with a fixed number of blocks in flight."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+import zstandard
+
+import atlas_fast
+import atlas_fast._pyreader
+from atlas_fast._pycompress import PoolCompressor, zstandard_version_number
+
+CORES = [atlas_fast._pyreader]
+if atlas_fast.BACKEND == "cython":
+    import atlas_fast._reader
+
+    CORES.append(atlas_fast._reader)
+
+
+@pytest.fixture(params=CORES, ids=lambda m: m.BACKEND)
+def core(request):
+    return request.param
+
+
+def blocks():
+    rnd = random.Random(7)
+    words = ["atlas", "shard", "block", "zstd", "pickle", "index", "the", "of", "data"]
+    docs = [
+        {"id": i, "text": " ".join(rnd.choice(words) for _ in range(rnd.randrange(400)))}
+        for i in range(600)
+    ]
+    out = [pickle.dumps(docs[i : i + 25]) for i in range(0, len(docs), 25)]
+    out += [b"x", b"ab" * 70000, rnd.randbytes(50000), pickle.dumps(list(range(100000)))]
+    return out
+
+
+BLOCKS = blocks()
+TRAINED = zstandard.train_dictionary(4096, BLOCKS[:20], level=3)
+
+
+@pytest.mark.parametrize("level", [1, 3, 9, -1])
+@pytest.mark.parametrize("dictionary", ["none", "trained", "from bytes"])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_frames_are_python_zstandards(core, level, dictionary, workers):
+    # The compiled core reuses the contexts of closed compressors: the parametrizations
+    # before this one have left it contexts of other levels and dictionaries.
+    zdict = {"none": None, "trained": TRAINED}.get(dictionary)
+    if dictionary == "from bytes":
+        zdict = zstandard.ZstdCompressionDict(TRAINED.as_bytes())
+    if zdict is None:
+        want = [zstandard.ZstdCompressor(level=level).compress(b) for b in BLOCKS]
+    else:
+        want = [zstandard.ZstdCompressor(level=level, dict_data=zdict).compress(b) for b in BLOCKS]
+    zc = core.block_compressor(level, None if zdict is None else zdict.as_bytes(), workers)
+    got = []
+    for b in BLOCKS:
+        got += zc.submit(b)
+    got += zc.finish()
+    zc.close()
+    zc.close()
+    assert got == want
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_at_most_two_blocks_per_worker_in_flight(core, workers):
+    zc = core.block_compressor(3, None, workers)
+    returned = 0
+    for n, b in enumerate(BLOCKS, 1):
+        returned += len(zc.submit(b))
+        in_flight = n - returned
+        assert in_flight <= (0 if workers == 1 else 2 * workers)
+    assert returned + len(zc.finish()) == len(BLOCKS)
+    zc.close()
+
+
+def test_close_drops_queued_blocks(core):
+    zc = core.block_compressor(3, None, 3)
+    for b in BLOCKS[:5]:
+        zc.submit(b)
+    zc.close()
+
+
+@pytest.mark.skipif(atlas_fast.BACKEND != "cython", reason="the compiled core")
+def test_compiled_core_compresses_with_libzstd_when_versions_match():
+    from atlas_fast import _reader
+
+    zc = _reader.block_compressor(3, None, 2)
+    zc.close()
+    if _reader.zstd_compress_version() == zstandard_version_number():
+        assert isinstance(zc, _reader.BlockCompressor)
+        with pytest.raises(ValueError, match="closed"):
+            zc.submit(b"x")
+    else:
+        assert isinstance(zc, PoolCompressor)
