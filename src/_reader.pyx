@@ -149,7 +149,6 @@ include "_zstd.pxi"
 include "_mapping.pxi"
 include "_cache.pxi"
 include "_readahead.pxi"
-
 include "_compress.pxi"
 
 
