@@ -158,16 +158,32 @@ def _mapped(path) -> bool:
         return any(line.rstrip().endswith(str(path)) for line in f)
 
 
+@pytest.fixture(scope="module", params=["shared", "per-shard", "uncompressed"])
+def big_root(request, tmp_path_factory):
+    """As ``root``, with shards too large to be read into memory whole (the compiled core
+    maps a data.bin of more than 16 KiB; smaller ones it copies)."""
+    strategy = {"shared": 2, "per-shard": 1, "uncompressed": 0}[request.param]
+    path = tmp_path_factory.mktemp("ahead-big") / "ds"
+    examples = [{"i": i, "pad": random.Random(i).randbytes(400)} for i in range(N)]
+    with atlas_fast.AtlasDatasetWriter(path, 200, 10, compression_strategy=strategy) as w:
+        for x in examples:
+            w.add_example(x)
+    assert (path / "1" / "data.bin").stat().st_size > 16 << 10
+    return path, examples
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
-def test_dropped_dataset_unmaps_and_frees(atlas, backend, root, expected):
+def test_dropped_dataset_unmaps_and_frees(atlas, backend, big_root):
     if backend != "cython":
         pytest.skip("the compiled backend's mapping")
+    root, expected = big_root
     data = root / "1" / "data.bin"
     ds = atlas.AtlasDataset(root)
     it = iter(ds)
     assert [next(it) for _ in range(205)] == expected[:205]
-    assert _mapped(data)
+    mapped = _mapped(data)
     del it, ds
+    assert mapped
     _reader_module()._readahead_shutdown()
     assert not _mapped(data)
     state = info()
