@@ -282,10 +282,16 @@ class BlockCache:
         return entry, examples
 
     def _forget(self, entry: _Entry) -> None:
-        """Drop ``entry`` now if the cache still holds it."""
+        """``entry`` is a block a pass in order is done with: drop it now if the cache is full
+        (the pass's next block would otherwise push out a block others read); keep it while
+        there is room, so that a pass warms a cache large enough to hold the dataset."""
         dropped = []
         with self._lock:
-            if entry.live:
+            max_bytes, max_blocks = self.max_bytes, self.max_blocks
+            if entry.live and (
+                (max_bytes is not None and self._bytes + entry.nbytes > max_bytes)
+                or (max_blocks is not None and len(self._entries) >= max_blocks)
+            ):
                 self._drop_lock_held(entry, dropped)
 
     def _evict_lock_held(self, dropped: list) -> None:
@@ -364,8 +370,8 @@ class ShardCore:
             examples = self._cache._touch(entry)
         if examples is None:
             if k == self._next and j == 0 and entry is not None and entry.block == b - 1:
-                # A pass in order is done with block b - 1 and will not read it again:
-                # keeping it would only evict what others read (and slow the pass).
+                # A pass in order is done with block b - 1: kept only while the cache has
+                # room (keeping it in a full cache would evict what others read).
                 self._cache._forget(entry)
             examples = self._examples(b)
         self._next = k + 1

@@ -193,9 +193,14 @@ cdef class BlockCache:
         return e
 
     cdef int _forget(self, _Entry e) except -1:
-        """Drop ``e`` now if the cache still holds it."""
+        """``e`` is a block a pass in order is done with: drop it now if the cache is full
+        (the pass's next block would otherwise push out a block others read); keep it while
+        there is room, so that a pass warms a cache large enough to hold the dataset."""
         cdef list dropped = []
-        if e.live:
+        if e.live and (
+            (self._max_bytes >= 0 and self._bytes + e.nbytes > self._max_bytes)
+            or (self._max_blocks >= 0 and self._count >= self._max_blocks)
+        ):
             self._drop(e, dropped)
         return 0
 

@@ -266,8 +266,8 @@ cdef class ShardCore:
             examples = e.examples
         else:
             if k == self._next and j == 0 and e is not None and e.block == b - 1:
-                # A pass in order is done with block b - 1 and will not read it again:
-                # keeping it would only evict what others read (and slow the pass).
+                # A pass in order is done with block b - 1: kept only while the cache has
+                # room (keeping it in a full cache would evict what others read).
                 self._cache._forget(e)
                 self._next = k + 1
                 return self._in_order(b, j)

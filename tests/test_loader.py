@@ -147,16 +147,32 @@ def test_default_cache_is_bounded_in_bytes(atlas, root, expected):
     assert info.currsize == sum(sizes)  # a block counts its decoded pickle size
 
 
-def test_a_pass_in_order_keeps_only_its_current_blocks(atlas, root, expected):
-    ds = atlas.AtlasDataset(root)
-    ds[100]
+def test_a_pass_in_order_warms_a_cache_with_room(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)  # the default budget holds this dataset many times over
     assert [ds[i] for i in range(N)] == expected
-    # Each block the pass read through to its end is dropped when the pass moves on to the
-    # next (block 4 of shard 1 too, cached before): what stays is each shard's last block.
-    assert sorted(cached(ds)) == [(0, 7), (1, 7), (2, 7), (3, 7), (4, 5)]
-    ds[3], ds[5], ds[4]  # not in order: block 0 is kept
-    ds[8]
-    assert (0, 0) in cached(ds) and (0, 1) in cached(ds)
+    assert len(cached(ds)) == 38  # every block kept: the pass warmed the cache
+    misses = decodes(ds)
+    assert [ds[i] for i in range(N)[::-7]] == expected[::-7]
+    assert decodes(ds) == misses  # and what follows is served from it
+
+
+def test_a_pass_in_order_in_a_full_cache_keeps_only_its_current_blocks(atlas, root, expected):
+    ds = atlas.AtlasDataset(root, cache_blocks=4)
+    ds[100], ds[200]  # blocks of others: (1, 4) and (3, 1)
+    assert [ds[i] for i in range(N)] == expected
+    # Once the cache is full, each block the pass read through to its end is dropped when the
+    # pass moves on to the next, so the blocks read before the pass stay (block 4 of shard 1
+    # and block 1 of shard 3 were read through as well: they go too).
+    held = cached(ds)
+    assert len(held) == 4 and held[-1] == (4, 5)  # the pass's current block, most recent
+    ds2 = atlas.AtlasDataset(root, cache_blocks=4)
+    ds2[3], ds2[5], ds2[4]  # not in order: block 0 is kept
+    ds2[8]
+    assert (0, 0) in cached(ds2) and (0, 1) in cached(ds2)
+    ds3 = atlas.AtlasDataset(root, cache_blocks=3)
+    ds3[250], ds3[20]  # another reader's blocks: (3, 7) and (0, 2)
+    assert [ds3[i] for i in range(64, 128)] == expected[64:128]  # all of shard 1, in order
+    assert (3, 7) in cached(ds3) and (0, 2) in cached(ds3)  # not pushed out by the pass
 
 
 def test_cache_blocks_bounds_an_lru(atlas, root, expected):
