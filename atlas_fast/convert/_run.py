@@ -152,14 +152,34 @@ class _Claims:
         else:
             self.table, self.lock = shared, shared.get_lock()
 
+    # The slot after the pairs of a shared table: the last part of run 0's range that run 0
+    # may still need for its first shard, from which it trains the strategy-2 dictionary;
+    # the others do not take parts up to it. Starts at _KEEP_ALL; -1 once that shard is closed.
+    _KEEP_ALL = 1 << 62
+
+    def keep_for_first_shard(self, examples_per_byte: float, missing: int) -> None:
+        """Run 0, before its first shard is closed: keep its next parts that may still hold
+        the ``missing`` examples that shard lacks, estimated from what it has read (with a
+        margin of two), so that the shard holds what a serial run's first shard holds while
+        the others still take the rest of run 0's range (``missing`` < 0: nothing to keep)."""
+        if len(self.table) % 2 == 0:
+            return  # not shared: nobody to keep parts from
+        with self.lock:
+            table = self.table
+            until = -1
+            if missing >= 0:
+                until = table[1] - 1
+                if examples_per_byte > 0:
+                    need, k = 2 * missing, table[0]
+                    while k < table[1] and need > 0:
+                        need -= self.sizes[k] * examples_per_byte
+                        k += 1
+                    until = k - 1
+            table[len(table) - 1] = until
+
     def first_shard_settled(self) -> None:
-        """Run 0 says its first shard is closed: the others may now take from its range. Until
-        then they may not, so that run 0's first shard (from which it trains the strategy-2
-        dictionary) holds the examples a serial run's first shard holds, whatever the timing.
-        """
-        if len(self.table) % 2:  # the flag slot after the pairs (a shared table only)
-            with self.lock:
-                self.table[len(self.table) - 1] = 1
+        """Run 0's first shard is closed: the others may take from all of run 0's range."""
+        self.keep_for_first_shard(0.0, -1)
 
     def next(self):
         """The index of the next part to write, or None when none is left."""
@@ -175,10 +195,10 @@ class _Claims:
             table[2 * k] = start + 1
             return start
         victim, most = None, 0
-        guarded = len(table) % 2 and not table[len(table) - 1]
+        kept = table[len(table) - 1] if len(table) % 2 else -1
         for j in range(len(table) // 2):
-            if j == 0 and guarded:
-                continue  # run 0's first shard is not settled yet (first_shard_settled)
+            if j == 0 and table[1] - 1 <= kept:
+                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
             # run 0 trains the strategy-2 dictionary, starts there.
             left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
@@ -371,6 +391,11 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = None
         counts.append((index, count))
         progress.flush(part.nbytes)
+        if job.first and not known and writer is not None and len(shard_dirs) == 1:
+            # Still in the first shard: tell the others which parts it may yet need.
+            read = sum(job.parts[i].nbytes for i, _ in counts)
+            done = writer.stored_examples
+            claims.keep_for_first_shard(done / read if read else 0.0, shard_size - done)
     if writer is not None:
         close_shard(writer, last=True)
     elif deferred:
@@ -509,7 +534,7 @@ class _Workers:
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
-        self.claims = ctx.Array("q", 2 * n + 1)  # see _Claims: n pairs, then a flag
+        self.claims = ctx.Array("q", 2 * n + 1)  # see _Claims: n pairs, then a part index
         self.processes = [
             ctx.Process(
                 target=_child,
@@ -554,7 +579,7 @@ class _Workers:
         ``claims``: the ``(start, stop)`` ranges of parts each run starts with."""
         global _SHARED_CLAIMS
         table = [x for r in claims for x in r]
-        self.claims[:] = table + [0] * (len(self.claims) - len(table))
+        self.claims[:] = table + [_Claims._KEEP_ALL] * (len(self.claims) - len(table))
         results = [None] * len(tasks)
         pending = set()
         for k, task in enumerate(tasks[1:], 1):

@@ -353,25 +353,43 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     assert run0.next() == 0
 
 
-def test_nobody_takes_from_run_0_before_its_first_shard_is_settled():
-    """With the flag slot of a shared table, run 0's range is out of reach until run 0 says
-    its first shard (the strategy-2 dictionary's sample) is closed."""
+def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
+    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=100)
+    options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
+    convert(tmp_path / "src", tmp_path / "one", "jsonl", **options)
+    for k in range(3):  # whatever the timing: run 0's first shard is a serial run's first
+        out = tmp_path / f"two{k}"
+        convert(tmp_path / "src", out, "jsonl", workers=2, **options)
+        assert (out / "zstd_dict.bin").read_bytes() == (
+            tmp_path / "one" / "zstd_dict.bin"
+        ).read_bytes()
+        assert _meta(out / "0")["stored_examples"] == 250
+        assert read_back(atlas, out) == docs
+
+
+def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
+    """With the slot of a shared table, the others take from run 0's range only the parts run
+    0 does not expect to need for its first shard (the strategy-2 dictionary's sample): all of
+    them before it has read one, those past twice its estimate after, any once it is closed."""
     import threading
 
     parts = [Part(str(i), 10, iter) for i in range(6)]
     ranges = ((0, 4), (4, 6))
     run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, True))
     run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, True))
-    shared = [*run0.table, 0]  # the pool's table: the pairs, then the flag
+    shared = [*run0.table, _Claims._KEEP_ALL]  # as the pool sets it
     lock = threading.Lock()
     for c in (run0, run1):
         c.table, c.lock = shared, lock
     assert run0.next() == 0
     assert [run1.next(), run1.next()] == [4, 5]
-    assert run1.next() is None  # run 0's parts 1-3 are left, but guarded
+    assert run1.next() is None  # run 0 has read nothing yet: all of its range is kept
+    run0.keep_for_first_shard(0.5, 5)  # 5 examples missing, 5 per part: twice that is 2 parts
+    assert run1.next() == 3
+    assert run1.next() is None  # parts 1 and 2 are kept
     run0.first_shard_settled()
-    assert run1.next() == 3  # now from the back of run 0's range
-    assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
+    assert run1.next() == 2
+    assert [run0.next(), run0.next()] == [1, None]
 
 
 @given(
