@@ -782,9 +782,15 @@ cdef class PartialZstd:
             )
 
     def __dealloc__(self):
+        cdef ZSTD_DCtx** warm
         if self.dctx != NULL:  # stopped mid-frame: its session is ended before it goes back
             ZSTD_DCtx_reset(self.dctx, ZSTD_reset_session_only)
-            _dctx_give(self.dctx, self.warm_slot())
+            warm = self.warm_slot()
+            if warm == NULL:
+                # zdict may be gone already (a cycle's clear runs first): the context must not
+                # go to the general pool still referring to a dictionary that may be freed.
+                ZSTD_DCtx_refDDict(self.dctx, NULL)
+            _dctx_give(self.dctx, warm)
         free(self.out)
         if self.have_src:
             PyBuffer_Release(&self.src)

@@ -14,6 +14,7 @@ removes the staging directory and leaves DST as it was.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import os
 import pickle
@@ -132,6 +133,9 @@ class WriteJob:
 # The claim table of the worker processes (a shared array of ``[start, stop)`` pairs, one per
 # run) in each process, set by the pool; None: one process, nobody to share parts with.
 _SHARED_CLAIMS = None
+# Who may have died holding the claim table's lock: a callable giving what went wrong, or None
+# (set by the pool in the parent; a child checks that its parent lives).
+_CLAIMS_WATCH = None
 
 
 class _Claims:
@@ -164,7 +168,7 @@ class _Claims:
         the others still take the rest of run 0's range (``missing`` < 0: nothing to keep)."""
         if len(self.table) % 2 == 0:
             return  # not shared: nobody to keep parts from
-        with self.lock:
+        with self._locked():
             table = self.table
             until = -1
             if missing >= 0:
@@ -185,8 +189,23 @@ class _Claims:
         """The index of the next part to write, or None when none is left."""
         if self.lock is None:
             return self._next()
-        with self.lock:
+        with self._locked():
             return self._next()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The table's lock, shared by the processes: a process killed while holding it (by
+        the OOM killer, say) would leave the others waiting forever, so waiting checks, every
+        second, that nobody died."""
+        while not self.lock.acquire(timeout=1.0):
+            watch = _CLAIMS_WATCH
+            problem = watch() if watch is not None else None
+            if problem:
+                raise RuntimeError(f"convert: {problem}")
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def _next(self):
         table, k = self.table, self.run
@@ -487,9 +506,11 @@ def _portable(exc: BaseException, k: int) -> BaseException:
 
 def _child(k: int, inbox, results, claims) -> None:
     """A worker process: runs ``(function, job)`` tasks until it gets None."""
-    global _SHARED_CLAIMS
+    global _SHARED_CLAIMS, _CLAIMS_WATCH
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
     _SHARED_CLAIMS = claims
+    parent = os.getppid()
+    _CLAIMS_WATCH = lambda: None if os.getppid() == parent else "the parent process died"  # noqa: E731
 
     def emit(examples, nbytes):
         results.put(("progress", k, (examples, nbytes)))
@@ -577,7 +598,7 @@ class _Workers:
     def run(self, tasks: list, on_progress, claims=()) -> list:
         """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results.
         ``claims``: the ``(start, stop)`` ranges of parts each run starts with."""
-        global _SHARED_CLAIMS
+        global _SHARED_CLAIMS, _CLAIMS_WATCH
         table = [x for r in claims for x in r]
         self.claims[:] = table + [_Claims._KEEP_ALL] * (len(self.claims) - len(table))
         results = [None] * len(tasks)
@@ -593,14 +614,21 @@ class _Workers:
 
         if tasks[0] is not None:
             function, job = tasks[0]
-            _SHARED_CLAIMS = self.claims
+            _SHARED_CLAIMS, _CLAIMS_WATCH = self.claims, self._dead_worker
             try:
                 results[0] = function(job, emit)
             finally:
-                _SHARED_CLAIMS = None
+                _SHARED_CLAIMS = _CLAIMS_WATCH = None
         while pending:
             self._receive(results, pending, on_progress, timeout=0.2)
         return results
+
+    def _dead_worker(self):
+        """What to say of a worker process that has ended, or None while all run."""
+        for k, p in enumerate(self.processes, 1):
+            if not p.is_alive():
+                return f"worker process {k} ended unexpectedly (exit code {p.exitcode})"
+        return None
 
     def _receive(self, results, pending, on_progress, timeout) -> None:
         while pending:

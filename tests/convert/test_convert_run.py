@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from functools import partial
 
 import numpy as np
@@ -467,3 +469,31 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     assert read_back(atlas, tmp_path / "out") == docs
     sizes = json.loads((tmp_path / "out" / "meta.json").read_text())["shard_sizes"]
     assert sizes == [50, 20, 50, 20, 50, 20, 50, 50, 50, 50, 10]
+
+
+def test_a_process_dying_with_the_claim_lock_ends_the_wait(monkeypatch):
+    """A worker killed while it holds the shared claim table's lock (by the OOM killer, say)
+    must not leave the others waiting forever: the wait checks who died, every second."""
+    import multiprocessing
+
+    from atlas_fast.convert import _run
+
+    ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    table = ctx.Array("q", 5)  # two runs, then the slot
+    parts = [Part(str(i), 10, iter) for i in range(4)]
+    claims = _Claims(WriteJob(parts, ((0, 2), (2, 4)), 1, "r1", "d", {}, True))
+    claims.table, claims.lock = table, table.get_lock()
+    holder = ctx.Process(target=_hold_and_die, args=(table,))
+    holder.start()
+    holder.join(10)
+    assert holder.exitcode == 3
+    monkeypatch.setattr(_run, "_CLAIMS_WATCH", lambda: f"worker exited ({holder.exitcode})")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"convert: worker exited \(3\)"):
+        claims.next()
+    assert time.monotonic() - started < 10
+
+
+def _hold_and_die(table) -> None:
+    table.get_lock().acquire()
+    os._exit(3)
