@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +135,18 @@ def reference_blocks(root):
         for b in range(len(index) - 1):
             block = data[int(index[b]) : int(index[b + 1])]
             yield dctx.decompress(block) if strategy != 0 else block
+
+
+def child_report(pid: int, read: int, timeout: float = 60.0) -> bytes:
+    """Wait for the forked child ``pid`` (killed, and the test failed, if it hangs past
+    ``timeout`` seconds: a lock held at fork time, say), then return what it wrote to the
+    pipe whose read end is ``read``."""
+    deadline = time.monotonic() + timeout
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung (a lock held at fork time?)")
+        time.sleep(0.02)
+    with os.fdopen(read, "rb") as f:
+        return f.read()

@@ -7,17 +7,15 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zstandard
-from helpers import assert_same, open_fd_count
+from helpers import assert_same, child_report, open_fd_count
 
 import atlas_fast
 import atlas_fast._python
@@ -508,15 +506,7 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
         opener.join()
     finally:
         setattr(core, opener_name, original)
-    deadline = time.monotonic() + 60
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung (a lock held at fork time?)")
-        time.sleep(0.02)
-    with os.fdopen(read, "rb") as f:
-        report = f.read()
+    report = child_report(pid, read)
     assert report == b"ok", report
     assert [ds[i]["id"] for i in range(300)] == list(range(300))
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import importlib
 import os
 import random
-import signal
-import time
 
 import pytest
-from helpers import run_threads
+from helpers import child_report, run_threads
 from loader_helpers import example, write_dataset
 
 import atlas_fast
@@ -267,15 +265,7 @@ def test_forked_child_during_read_ahead(atlas, root, expected):
             os._exit(status)
     os.close(write)
     assert head + list(it) == expected
-    deadline = time.monotonic() + 60
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung (a lock held at fork time?)")
-        time.sleep(0.02)
-    with os.fdopen(read, "rb") as f:
-        report = f.read()
+    report = child_report(pid, read)
     assert report == b"ok", report
     assert [ds[i] for i in range(N)] == expected
 
