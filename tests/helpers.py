@@ -137,6 +137,26 @@ def reference_blocks(root):
             yield dctx.decompress(block) if strategy != 0 else block
 
 
+def fork_check(check) -> tuple:
+    """Fork; the child runs ``check()`` (true: all is well) and writes ``b"ok"``, ``b"wrong
+    examples"`` or the exception it raised to a pipe, then exits. Returns ``(pid, read end)``
+    for ``child_report``; the parent goes on meanwhile."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, b"ok" if check() else b"wrong examples")
+            status = 0
+        except BaseException as exc:
+            os.write(write, repr(exc).encode()[:500])
+        finally:
+            os._exit(status)
+    os.close(write)
+    return pid, read
+
+
 def child_report(pid: int, read: int, timeout: float = 60.0) -> bytes:
     """Wait for the forked child ``pid`` (killed, and the test failed, if it hangs past
     ``timeout`` seconds: a lock held at fork time, say), then return what it wrote to the

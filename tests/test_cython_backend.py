@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helpers import assert_same, child_report, open_fd_count
+from helpers import assert_same, child_report, fork_check, open_fd_count
 
 import atlas_fast
 import atlas_fast._python
@@ -487,21 +487,10 @@ def test_forked_child_reads_correctly(atlas, tmp_path, strategy):
         opener = threading.Thread(target=lambda: ds[150])
         opener.start()
         assert held.wait(10)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe
-            status = 1
-            try:
-                os.close(read)
-                order = np.random.default_rng(1).permutation(300).tolist()
-                ok = all(ds[i]["id"] == i and ds[i]["text"] == examples[i]["text"] for i in order)
-                os.write(write, b"ok" if ok else b"wrong examples")
-                status = 0
-            except BaseException as exc:
-                os.write(write, repr(exc).encode()[:500])
-            finally:
-                os._exit(status)
-        os.close(write)
+        order = np.random.default_rng(1).permutation(300).tolist()
+        pid, read = fork_check(
+            lambda: all(ds[i]["id"] == i and ds[i]["text"] == examples[i]["text"] for i in order)
+        )
         release.set()
         opener.join()
     finally:

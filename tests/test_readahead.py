@@ -10,7 +10,7 @@ import os
 import random
 
 import pytest
-from helpers import child_report, run_threads
+from helpers import child_report, fork_check, run_threads
 from loader_helpers import example, write_dataset
 
 import atlas_fast
@@ -248,22 +248,13 @@ def test_forked_child_during_read_ahead(atlas, root, expected):
     head = [next(it) for _ in range(15)]
     for i in range(30):  # an in-order pass has queued blocks too
         assert ds[i] == expected[i]
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        status = 1
-        try:
-            os.close(read)
-            ok = head + list(it) == expected
-            ok = ok and list(ds) == expected
-            ok = ok and [ds[i] for i in range(N)] == expected
-            os.write(write, b"ok" if ok else b"wrong examples")
-            status = 0
-        except BaseException as exc:
-            os.write(write, repr(exc).encode()[:500])
-        finally:
-            os._exit(status)
-    os.close(write)
+    pid, read = fork_check(
+        lambda: (
+            head + list(it) == expected
+            and list(ds) == expected
+            and [ds[i] for i in range(N)] == expected
+        )
+    )
     assert head + list(it) == expected
     report = child_report(pid, read)
     assert report == b"ok", report
