@@ -446,8 +446,7 @@ def _load_npy(path, items: int | None = None) -> np.ndarray:
 def read_dict_file(path: Path) -> bytes:
     """The bytes of a zstd dictionary file, which must exist and not be empty."""
     try:
-        _regular_size(path)
-        data = Path(path).read_bytes()
+        data = _read_regular_file(path)
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
     except OSError as exc:
