@@ -364,3 +364,22 @@ def test_an_example_read_ahead_that_does_not_pickle_names_its_shard_and_block(
                 training.gate.set()
     assert training.added_when_opened is None  # it was read ahead: training had not started
     assert not (root / "meta.json").exists()
+
+
+@pytest.mark.parametrize("n", [100, 230])  # the failing shard: the last one, or one before it
+def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
+    tmp_path, monkeypatch, recording, n
+):
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with (
+        pytest.raises(zstandard.ZstdError, match=r"ds/2: compressing block 1: injected"),
+        AtlasDatasetWriter(root, 40, 4, workers=2) as w,
+    ):
+        try:
+            for i in range(n):
+                w.add_example(RecordingCompressor.poison if i == 85 else f"example {i}")
+        finally:
+            training.gate.set()
+    assert training.added_when_opened is None
+    assert not (root / "meta.json").exists()
