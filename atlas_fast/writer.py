@@ -495,14 +495,16 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         """Append one example (anything picklable)."""
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
-        if self._first is None and len(self.current_shard) >= self.shard_size:
-            self._finish_shard()
+        if len(self.current_shard) >= self.shard_size:
+            # Full (the first shard stays current, full, while the next ones are read ahead).
             if self._first is None:
-                self.current_shard = self._new_shard()
-        if self._first is not None:
-            self._read_ahead(example)
-        else:
-            self.current_shard.add_example(example)
+                self._finish_shard()
+                if self._first is None:
+                    self.current_shard = self._new_shard()
+            if self._first is not None:
+                self._read_ahead(example)
+                return
+        self.current_shard.add_example(example)
 
     def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
