@@ -223,10 +223,10 @@ class BatchSource(Protocol):
 
 class BlockCompressorProtocol(Protocol):
     """The writer's compression of pickled blocks: the frames are those of
-    ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict))
-    .compress(block)``, byte for byte, whatever the backend and the number of workers.
-    Called from one thread at a time; an error is raised by the call that would return the
-    failing block's frame."""
+    ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict),
+    write_checksum=checksum).compress(block)``, byte for byte, whatever the backend and the number
+    of workers. Called from one thread at a time; an error is raised by the call that would return
+    the failing block's frame."""
 
     def submit(self, block: bytes) -> list:
         """Queue a block; the frames finished since the last call, in block order."""
@@ -249,5 +249,5 @@ class CoreModule(Protocol):
     def zstd_library(self) -> dict: ...
 
     def block_compressor(
-        self, level: int, zdict: bytes | None, workers: int
+        self, level: int, zdict: bytes | None, workers: int, checksum: bool = False
     ) -> BlockCompressorProtocol: ...

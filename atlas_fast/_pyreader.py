@@ -5,14 +5,14 @@ This module and the compiled ``atlas_fast._reader`` implement the same contract
 (``atlas_fast.BACKEND``). What both share above the hot path (opening a shard, batches,
 read-ahead) lives in ``_batch``; metadata and error wording in ``_format``.
 
-Errors as the compiled core words them: a short read of data.bin is
-``truncated_block_error``; a zstd frame whose header declares its size is decoded in one call
-and checked (``check_zstd_content_size`` first); one without a recorded size is streamed,
-never past ``max_block_bytes()``; a truncated frame is "<where>: the zstd frame is truncated",
-bytes after the frame "<where>: N bytes follow the zstd frame" (where = "<data.bin>: block
-<b>"), any other zstd failure ``zstd_frame_error``; an exception from ``loads`` through
-``unpickle_error``; a result that is not a list of ``expected_block_length`` examples through
-``check_block_examples``.
+Errors as the compiled core words them: a short read of data.bin is ``truncated_block_error``; a
+zstd frame whose header declares its size is decoded in one call and checked
+(``check_zstd_content_size`` first); one without a recorded size is streamed, never past
+``max_block_bytes()``; a truncated frame is "<where>: the zstd frame is truncated", bytes after the
+frame "<where>: N bytes follow the zstd frame" (where = "<data.bin>: block <b>"), a frame of another
+dictionary ``zstd_dictionary_mismatch``, any other zstd failure ``corrupt_frame_error``; an
+exception from ``loads`` through ``unpickle_error``; a result that is not a list of
+``expected_block_length`` examples through ``check_block_examples``.
 
 Invariants: a core is safe to call from several threads (at method level) and in a forked
 child whatever the parent did; it holds no file descriptor between calls except through the
@@ -36,11 +36,12 @@ from ._errors import AtlasFormatError
 from ._format import (
     check_block_examples,
     check_zstd_content_size,
+    corrupt_frame_error,
     expected_block_length,
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
-    zstd_frame_error,
+    zstd_dictionary_mismatch,
 )
 from ._pycompress import PoolCompressor
 
@@ -71,9 +72,9 @@ def zstd_library() -> dict:
     }
 
 
-def block_compressor(level: int, zdict, workers: int) -> PoolCompressor:
+def block_compressor(level: int, zdict, workers: int, checksum: bool = False) -> PoolCompressor:
     """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
-    return PoolCompressor(level, zdict, workers)
+    return PoolCompressor(level, zdict, workers, checksum)
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:
@@ -556,24 +557,23 @@ class ShardCore:
         except zstandard.ZstdError:
             frame_dict_id = 0
         dict_id = None if zdict is None else zdict._dict.dict_id()
-        error = zstd_frame_error(
-            where, str(exc), frame_dict_id, dict_id, None if zdict is None else zdict.path
-        )
-        if "corrupt zstd frame" not in str(error):
+        dict_path = None if zdict is None else zdict.path
+        error = zstd_dictionary_mismatch(where, frame_dict_id, dict_id, dict_path)
+        if error is not None:
             return error
         # Truncated or followed by other bytes? Streaming tells these apart.
         try:
             stream = dctx.decompressobj()
             stream.decompress(raw)
         except zstandard.ZstdError:
-            return error
+            return corrupt_frame_error(where, str(exc), dict_path)
         if not stream.eof:
             return AtlasFormatError(f"{where}: the zstd frame is truncated")
         if stream.unused_data:
             return AtlasFormatError(
                 f"{where}: {len(stream.unused_data)} bytes follow the zstd frame"
             )
-        return error
+        return corrupt_frame_error(where, str(exc), dict_path)
 
     def _unpickle(self, data, b: int) -> list:
         try:

@@ -91,12 +91,13 @@ from ._format import (
     INDEX_FILE,
     check_block_examples,
     check_zstd_content_size,
+    corrupt_frame_error,
     expected_block_length,
     load_offsets,
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
-    zstd_frame_error,
+    zstd_dictionary_mismatch,
 )
 
 cdef extern from "<dlfcn.h>" nogil:
