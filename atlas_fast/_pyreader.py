@@ -31,6 +31,7 @@ from collections import OrderedDict
 import zstandard
 
 from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
+from ._compat import freeze_in_worker
 from ._contract import CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
@@ -151,11 +152,15 @@ _files = _FilePool()
 # parent thread that does not exist in the child, so the shard replaces it on next use.
 _generation = [0]
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
+# True until this process decodes its first block, and again in a forked child: that decode
+# calls _compat.freeze_in_worker first (see there).
+_first_decode = [True]
 
 
 def _after_fork_in_child() -> None:
     _files._after_fork_in_child()
     _generation[0] += 1
+    _first_decode[0] = True
     for cache in list(_caches):
         cache._lock = threading.Lock()
 
@@ -576,6 +581,9 @@ class ShardCore:
         return corrupt_frame_error(where, str(exc), dict_path)
 
     def _unpickle(self, data, b: int) -> list:
+        if _first_decode[0]:
+            _first_decode[0] = False
+            freeze_in_worker()
         try:
             examples = self._loads(data)
         except Exception as exc:
