@@ -15,10 +15,10 @@ cache holds more than ``max_bytes`` bytes or more than ``max_blocks`` blocks (``
 of that kind), but the ``reserved`` most recently used blocks (at least 1) are always kept.
 
 A block held whole is charged what its examples take as Python objects: its decoded pickle's
-size times the ratio of objects to pickle bytes the cache has measured (``atlas_fast._objsize``:
-the first blocks put, then one in 64), so that a budget bounds memory whether the examples are
-text and arrays (about their pickle's size) or rows of small objects (several times more). A
-block held as its pickle and scan (partial decoding) is charged their size.
+size times the ratio of objects to pickle bytes the cache has measured lately, never less than
+the pickle's size (``atlas_fast._objsize.ChargeMeter``), so that a budget bounds memory whether
+the examples are text and arrays (about their pickle's size) or rows of small objects (several
+times more). A block held as its pickle and scan (partial decoding) is charged their size.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),

@@ -44,7 +44,7 @@ from ._format import (
     unpickle_error,
     zstd_dictionary_mismatch,
 )
-from ._objsize import MEASURE_EVERY, MEASURE_FIRST, objects_bytes
+from ._objsize import ChargeMeter
 from ._pycompress import PoolCompressor
 
 __all__ = [
@@ -224,11 +224,7 @@ class BlockCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
-        # Blocks charged what their objects take (atlas_fast._objsize): puts so far, and the
-        # objects' and pickles' bytes of the puts measured.
-        self._puts = 0
-        self._measured_objects = 0
-        self._measured_pickles = 0
+        self._meter = ChargeMeter()  # what a block is charged (atlas_fast._objsize)
         self._lock = threading.Lock()
         _caches.add(self)
 
@@ -275,25 +271,10 @@ class BlockCache:
             self._entries.move_to_end(key)
             return entry, entry.examples
 
-    def _charge(self, examples: list, nbytes: int) -> int:
-        """What a block of ``examples`` (a pickle of ``nbytes``) counts against the budget:
-        ``nbytes`` times the objects-to-pickle ratio measured so far (atlas_fast._objsize)."""
-        with self._lock:
-            n = self._puts
-            self._puts += 1
-        if n < MEASURE_FIRST or n % MEASURE_EVERY == 0:
-            measured = objects_bytes(examples)
-            with self._lock:
-                self._measured_objects += measured
-                self._measured_pickles += nbytes
-        if self._measured_pickles <= 0:
-            return nbytes
-        return int(nbytes * (self._measured_objects / self._measured_pickles))
-
     def _put(self, key, block: int, examples: list, nbytes: int) -> tuple:
-        """Cache ``examples`` (a pickle of ``nbytes``), charged ``_charge``: ``(entry,
+        """Cache ``examples`` (a pickle of ``nbytes``), charged what the meter says: ``(entry,
         examples)``; an entry already there (another thread's) wins."""
-        nbytes = self._charge(examples, nbytes)
+        nbytes = self._meter.charge(examples, nbytes)
         dropped = []
         with self._lock:
             entries = self._entries

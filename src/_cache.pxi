@@ -49,14 +49,11 @@ cdef class BlockCache:
     cdef Py_ssize_t _reserved
     cdef unsigned long long _hits
     cdef unsigned long long _misses
-    # Blocks charged what their objects take (atlas_fast._objsize): puts so far, and the
-    # objects' and pickles' bytes of the puts measured.
-    cdef unsigned long long _puts
-    cdef double _measured_objects
-    cdef double _measured_pickles
+    cdef object _meter  # what a block is charged (atlas_fast._objsize.ChargeMeter)
 
     def __cinit__(self, max_bytes=None, max_blocks=None):
         self._entries = {}
+        self._meter = ChargeMeter()
         self._max_bytes = -1 if max_bytes is None else max_bytes
         self._max_blocks = -1 if max_blocks is None else max_blocks
         self._reserved = 1
@@ -147,24 +144,10 @@ cdef class BlockCache:
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         return None if found == NULL else <_Entry>found
 
-    cdef Py_ssize_t _charge(self, list examples, Py_ssize_t nbytes) except -1:
-        """What a block of ``examples`` (a pickle of ``nbytes``) counts against the budget:
-        ``nbytes`` times the objects-to-pickle ratio measured so far (atlas_fast._objsize).
-        May run Python code."""
-        cdef unsigned long long n = self._puts
-        self._puts += 1
-        if n < _MEASURE_FIRST or n % _MEASURE_EVERY == 0:
-            measured = objects_bytes(examples)
-            self._measured_objects += measured
-            self._measured_pickles += nbytes
-        if self._measured_pickles <= 0:
-            return nbytes
-        return <Py_ssize_t>(nbytes * (self._measured_objects / self._measured_pickles))
-
     cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
-        """Cache ``examples`` (a pickle of ``nbytes``) as block ``key``, charged ``_charge``;
-        an entry already there (another thread's) wins."""
-        cdef Py_ssize_t charge = self._charge(examples, nbytes)  # Python code: before the look-up
+        """Cache ``examples`` (a pickle of ``nbytes``) as block ``key``, charged what the meter
+        says; an entry already there (another thread's) wins."""
+        cdef Py_ssize_t charge = self._meter.charge(examples, nbytes)  # Python: before look-up
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef list dropped = []
         cdef _Entry e

@@ -86,7 +86,7 @@ from collections import deque
 
 from ._batch import ShardOpener, gather, open_dictionary, shard_layout
 from ._compat import freeze_in_worker
-from ._objsize import MEASURE_EVERY, MEASURE_FIRST, objects_bytes
+from ._objsize import ChargeMeter
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
@@ -134,9 +134,6 @@ __all__ = [
 ]
 
 BACKEND = "cython"
-
-cdef unsigned long long _MEASURE_FIRST = MEASURE_FIRST
-cdef unsigned long long _MEASURE_EVERY = MEASURE_EVERY
 
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
