@@ -121,9 +121,10 @@ class WriteJob:
     run_dir: str
     dict_dir: str
     options: dict
-    # Several worker processes share the cores: each shard writer compresses on one thread,
-    # not on every core.
-    parallel: bool = False
+    # The shard writers' compression threads (their ``workers=``): the conversion's cores
+    # shared out among its runs, so that it uses ``workers`` cores in total (see
+    # ``_convert_source``): 1 whenever there is more than one run.
+    threads: int = 1
 
     @property
     def first(self) -> bool:
@@ -304,7 +305,6 @@ def write_run(job: WriteJob, emit) -> tuple:
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
-    from ..writer import default_workers
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
@@ -336,7 +336,7 @@ def write_run(job: WriteJob, emit) -> tuple:
             compression_dict=zdict,
             compression_dict_size=opts["compression_dict_size"],
             checksums=opts["checksums"],
-            **({"workers": 1} if job.parallel else {}),
+            workers=job.threads,
         )
         w.dict_dir = dict_dir
         return w
@@ -359,9 +359,8 @@ def write_run(job: WriteJob, emit) -> tuple:
         if last or _shared_dict(dict_dir) is not ...:
             for waiting in deferred:
                 # The blocks read while the dictionary was being trained are compressed now,
-                # all at once: on every core, as the other processes may well have run out of
-                # parts by then (while run 0 trained, this one claimed what it could).
-                waiting.workers = default_workers()
+                # all at once, on this run's share of the cores (the other runs are writing
+                # on theirs, or have finished: then work stealing has left nothing to share).
                 settle(waiting)
             deferred.clear()
             known = True
@@ -839,10 +838,15 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
         ranges.append((start, start + len(run)))
         start += len(run)
     ranges = tuple(ranges)
+    # ``workers`` is cores in total: one process per run, whose shard writers compress on its
+    # share of them (one thread each when every process has a run; all of them for a source
+    # of one part). The output does not depend on it (the writers' files are byte-identical
+    # whatever their threads), only the time does.
+    threads = max(1, _pool_size(pool) // len(runs))
     tasks = [
         (
             write_run,
-            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, len(runs) > 1),
+            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, threads),
         )
         for k in range(len(runs))
     ]
