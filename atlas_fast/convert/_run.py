@@ -183,15 +183,17 @@ class _Claims:
             table[len(table) - 1] = until
 
     def first_shard_settled(self) -> None:
-        """Run 0's first shard is closed: the others may take from all of run 0's range."""
+        """Run 0's first shard holds its last example (it is being closed, the dictionary
+        not trained yet): the others may take from all of run 0's range."""
         self.keep_for_first_shard(0.0, -1)
 
-    def next(self):
-        """The index of the next part to write, or None when none is left."""
+    def next(self, steal: bool = True):
+        """The index of the next part to write, or None when none is left (of this run's own
+        range, with ``steal=False``)."""
         if self.lock is None:
-            return self._next()
+            return self._next(steal)
         with self._locked():
-            return self._next()
+            return self._next(steal)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -208,12 +210,14 @@ class _Claims:
         finally:
             self.lock.release()
 
-    def _next(self):
+    def _next(self, steal: bool):
         table, k = self.table, self.run
         start, stop = table[2 * k], table[2 * k + 1]
         if start < stop:
             table[2 * k] = start + 1
             return start
+        if not steal:
+            return None
         victim, most = None, 0
         kept = table[len(table) - 1] if len(table) % 2 else -1
         for j in range(len(table) // 2):
@@ -274,6 +278,19 @@ def _publish(dict_dir: Path, data) -> None:
     os.replace(tmp, dict_dir / _DICT_FILE)
 
 
+def _await_dict(dict_dir: Path):
+    """The strategy-2 dictionary run 0 publishes (a ``ZstdCompressionDict``, or None when it
+    fell back to strategy 1), once it is published."""
+    import zstandard
+
+    parent = os.getppid()
+    while (data := _shared_dict(dict_dir)) is ...:
+        if os.getppid() != parent:  # the converting process is gone
+            raise SystemExit(1)
+        time.sleep(0.005)
+    return None if data is None else zstandard.ZstdCompressionDict(data)
+
+
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
@@ -284,16 +301,21 @@ def _writer_classes():
         dict_dir: Path
 
         def _train_dictionary(self):
-            import zstandard
+            return _await_dict(self.dict_dir)
 
-            parent = os.getppid()
-            while (data := _shared_dict(self.dict_dir)) is ...:
-                if os.getppid() != parent:  # the converting process is gone
-                    raise SystemExit(1)
-                time.sleep(0.02)
-            return None if data is None else zstandard.ZstdCompressionDict(data)
+    class PublishingShardWriter(AtlasDatasetShardWriter):
+        """Run 0's first shard under strategy 2: it publishes the dictionary it trains as
+        soon as it is trained, so that the others compress with it while this shard still
+        compresses its own blocks (None, strategy 1, when it cannot be trained)."""
 
-    return AtlasDatasetShardWriter, AwaitingDictShardWriter
+        dict_dir: Path
+
+        def _train_dictionary(self):
+            zdict = super()._train_dictionary()
+            _publish(self.dict_dir, None if zdict is None else zdict.as_bytes())
+            return zdict
+
+    return AtlasDatasetShardWriter, AwaitingDictShardWriter, PublishingShardWriter
 
 
 def write_run(job: WriteJob, emit) -> tuple:
@@ -308,7 +330,7 @@ def write_run(job: WriteJob, emit) -> tuple:
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
-    shard_writer, awaiting_writer = _writer_classes()
+    shard_writer, awaiting_writer, publishing_writer = _writer_classes()
     strategy = CompressionStrategy(opts["compression_strategy"])
     shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
     zdict = None  # the shared dictionary, once known
@@ -324,7 +346,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         groups[-1][1].append(str(path))
         cls, chosen = shard_writer, strategy
         if shared and not known:
-            cls = shard_writer if job.first else awaiting_writer
+            cls = publishing_writer if job.first else awaiting_writer
             chosen = CompressionStrategy.DICTIONARY_COMPRESSION
         elif shared and zdict is None:
             chosen = CompressionStrategy.STANDARD_COMPRESSION
@@ -349,9 +371,11 @@ def write_run(job: WriteJob, emit) -> tuple:
             w.close()
             return
         if job.first:  # the first shard trains it and publishes it
+            # Its examples are the dictionary's sample: with them settled the others may
+            # take any part of run 0's range, while it trains.
+            claims.first_shard_settled()
             settle(w)
             known = True
-            claims.first_shard_settled()
             return
         # Keep reading while run 0 trains the dictionary: these shards (strategy 3 awaiting
         # it) are closed, and their blocks compressed, once it is published or at the end.
@@ -366,8 +390,9 @@ def write_run(job: WriteJob, emit) -> tuple:
             known = True
 
     def settle(w):
-        """Close a strategy-3 shard whose dictionary is the shared one: the dictionary
-        leaves the shard (to the source's dict dir, from run 0) and it becomes strategy 2."""
+        """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
+        publishes it to the source's dict dir once trained: ``PublishingShardWriter``): the
+        dictionary leaves the shard and it becomes strategy 2."""
         nonlocal zdict
         w.close()
         data = None
@@ -379,8 +404,6 @@ def write_run(job: WriteJob, emit) -> tuple:
                 compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
             )
             dump_meta(w.path / META_FILE, w.metadata._asdict())
-        if job.first:
-            _publish(dict_dir, data)
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
     progress = _Emitter(emit)
@@ -389,7 +412,23 @@ def write_run(job: WriteJob, emit) -> tuple:
     if job.first and known:
         claims.first_shard_settled()  # no dictionary to train: nothing to guard
     previous = None
-    while (index := claims.next()) is not None:
+    while True:
+        # A run > 0 takes no other run's part before it has the strategy-2 dictionary: what
+        # it reads until then waits in memory to be compressed, by this process alone, once
+        # the dictionary is there; the parts it leaves are shared out after (read and
+        # compressed by whoever takes them), so the processes end together.
+        index = claims.next(steal=known or job.first)
+        if index is None and not known and not job.first:
+            # Its own parts are read: compress them once the dictionary is published, then
+            # take parts from the others.
+            if writer is not None or deferred:
+                close_shard(writer if writer is not None else deferred.pop(), last=True)
+                writer = None
+            else:  # nothing read: nothing to compress
+                zdict, known = _await_dict(dict_dir), True
+            index = claims.next()
+        if index is None:
+            break
         if previous is None or index != previous + 1:
             if writer is not None:  # the group before ends with a short shard
                 close_shard(writer)
@@ -420,6 +459,8 @@ def write_run(job: WriteJob, emit) -> tuple:
         close_shard(deferred.pop(), last=True)  # settles it and those before it
     if job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
+    if job.first:
+        claims.first_shard_settled()  # nothing of its range is left to keep
     return groups, counts
 
 

@@ -356,6 +356,13 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     run1.table = run0.table
     assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
     assert run0.next() == 0
+    # steal=False (a run still awaiting the strategy-2 dictionary): its own parts only.
+    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
+    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
+    run1.table = run0.table
+    assert [run1.next(steal=False) for _ in range(5)] == [2, 3, 4, 5, None]
+    assert run1.next() == 1  # taken once it may steal
+    assert [run0.next(), run0.next()] == [0, None]
 
 
 def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
