@@ -187,13 +187,19 @@ class _Claims:
         not trained yet): the others may take from all of run 0's range."""
         self.keep_for_first_shard(0.0, -1)
 
-    def next(self, steal: bool = True):
-        """The index of the next part to write, or None when none is left (of this run's own
-        range, with ``steal=False``)."""
+    def next(self, held=None):
+        """The index of the next part to write, or None when none is left.
+
+        ``held``: the bytes of parts this run has read but cannot compress yet (a run > 0
+        awaiting the strategy-2 dictionary), or None. Such a run, once its own parts are
+        read, takes another run's part only while half of what it would then hold stays
+        within what is left unclaimed after it: what it holds is compressed by this process
+        alone once the dictionary is there, what is left by whoever takes it, so the runs
+        still end together (compressing costs less than reading and compressing)."""
         if self.lock is None:
-            return self._next(steal)
+            return self._next(held)
         with self._locked():
-            return self._next(steal)
+            return self._next(held)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -210,28 +216,30 @@ class _Claims:
         finally:
             self.lock.release()
 
-    def _next(self, steal: bool):
+    def _next(self, held):
         table, k = self.table, self.run
         start, stop = table[2 * k], table[2 * k + 1]
         if start < stop:
             table[2 * k] = start + 1
             return start
-        if not steal:
-            return None
-        victim, most = None, 0
+        victim, most, unclaimed = None, 0, 0
         kept = table[len(table) - 1] if len(table) % 2 else -1
         for j in range(len(table) // 2):
-            if j == 0 and table[1] - 1 <= kept:
-                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
             # run 0 trains the strategy-2 dictionary, starts there.
             left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
+            unclaimed += left
+            if j == 0 and table[1] - 1 <= kept:
+                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
             if left > most:
                 victim, most = j, left
         if victim is None:
             return None
-        table[2 * victim + 1] -= 1
-        return table[2 * victim + 1]
+        index = table[2 * victim + 1] - 1
+        if held is not None and (held + self.sizes[index]) / 2 > unclaimed - self.sizes[index]:
+            return None
+        table[2 * victim + 1] = index
+        return index
 
 
 @dataclass(frozen=True)
@@ -412,12 +420,14 @@ def write_run(job: WriteJob, emit) -> tuple:
     if job.first and known:
         claims.first_shard_settled()  # no dictionary to train: nothing to guard
     previous = None
+    held = 0  # bytes of the parts a run > 0 read before it had the strategy-2 dictionary
     while True:
-        # A run > 0 takes no other run's part before it has the strategy-2 dictionary: what
-        # it reads until then waits in memory to be compressed, by this process alone, once
-        # the dictionary is there; the parts it leaves are shared out after (read and
-        # compressed by whoever takes them), so the processes end together.
-        index = claims.next(steal=known or job.first)
+        # A run > 0 takes few other runs' parts before it has the strategy-2 dictionary
+        # (``_Claims.next``): what it reads until then waits in memory to be compressed, by
+        # this process alone, once the dictionary is there; the parts it leaves are shared
+        # out after (read and compressed by whoever takes them), so the processes end
+        # together.
+        index = claims.next(None if known or job.first else held)
         if index is None and not known and not job.first:
             # Its own parts are read: compress them once the dictionary is published, then
             # take parts from the others.
@@ -448,6 +458,8 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = None
         counts.append((index, count))
         progress.flush(part.nbytes)
+        if not known:
+            held += claims.sizes[index]
         if job.first and not known and writer is not None and len(shard_dirs) == 1:
             # Still in the first shard: tell the others which parts it may yet need.
             read = sum(job.parts[i].nbytes for i, _ in counts)

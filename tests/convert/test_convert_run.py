@@ -356,13 +356,19 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     run1.table = run0.table
     assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
     assert run0.next() == 0
-    # steal=False (a run still awaiting the strategy-2 dictionary): its own parts only.
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
+    # A run holding parts it cannot compress yet (awaiting the strategy-2 dictionary) takes
+    # another run's part only while half of what it would hold stays within what is left.
+    parts = [Part(str(i), size, iter) for i, size in enumerate([10] * 8)]
+    run0 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 0, "r0", "d", {}, 1))
+    run1 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 1, "r1", "d", {}, 1))
     run1.table = run0.table
-    assert [run1.next(steal=False) for _ in range(5)] == [2, 3, 4, 5, None]
-    assert run1.next() == 1  # taken once it may steal
-    assert [run0.next(), run0.next()] == [0, None]
+    assert [run0.next(), run1.next(), run1.next(held=10)] == [0, 6, 7]  # its own: always
+    # Holding 20 bytes, unclaimed 50 (parts 1-5): (20 + 10) / 2 <= 50 - 10.
+    assert run1.next(held=20) == 5
+    assert run1.next(held=30) == 4  # (30 + 10) / 2 <= 30
+    assert run1.next(held=40) is None  # (40 + 10) / 2 > 20
+    assert run1.next() == 3  # once it has the dictionary
+    assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
 
 
 def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
