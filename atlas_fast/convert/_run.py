@@ -599,10 +599,13 @@ def _start_method() -> str:
 
 
 class _Workers:
-    """``n - 1`` worker processes; the calling process is worker 0."""
+    """``n - 1`` worker processes; the calling process is worker 0. ``cores``: the cores the
+    conversion uses in total (``workers``), shared out among its runs (``_convert_source``)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, cores: int):
         import multiprocessing
+
+        self.cores = cores
 
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
@@ -724,6 +727,14 @@ class _Workers:
 
 
 class _Serial:
+    """The calling process alone, on ``cores`` cores: its shard writers' compression threads
+    (a source of one part with ``workers`` > 1)."""
+
+    processes = ()  # no other process
+
+    def __init__(self, cores: int):
+        self.cores = cores
+
     def run(self, tasks: list, on_progress, claims=()) -> list:
         function, job = tasks[0]
         return [function(job, on_progress)]
@@ -826,12 +837,17 @@ def run_conversion(
     started = time.monotonic()
     dst = Path(dst)
     _check_destination(dst)
-    pool = _Workers(workers) if workers > 1 and not ray else _Serial()
+    pool = _Serial(1 if ray else workers)
     staging = None
     ok = False
     try:
         sources = list_sources()
         _check_sources(sources)
+        # The worker processes start now, with the format's modules imported (pyarrow: a
+        # fifth of a second in each), and no more of them than the parts to share.
+        processes = min(pool.cores, max(len(source.parts) for source in sources))
+        if processes > 1:
+            pool = _Workers(processes, pool.cores)
         dst.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
         out = staging / "out"
@@ -895,7 +911,7 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     # share of them (one thread each when every process has a run; all of them for a source
     # of one part). The output does not depend on it (the writers' files are byte-identical
     # whatever their threads), only the time does.
-    threads = max(1, _pool_size(pool) // len(runs))
+    threads = max(1, pool.cores // len(runs))
     tasks = [
         (
             write_run,
@@ -931,7 +947,7 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
 
 
 def _pool_size(pool) -> int:
-    return len(pool.processes) + 1 if isinstance(pool, _Workers) else 1
+    return len(pool.processes) + 1
 
 
 def _phase_name(what: str, source: Source) -> str:

@@ -560,11 +560,15 @@ def test_workers_are_cores_in_total(tmp_path, monkeypatch, atlas, strategy, work
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the recording reaches workers by fork")
 def test_a_source_of_one_part_compresses_on_every_core_given(tmp_path, monkeypatch, atlas):
-    """One part is one run: its process gets all N cores, as compression threads."""
+    """One part is one run: its process gets all N cores, as compression threads (and no
+    worker process is started)."""
+    from atlas_fast.convert import _run
+
     docs = documents(300)
     write_jsonl(tmp_path / "one.jsonl", docs)
     log = tmp_path / "compressors.log"
     _record_compressors(monkeypatch, log)
+    monkeypatch.setattr(_run, "_Workers", None)
     convert(tmp_path / "one.jsonl", tmp_path / "out", "jsonl", workers=3, shard_size=100)
     assert read_back(atlas, tmp_path / "out") == docs
     assert _compressors(log) == [(os.getpid(), 3)] * 3
