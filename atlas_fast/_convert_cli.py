@@ -85,7 +85,8 @@ def add_arguments(parser) -> None:
     run_group.add_argument(
         "--ray",
         action="store_true",
-        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra)",
+        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
+        "decides the parallelism: not with --workers)",
     )
     fmt_group = parser.add_argument_group("format options")
     fmt_group.add_argument(
