@@ -414,8 +414,9 @@ def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
     sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
     n=st.integers(min_value=1, max_value=4),
     order=st.lists(st.integers(min_value=0, max_value=3), max_size=60),
+    helds=st.lists(st.one_of(st.none(), st.integers(min_value=0, max_value=500)), max_size=60),
 )
-def test_claims_hand_out_every_part_once(sizes, n, order):
+def test_claims_hand_out_every_part_once(sizes, n, order, helds):
     parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
     runs = split_runs(parts, n)
     ranges, start = [], 0
@@ -426,8 +427,10 @@ def test_claims_hand_out_every_part_once(sizes, n, order):
     for c in claims[1:]:
         c.table = claims[0].table
     taken = [[] for _ in claims]
-    for k in [k % len(claims) for k in order] + [k for k in range(len(claims)) for _ in parts]:
-        index = claims[k].next()
+    # Some claims with bytes held (runs awaiting the dictionary), then every run until done.
+    steps = [(k % len(claims), h) for k, h in zip(order, helds + [None] * len(order))]
+    for k, held in steps + [(k, None) for k in range(len(claims)) for _ in parts]:
+        index = claims[k].next(held)
         if index is not None:
             taken[k].append(index)
     assert sorted(i for t in taken for i in t) == list(range(len(parts)))
