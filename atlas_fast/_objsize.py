@@ -27,9 +27,9 @@ from collections import deque
 
 __all__ = ["MEASURE_FIRST", "MEASURE_EVERY", "WINDOW", "ChargeMeter", "objects_bytes"]
 
-MEASURE_FIRST = 8
-MEASURE_EVERY = 64
-WINDOW = 8
+MEASURE_FIRST = 2
+MEASURE_EVERY = 256
+WINDOW = 4
 
 # Examples of a block looked at (evenly spaced, scaled to all): a block's examples are alike,
 # and walking every one of a block of small rows costs ten times its unpickling.
@@ -40,11 +40,8 @@ _SAMPLE = 64
 # what was measured, through the floor of the pickle size).
 _MAX_VISITS = 1 << 15
 
-_BUILTIN = frozenset(
-    (str, bytes, bytearray, int, float, complex, bool, type(None), list, tuple, dict, set)
-)
-_BUILTIN |= {frozenset}
-_SEQUENCES = frozenset((list, tuple))
+_ATOMS = frozenset((str, bytes, bytearray, int, float, complex, bool, type(None)))
+_CONTAINERS = frozenset((list, tuple, dict, set, frozenset))
 _NOT_DATA = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 
 
@@ -60,57 +57,58 @@ def objects_bytes(examples: list) -> int:
     sizeof = object.__sizeof__
     referents = gc.get_referents
     ndarray = _ndarray_type()
+    atoms = _ATOMS
     seen = set()
     total = 0.0
     visits = 0
-    n = len(examples)
-    if n > _EXAMPLES:
-        step = n / _EXAMPLES
-        stack = [(examples[int(k * step)], step) for k in range(_EXAMPLES)]
-        total = getsizeof(examples)
-    else:
-        stack = [(examples, 1.0)]
-    while stack:
-        obj, weight = stack.pop()
-        key = id(obj)
-        if key in seen:
-            continue
-        seen.add(key)
-        visits += 1
-        if visits > _MAX_VISITS:
-            break
-        t = type(obj)
-        if t in _BUILTIN:
-            total += weight * getsizeof(obj)
-            if t in _SEQUENCES or t is set or t is frozenset:
-                items = obj if t in _SEQUENCES else list(obj)
-            elif t is dict:
-                items = list(dict.values(obj))
-                items += dict.keys(obj)
-            else:
+    # Chunks of objects to visit, each with the scale its objects are counted at.
+    chunks = [_sampled(examples, 1.0, _EXAMPLES)]
+    total += getsizeof(examples)
+    seen.add(id(examples))
+    while chunks and visits <= _MAX_VISITS:
+        objs, weight = chunks.pop()
+        for obj in objs:
+            key = id(obj)
+            if key in seen:
                 continue
-        elif t is ndarray:
-            total += weight * (sizeof(obj) + obj.nbytes)
-            if obj.dtype.hasobject:
-                items = referents(obj) or list(obj.ravel())
-            else:
+            seen.add(key)
+            visits += 1
+            t = type(obj)
+            if t in atoms:
+                total += weight * getsizeof(obj)
                 continue
-        elif issubclass(t, _NOT_DATA):
-            continue
-        else:
-            # An instance: its builtin base's size (a dict subclass's table...) and what its
-            # type's traversal reaches (instance dict, slots, items; types are skipped above).
-            base = next((b for b in t.__mro__ if b in _BUILTIN), object)
-            total += weight * (base.__sizeof__(obj) if base is not object else sizeof(obj))
-            items = referents(obj)
-        n = len(items)
-        if n > _SAMPLE:
-            step = n / _SAMPLE
-            scaled = weight * step
-            stack.extend((items[int(k * step)], scaled) for k in range(_SAMPLE))
-        else:
-            stack.extend((x, weight) for x in items)
+            if t in _CONTAINERS:
+                total += weight * getsizeof(obj)
+                if t is dict:
+                    items = list(dict.values(obj))
+                    items += dict.keys(obj)
+                else:
+                    items = obj if t is list or t is tuple else list(obj)
+            elif t is ndarray:
+                total += weight * (sizeof(obj) + obj.nbytes)
+                if not obj.dtype.hasobject:
+                    continue
+                items = list(obj.ravel())
+            elif issubclass(t, _NOT_DATA):
+                continue
+            else:
+                # An instance: its builtin base's size (a dict subclass's table...) and what
+                # its type's traversal reaches (instance dict, slots, items).
+                base = next((b for b in t.__mro__ if b in _CONTAINERS or b in atoms), object)
+                total += weight * (base.__sizeof__(obj) if base is not object else sizeof(obj))
+                items = referents(obj)
+            if items:
+                chunks.append(_sampled(items, weight, _SAMPLE))
     return int(total)
+
+
+def _sampled(items, weight: float, most: int) -> tuple:
+    """``(items to visit, their scale)``: all of them, or ``most`` evenly spaced, scaled."""
+    n = len(items)
+    if n <= most:
+        return items, weight
+    step = n / most
+    return [items[int(k * step)] for k in range(most)], weight * step
 
 
 class ChargeMeter:
