@@ -14,10 +14,11 @@ standalone ``AtlasDatasetShard`` has its own). ``ds[i]``, ``__getitems__``, ``it
 cache holds more than ``max_bytes`` bytes or more than ``max_blocks`` blocks (``None``: no bound
 of that kind), but the ``reserved`` most recently used blocks (at least 1) are always kept.
 
-A block's *bytes* are the size of its decoded pickle (the decompressed block): known without
-measuring any object, the same on both backends, and proportional to what the examples hold
-(text and arrays take about what they take in the pickle; many small Python objects take
-several times more).
+A block held whole is charged what its examples take as Python objects: its decoded pickle's
+size times the ratio of objects to pickle bytes the cache has measured lately, never less than
+the pickle's size (``atlas_fast._objsize.ChargeMeter``), so that a budget bounds memory whether
+the examples are text and arrays (about their pickle's size) or rows of small objects (several
+times more). A block held as its pickle and scan (partial decoding) is charged their size.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),
@@ -53,8 +54,8 @@ CacheInfo.__doc__ = """What ``cache_info()`` reports, as ``functools.lru_cache``
 
 ``hits`` / ``misses``: block look-ups served from the cache / that decoded the block (one per
 ``ds[i]``, one per distinct block of a ``__getitems__`` batch, one per block of ``iter(ds)``);
-``currsize``: bytes held (decoded pickle sizes); ``max_bytes``: the budget (None: unbounded);
-``blocks``: blocks held; ``max_blocks``: the block bound (None: unbounded)."""
+``currsize``: bytes held (what the blocks' objects take, see above); ``max_bytes``: the budget
+(None: unbounded); ``blocks``: blocks held; ``max_blocks``: the block bound (None: unbounded)."""
 
 # The default budget of a dataset's cache when neither cache_bytes nor cache_blocks is given:
 # small enough that eight DataLoader workers and their parent hold well under 1 GB of decoded
@@ -223,10 +224,10 @@ class BatchSource(Protocol):
 
 class BlockCompressorProtocol(Protocol):
     """The writer's compression of pickled blocks: the frames are those of
-    ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict))
-    .compress(block)``, byte for byte, whatever the backend and the number of workers.
-    Called from one thread at a time; an error is raised by the call that would return the
-    failing block's frame."""
+    ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict),
+    write_checksum=checksum).compress(block)``, byte for byte, whatever the backend and the number
+    of workers. Called from one thread at a time; an error is raised by the call that would return
+    the failing block's frame."""
 
     def submit(self, block: bytes) -> list:
         """Queue a block; the frames finished since the last call, in block order."""
@@ -249,5 +250,5 @@ class CoreModule(Protocol):
     def zstd_library(self) -> dict: ...
 
     def block_compressor(
-        self, level: int, zdict: bytes | None, workers: int
+        self, level: int, zdict: bytes | None, workers: int, checksum: bool = False
     ) -> BlockCompressorProtocol: ...

@@ -71,9 +71,10 @@ def add_arguments(parser) -> None:
     run_group.add_argument(
         "--workers",
         type=int,
-        default=1,
         metavar="N",
-        help="worker processes, each writing a contiguous run of the source's files (default 1)",
+        help="cores to use in total, as make -j N: N processes, each writing a contiguous run "
+        "of the source's files and compressing on one thread; 1 converts serially (default: "
+        "the usable cores, at most 8)",
     )
     run_group.add_argument(
         "--verify",
@@ -84,7 +85,8 @@ def add_arguments(parser) -> None:
     run_group.add_argument(
         "--ray",
         action="store_true",
-        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra)",
+        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
+        "decides the parallelism: not with --workers)",
     )
     fmt_group = parser.add_argument_group("format options")
     fmt_group.add_argument(
@@ -112,9 +114,9 @@ def run(args) -> int:
     from ._extras import MissingExtraError
     from .convert import FormatUnavailableError, SourceError, VerifyError, convert
 
-    if args.ray and args.workers != 1:
+    if args.ray and args.workers is not None:
         return _error("--ray and --workers exclude each other (Ray decides the parallelism)")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         return _error(f"--workers must be at least 1, not {args.workers}")
     options = {
         key: getattr(args, key) for _, key, *_ in _WRITER_FLAGS if getattr(args, key) is not None

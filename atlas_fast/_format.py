@@ -46,12 +46,13 @@ __all__ = [
     "check_zstd_content_size",
     "CHECKSUM_FILE",
     "block_checksum",
+    "corrupt_frame_error",
     "load_checksums",
     "expected_block_length",
     "check_block_examples",
     "unpickle_error",
     "truncated_block_error",
-    "zstd_frame_error",
+    "zstd_dictionary_mismatch",
 ]
 
 VERSION = 1
@@ -533,14 +534,14 @@ def truncated_block_error(data_path, b: int, start: int, end: int, got: int) -> 
     )
 
 
-def zstd_frame_error(
-    where: str, detail: str, frame_dict_id: int, dict_id: int | None, dict_path
-) -> AtlasFormatError:
-    """Explain why a zstd frame did not decode; ``where`` is "<data.bin>: block <b>".
+def zstd_dictionary_mismatch(
+    where: str, frame_dict_id: int, dict_id: int | None, dict_path
+) -> AtlasFormatError | None:
+    """The error for a zstd frame that names another dictionary than the shard's, or None.
 
-    ``frame_dict_id`` is the dictionary ID recorded in the frame header (0: none recorded),
-    ``dict_id`` that of the dictionary the shard decodes with (None: no dictionary). A
-    mismatch is reported as a wrong or missing dictionary, anything else as a corrupt frame.
+    ``where`` is "<data.bin>: block <b>"; ``frame_dict_id`` is the dictionary ID recorded in
+    the frame header (0: none recorded), ``dict_id`` that of the dictionary the shard decodes
+    with (None: no dictionary; 0: a raw-content dictionary, whose ID is unknown).
     """
     if frame_dict_id:
         if dict_id is None:
@@ -553,7 +554,16 @@ def zstd_frame_error(
                 f"{where}: the zstd frame needs dictionary {frame_dict_id} but {dict_path} "
                 f"is dictionary {dict_id}: wrong dictionary"
             )
-    return AtlasFormatError(f"{where}: corrupt zstd frame: {detail}")
+    return None
+
+
+def corrupt_frame_error(where: str, detail: str, dict_path) -> AtlasFormatError:
+    """The error for a zstd frame that did not decode, for no reason told apart
+    (``zstd_dictionary_mismatch``, truncation, trailing bytes): ``detail`` is zstd's.
+    With a dictionary (``dict_path`` not None), either may be damaged: a frame decoded with a
+    damaged dictionary fails its checksum when it has one (``checksums=True`` writers)."""
+    suspects = "" if dict_path is None else f" (the block or the dictionary {dict_path})"
+    return AtlasFormatError(f"{where}: corrupt zstd frame{suspects}: {detail}")
 
 
 def block_checksum(data) -> int:

@@ -31,12 +31,14 @@ def zstandard_version_number() -> int:
 
 
 class PoolCompressor:
-    def __init__(self, level: int, zdict, workers: int) -> None:
+    def __init__(self, level: int, zdict, workers: int, checksum: bool = False) -> None:
         def new():
             if zdict is None:
-                return zstandard.ZstdCompressor(level=level)
+                return zstandard.ZstdCompressor(level=level, write_checksum=checksum)
             return zstandard.ZstdCompressor(
-                level=level, dict_data=zstandard.ZstdCompressionDict(bytes(zdict))
+                level=level,
+                dict_data=zstandard.ZstdCompressionDict(bytes(zdict)),
+                write_checksum=checksum,
             )
 
         self._compressor = new()

@@ -5,14 +5,14 @@ This module and the compiled ``atlas_fast._reader`` implement the same contract
 (``atlas_fast.BACKEND``). What both share above the hot path (opening a shard, batches,
 read-ahead) lives in ``_batch``; metadata and error wording in ``_format``.
 
-Errors as the compiled core words them: a short read of data.bin is
-``truncated_block_error``; a zstd frame whose header declares its size is decoded in one call
-and checked (``check_zstd_content_size`` first); one without a recorded size is streamed,
-never past ``max_block_bytes()``; a truncated frame is "<where>: the zstd frame is truncated",
-bytes after the frame "<where>: N bytes follow the zstd frame" (where = "<data.bin>: block
-<b>"), any other zstd failure ``zstd_frame_error``; an exception from ``loads`` through
-``unpickle_error``; a result that is not a list of ``expected_block_length`` examples through
-``check_block_examples``.
+Errors as the compiled core words them: a short read of data.bin is ``truncated_block_error``; a
+zstd frame whose header declares its size is decoded in one call and checked
+(``check_zstd_content_size`` first); one without a recorded size is streamed, never past
+``max_block_bytes()``; a truncated frame is "<where>: the zstd frame is truncated", bytes after the
+frame "<where>: N bytes follow the zstd frame" (where = "<data.bin>: block <b>"), a frame of another
+dictionary ``zstd_dictionary_mismatch``, any other zstd failure ``corrupt_frame_error``; an
+exception from ``loads`` through ``unpickle_error``; a result that is not a list of
+``expected_block_length`` examples through ``check_block_examples``.
 
 Invariants: a core is safe to call from several threads (at method level) and in a forked
 child whatever the parent did; it holds no file descriptor between calls except through the
@@ -31,17 +31,20 @@ from collections import OrderedDict
 import zstandard
 
 from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
+from ._compat import freeze_in_worker
 from ._contract import CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
     check_block_examples,
     check_zstd_content_size,
+    corrupt_frame_error,
     expected_block_length,
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
-    zstd_frame_error,
+    zstd_dictionary_mismatch,
 )
+from ._objsize import ChargeMeter
 from ._pycompress import PoolCompressor
 
 __all__ = [
@@ -71,9 +74,9 @@ def zstd_library() -> dict:
     }
 
 
-def block_compressor(level: int, zdict, workers: int) -> PoolCompressor:
+def block_compressor(level: int, zdict, workers: int, checksum: bool = False) -> PoolCompressor:
     """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
-    return PoolCompressor(level, zdict, workers)
+    return PoolCompressor(level, zdict, workers, checksum)
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:
@@ -150,11 +153,15 @@ _files = _FilePool()
 # parent thread that does not exist in the child, so the shard replaces it on next use.
 _generation = [0]
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
+# True until this process decodes its first block, and again in a forked child: that decode
+# calls _compat.freeze_in_worker first (see there).
+_first_decode = [True]
 
 
 def _after_fork_in_child() -> None:
     _files._after_fork_in_child()
     _generation[0] += 1
+    _first_decode[0] = True
     for cache in list(_caches):
         cache._lock = threading.Lock()
 
@@ -217,6 +224,7 @@ class BlockCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
+        self._meter = ChargeMeter()  # what a block is charged (atlas_fast._objsize)
         self._lock = threading.Lock()
         _caches.add(self)
 
@@ -264,8 +272,9 @@ class BlockCache:
             return entry, entry.examples
 
     def _put(self, key, block: int, examples: list, nbytes: int) -> tuple:
-        """Cache ``examples``: ``(entry, examples)``; an entry already there (another
-        thread's) wins."""
+        """Cache ``examples`` (a pickle of ``nbytes``), charged what the meter says: ``(entry,
+        examples)``; an entry already there (another thread's) wins."""
+        nbytes = self._meter.charge(examples, nbytes)
         dropped = []
         with self._lock:
             entries = self._entries
@@ -556,26 +565,28 @@ class ShardCore:
         except zstandard.ZstdError:
             frame_dict_id = 0
         dict_id = None if zdict is None else zdict._dict.dict_id()
-        error = zstd_frame_error(
-            where, str(exc), frame_dict_id, dict_id, None if zdict is None else zdict.path
-        )
-        if "corrupt zstd frame" not in str(error):
+        dict_path = None if zdict is None else zdict.path
+        error = zstd_dictionary_mismatch(where, frame_dict_id, dict_id, dict_path)
+        if error is not None:
             return error
         # Truncated or followed by other bytes? Streaming tells these apart.
         try:
             stream = dctx.decompressobj()
             stream.decompress(raw)
         except zstandard.ZstdError:
-            return error
+            return corrupt_frame_error(where, str(exc), dict_path)
         if not stream.eof:
             return AtlasFormatError(f"{where}: the zstd frame is truncated")
         if stream.unused_data:
             return AtlasFormatError(
                 f"{where}: {len(stream.unused_data)} bytes follow the zstd frame"
             )
-        return error
+        return corrupt_frame_error(where, str(exc), dict_path)
 
     def _unpickle(self, data, b: int) -> list:
+        if _first_decode[0]:
+            _first_decode[0] = False
+            freeze_in_worker()
         try:
             examples = self._loads(data)
         except Exception as exc:

@@ -151,7 +151,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     when uncompressed, and under strategy 3 until the dictionary is trained at ``close()``.
 
     ``checksums=True`` also writes ``checksums.npy``: one BLAKE2b-8 digest per stored block,
-    which readers ignore and ``atlas-fast verify`` checks to find silent corruption.
+    which readers ignore and ``atlas-fast verify`` checks to find silent corruption; and
+    compressed blocks carry zstd's checksum of their content, which every read checks (so a
+    damaged block or dictionary is an error, never a different example; the frames stay
+    readable by any zstd reader, the reference package included).
 
     ``workers`` (default: the usable cores, at most 8) threads compress full blocks while the
     calling thread pickles the next ones (the backend's ``block_compressor``: in the compiled
@@ -215,9 +218,14 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 
     def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
         level = self.metadata.compression_level
+        # checksums=True: every frame carries its content's checksum (XXH64), which every
+        # zstd reader checks as it decompresses (a damaged dictionary is caught too).
+        checksum = self.checksums
         if compression_dict is None:
-            return zstandard.ZstdCompressor(level=level)
-        return zstandard.ZstdCompressor(level=level, dict_data=compression_dict)
+            return zstandard.ZstdCompressor(level=level, write_checksum=checksum)
+        return zstandard.ZstdCompressor(
+            level=level, dict_data=compression_dict, write_checksum=checksum
+        )
 
     def __len__(self) -> int:
         return self.stored_examples
@@ -263,6 +271,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
                 self.metadata.compression_level,
                 None if zdict is None else zdict.as_bytes(),
                 self.workers,
+                checksum=self.checksums,
             )
         try:
             frames = self._zc.submit(block)

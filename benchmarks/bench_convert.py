@@ -12,18 +12,22 @@ stdlib corpus of ``atlas_fast.bench.corpus``, repeated with fresh ids until ther
   file here, which the converter cuts into parts of whole record batches).
 
 Then converts each with the library (``atlas_fast.convert.convert``, default writer options:
-shard 10,000, block 100, strategy 2) with 1 and 2 workers, alternating, ``--repeats`` times,
-and prints medians of wall time as examples/s and the ratio, side by side. Wall time, since
-the point is the use of both cores. "ceiling now" is what two processes gain on a fixed
-pure-Python CPU loop, measured right after each format: 2.0 on two idle cores, less when
-neighbours use them, which caps the convert ratio beside it. The CPU columns say what the
-ratio would be on two idle cores: the CPU time of one worker, and of the two processes of two
-(the converting process, with run 0 and the dictionary training, and the other one). One
-worker already uses both cores (its shard writers compress on a thread per core while the
-calling thread reads), so each side's time on idle cores is bounded by the larger of its
-longest single thread (the calling thread: reading, pickling, and the dictionary training)
-and half its CPU time; the estimate is the ratio of those bounds. CPU time is little
-affected by neighbours, so it holds when wall-clock ratios cannot be measured.
+shard 10,000, block 100, strategy 2) with ``workers=1`` and ``workers=2``, alternating,
+``--repeats`` times, and prints medians of wall time as examples/s and the ratio, side by
+side. ``workers`` is cores in total (as ``make -j``): 1 is a serial conversion on one thread
+(the shard writers compress on the calling thread; until 2026-11-23 it compressed on a
+thread per core, so one worker already used both cores and two gained 1.01-1.46x), 2 is two
+processes compressing on one thread each. Wall time, since the point is the use of both
+cores. "ceiling now" is what two processes gain on a fixed pure-Python CPU loop, measured
+right after each format: 2.0 on two idle cores, less when neighbours use them, which caps
+the convert ratio beside it. The CPU columns say what the ratio would be on two idle cores:
+the CPU time of one worker, and of the two processes of two (the converting process, with
+run 0 and the dictionary training, and the other one). Each side's time on idle cores is
+bounded by the larger of its longest single thread (the calling thread) and half its CPU
+time; the estimate is the ratio of those bounds. It is optimistic with strategy 2: the
+dictionary (about 0.6 CPU-s, on run 0's thread, from the first 10,000 examples) comes before
+any block can be compressed, by either process. CPU time is little affected by neighbours,
+so it holds when wall-clock ratios cannot be measured.
 
     python benchmarks/bench_convert.py                  # 100k documents, 3 repetitions
     python benchmarks/bench_convert.py --docs 20000 --repeats 1 --formats jsonl,dolma
@@ -206,9 +210,9 @@ def main(argv=None) -> int:
             worker_cpu = statistics.median(c[1] for c in cpu[2])
             parent_thread = statistics.median(c[2] for c in cpu[2])
             # On two idle cores a run takes at least its longest thread's CPU time and at
-            # least half its CPU time (the worker processes share the parts out as they go,
-            # so the calling thread, which trains the strategy-2 dictionary, is the one
-            # thread that cannot be helped): the estimate is the ratio of those bounds.
+            # least half its CPU time (the worker processes share the parts out as they go;
+            # the calling thread trains the strategy-2 dictionary): the estimate is the ratio
+            # of those bounds.
             serial_bound = max(serial_thread, serial_cpu / 2)
             bound = max(parent_thread, (parent_cpu + worker_cpu) / 2)
             estimate = serial_bound / bound

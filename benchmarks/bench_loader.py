@@ -30,11 +30,14 @@ shared machine barely moves. DataLoaders use ``collate_fn=list`` (the examples a
 read: no tensor conversion, whose cost is the same for every reader). Rates count examples
 after the first batch, so that starting the workers is not counted; each DataLoader row is
 given by CPU time as well (this process and its workers, start-up included), which a loaded
-machine barely moves. Needs torch (the reference and DataLoader do).
+machine barely moves. Every DataLoader row starts after a full garbage collection (untimed),
+so that none pays for the objects the rows before it kept. Needs torch (the reference and
+DataLoader do).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -99,6 +102,12 @@ def loader_pass(c, path, num_workers, cpu, sampler=None, shuffle=False, max_batc
     from torch.utils.data import DataLoader
 
     def run():
+        # A full collection first (untimed), as before every DataLoader row: CPython runs one
+        # once the objects that survived since the last outnumber a quarter of the heap
+        # (~0.1 s with torch imported, longer than an epoch here), so without it a row would
+        # pay for what the rows before it kept. The single-threaded patterns pause the
+        # collector instead (sidebyside.timed).
+        gc.collect()
         ds = c.open(path)
         s = sampler(ds) if sampler else None
         cpu0 = time.process_time() + children_cpu()
@@ -135,6 +144,7 @@ def memory_pass(examples, num_workers):
     from torch.utils.data import DataLoader
 
     def run():
+        gc.collect()  # as in loader_pass
         loader = DataLoader(examples, batch_size=BATCH, num_workers=num_workers, collate_fn=collate)
         it = iter(loader)
         next(it)

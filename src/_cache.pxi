@@ -49,9 +49,11 @@ cdef class BlockCache:
     cdef Py_ssize_t _reserved
     cdef unsigned long long _hits
     cdef unsigned long long _misses
+    cdef object _meter  # what a block is charged (atlas_fast._objsize.ChargeMeter)
 
     def __cinit__(self, max_bytes=None, max_blocks=None):
         self._entries = {}
+        self._meter = ChargeMeter()
         self._max_bytes = -1 if max_bytes is None else max_bytes
         self._max_blocks = -1 if max_blocks is None else max_blocks
         self._reserved = 1
@@ -143,7 +145,9 @@ cdef class BlockCache:
         return None if found == NULL else <_Entry>found
 
     cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
-        """Cache ``examples`` as block ``key``; an entry already there (another thread's) wins."""
+        """Cache ``examples`` (a pickle of ``nbytes``) as block ``key``, charged what the meter
+        says; an entry already there (another thread's) wins."""
+        cdef Py_ssize_t charge = self._meter.charge(examples, nbytes)  # Python: before look-up
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef list dropped = []
         cdef _Entry e
@@ -159,7 +163,7 @@ cdef class BlockCache:
         e.key = key
         e.block = block
         e.examples = examples
-        e.nbytes = nbytes
+        e.nbytes = charge
         return self._add(e, dropped)
 
     cdef _Entry _put_partial(self, object key, Py_ssize_t block, object data, object scan,

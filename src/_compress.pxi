@@ -1,11 +1,11 @@
 # Included by _reader.pyx: BlockCompressor, the writer's compression of pickled blocks.
 # Directives are set once, in setup.py.
 #
-# The frames are those of python-zstandard's ZstdCompressor(level=L, dict_data=D).compress(b)
-# byte for byte: the same parameters on the context (level, content size written, no
-# checksum, dictionary id written), the dictionary loaded into the context, and per block a
-# session reset, the pledged size and one ZSTD_compressStream2(ZSTD_e_end) into a buffer of
-# ZSTD_compressBound bytes. Only used when the libzstd bound here is the version
+# The frames are those of python-zstandard's ZstdCompressor(level=L, dict_data=D,
+# write_checksum=C).compress(b) byte for byte: the same parameters on the context (level, content
+# size written, a content checksum when C, dictionary id written), the dictionary loaded into the
+# context, and per block a session reset, the pledged size and one ZSTD_compressStream2(ZSTD_e_end)
+# into a buffer of ZSTD_compressBound bytes. Only used when the libzstd bound here is the version
 # python-zstandard compresses with (zstd_compress_version()).
 #
 # Threads: ``workers - 1`` helper threads are plain pthreads that never take the GIL; they
@@ -72,13 +72,13 @@ cdef struct _ZHelper:
 
 
 cdef size_t _cctx_setup(ZSTD_CCtx* cctx, int level, const char* zdict,
-                        size_t zdict_size) noexcept nogil:
+                        size_t zdict_size, int checksum) noexcept nogil:
     """python-zstandard's ZstdCompressor parameters on ``cctx``; 0 or a zstd error code."""
     cdef size_t r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level)
     if not ZSTD_isError(r):
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1)
     if not ZSTD_isError(r):
-        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0)
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, checksum)
     if not ZSTD_isError(r):
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_dictIDFlag, 1)
     if not ZSTD_isError(r) and zdict != NULL:
@@ -188,21 +188,22 @@ def zstd_compress_version():
     return ZSTD_versionNumber() if _zcompress_ok else None
 
 
-def block_compressor(int level, zdict, int workers):
+def block_compressor(int level, zdict, int workers, bint checksum=False):
     """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol):
     this module's BlockCompressor when the bound libzstd is the version python-zstandard
     compresses with (same version, same frames), python-zstandard's otherwise."""
     from ._pycompress import PoolCompressor, zstandard_version_number
 
     if _zcompress_ok and ZSTD_versionNumber() == zstandard_version_number():
-        return BlockCompressor(level, zdict, workers)
-    return PoolCompressor(level, zdict, workers)
+        return BlockCompressor(level, zdict, workers, checksum)
+    return PoolCompressor(level, zdict, workers, checksum)
 
 
 @cython.auto_pickle(False)
 cdef class BlockCompressor:
     """Compresses pickled blocks into zstd frames, in order, on ``workers`` threads (the
-    calling one included), as ``zstandard.ZstdCompressor(level, dict_data).compress`` does.
+    calling one included), as ``zstandard.ZstdCompressor(level, dict_data,
+    write_checksum=checksum).compress`` does.
 
     ``submit(block)`` queues a block and returns the frames finished since, oldest first (at
     most ``2 * workers`` blocks are in flight); ``finish()`` returns the rest; ``close()``
@@ -219,7 +220,7 @@ cdef class BlockCompressor:
     cdef bint _sync_ok  # the mutex and conditions were initialised
     cdef long _pid
 
-    def __cinit__(self, int level, zdict, int workers):
+    def __cinit__(self, int level, zdict, int workers, bint checksum=False):
         cdef const char* zd = NULL
         cdef size_t zd_size = 0
         cdef size_t r
@@ -248,26 +249,27 @@ cdef class BlockCompressor:
         pthread_cond_init(&self._s.work, NULL)
         pthread_cond_init(&self._s.done, NULL)
         self._sync_ok = True
-        self._cctx = self._new_cctx(level, zd, zd_size)
+        self._cctx = self._new_cctx(level, zd, zd_size, checksum)
         if self._n_helpers:
             self._helpers = <_ZHelper*>calloc(self._n_helpers, sizeof(_ZHelper))
             if self._helpers == NULL:
                 raise MemoryError()
             for k in range(self._n_helpers):
                 self._helpers[k].shared = self._s
-                self._helpers[k].cctx = self._new_cctx(level, zd, zd_size)
+                self._helpers[k].cctx = self._new_cctx(level, zd, zd_size, checksum)
             for k in range(self._n_helpers):
                 if pthread_create(&self._helpers[k].thread, NULL, _z_helper_main,
                                   &self._helpers[k]) != 0:
                     raise OSError("cannot start a compression thread")
                 self._helpers[k].started = True
 
-    cdef ZSTD_CCtx* _new_cctx(self, int level, const char* zd, size_t zd_size) except NULL:
+    cdef ZSTD_CCtx* _new_cctx(self, int level, const char* zd, size_t zd_size,
+                              bint checksum) except NULL:
         cdef ZSTD_CCtx* cctx = _cctx_take()
         cdef size_t r
         if cctx == NULL:
             raise MemoryError("cannot allocate a zstd compression context")
-        r = _cctx_setup(cctx, level, zd, zd_size)
+        r = _cctx_setup(cctx, level, zd, zd_size, checksum)
         if r:
             _cctx_give(cctx)
             raise ValueError(f"zstd: {ZSTD_getErrorName(r).decode('ascii', 'replace')}")

@@ -85,18 +85,21 @@ import sys
 from collections import deque
 
 from ._batch import ShardOpener, gather, open_dictionary, shard_layout
+from ._compat import freeze_in_worker
+from ._objsize import ChargeMeter
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
     INDEX_FILE,
     check_block_examples,
     check_zstd_content_size,
+    corrupt_frame_error,
     expected_block_length,
     load_offsets,
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
-    zstd_frame_error,
+    zstd_dictionary_mismatch,
 )
 
 cdef extern from "<dlfcn.h>" nogil:
@@ -131,6 +134,26 @@ __all__ = [
 ]
 
 BACKEND = "cython"
+
+# True until this process decodes its first block, and again in a forked child: that decode
+# calls _compat.freeze_in_worker first (see there).
+cdef bint _first_decode = True
+
+
+cdef int _first_decode_in_process() except -1:
+    global _first_decode
+    _first_decode = False
+    freeze_in_worker()
+    return 0
+
+
+def _decode_after_fork():
+    global _first_decode
+    _first_decode = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_decode_after_fork)
 
 # The C constants that mirror Python ones (tests check them equal): MAX_ZSTD_RATIO and
 # _DEFAULT_MAX_BLOCK_BYTES of _format, and the input step _pyreader streams sizeless frames by.
@@ -333,6 +356,8 @@ cdef class ShardCore:
         synthetic = scan._synthetic(j)
         if type(synthetic) is not bytes:
             return _WHOLE
+        if _first_decode:
+            _first_decode_in_process()
         try:
             example = self._loads(synthetic)
         except Exception:
@@ -514,6 +539,8 @@ cdef class ShardCore:
     cdef list _unpickle_c(self, data, Py_ssize_t b):
         """Block ``b``'s examples from its pickle bytes, checked to be a list of its length."""
         cdef Py_ssize_t expected
+        if _first_decode:
+            _first_decode_in_process()
         try:
             examples = self._loads(data)
         except Exception as exc:

@@ -664,11 +664,11 @@ cdef object _diagnose(const char* src, size_t src_size, ZstdDict zdict, str data
     where = f"{data_path}: block {b}"
     frame_dict_id = ZSTD_getDictID_fromFrame(src, src_size)
     dict_id = None if zdict is None else ZSTD_getDictID_fromDDict(zdict.ddict)
-    error = zstd_frame_error(
-        where, detail, frame_dict_id, dict_id, None if zdict is None else zdict.path
-    )
-    if "corrupt zstd frame" not in str(error):
+    dict_path = None if zdict is None else zdict.path
+    error = zstd_dictionary_mismatch(where, frame_dict_id, dict_id, dict_path)
+    if error is not None:
         return error
+    error = corrupt_frame_error(where, detail, dict_path)
     # Truncated or followed by other bytes? Streaming the whole input tells these apart.
     cdef const ZSTD_DDict* ddict = _ddict(zdict)
     cdef size_t consumed = 0

@@ -36,3 +36,21 @@ def keep_shards(root: Path, dest: Path, numbers: list) -> Path:
         else:
             shutil.copy(item, dest / item.name)
     return dest
+
+
+class FreezeProbe:
+    """A map-style dataset over ``ds`` that returns, for each example read, the collector's
+    frozen-object count (``gc.get_freeze_count()``) in the process that read it, and checks the
+    example on the way."""
+
+    def __init__(self, ds) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        import gc
+
+        assert self.ds[i] == example(i)
+        return gc.get_freeze_count()

@@ -24,7 +24,7 @@ from corrupt import (
     write_blocks,
     write_dataset,
 )
-from helpers import fixture_cases
+from helpers import fixture_cases, reference_read
 
 from atlas_fast import AtlasDatasetWriter, AtlasFormatError
 
@@ -594,3 +594,61 @@ def test_corrupt_dictionary_header(atlas, tmp_path, where):
     path.write_bytes(bytes(data))
     ds = atlas.AtlasDataset(root)
     _raises(lambda: ds[0], path, match="not a usable zstd dictionary")
+
+
+@pytest.mark.parametrize("strategy", [2, 3])
+def test_damaged_dictionary_with_checksums(atlas, tmp_path, strategy):
+    """Bytes of a dictionary's content damaged: decoding with it gives other bytes than were
+    written, which no frame header tells. A ``checksums=True`` writer gives every frame zstd's
+    content checksum, so each read of every damaged copy returns the written example or
+    raises AtlasFormatError naming the block and the dictionary: never a different example,
+    and never the crash some damaged pickles cause in the unpickler (so the reading is done in
+    a child process, where a crash fails the test instead of ending the run)."""
+    from helpers import child_report, fork_check
+
+    base = tmp_path / "base"
+    examples = write_dataset(base, strategy, n=60, shard_size=30, block_size=3, checksums=True)
+    rel = "zstd_dict.bin" if strategy == 2 else "0/zstd_dict.bin"
+    raw = (base / rel).read_bytes()
+    # The header (magic, ID, entropy tables) is checked when the dictionary is loaded; the
+    # content after it is what a damaged copy decodes silently into other bytes.
+    positions = range(len(raw) // 4, len(raw), max(1, len(raw) // 97))
+    wrong = []
+
+    def check():
+        for pos in positions:
+            data = bytearray(raw)
+            data[pos] ^= 0x5A
+            (base / rel).write_bytes(bytes(data))
+            ds = atlas.AtlasDataset(base)
+            for i in range(len(ds)):
+                try:
+                    got = ds[i]
+                except AtlasFormatError as exc:
+                    message = str(exc)
+                    assert "data.bin" in message and str(base / rel) in message, message
+                    continue
+                if pickle.dumps(got) != pickle.dumps(examples[i]):
+                    wrong.append((pos, i))
+            ds.close()
+        assert not wrong, f"different examples read (position, index): {wrong[:5]}"
+        return True
+
+    assert child_report(*fork_check(check)) == b"ok"
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_checksums_put_a_content_checksum_in_every_frame(tmp_path, strategy):
+    """``checksums=True``: every frame carries its content checksum (which zstd checks on
+    every read); without it, frames are as the reference writes them (none). Both read the
+    same with the reference's way of reading."""
+    import zstandard
+
+    for checksums in (True, False):
+        root = tmp_path / f"ds-{checksums}"
+        write_dataset(root, strategy, n=60, shard_size=30, block_size=3, checksums=checksums)
+        frames = [f for shard in ("0", "1") for f in read_blocks(root / shard)]
+        assert frames
+        assert {zstandard.get_frame_parameters(f).has_checksum for f in frames} == {checksums}
+        read = reference_read(root)
+        assert pickle.dumps(read) == pickle.dumps(reference_read(tmp_path / "ds-True"))

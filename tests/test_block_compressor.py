@@ -45,17 +45,20 @@ TRAINED = zstandard.train_dictionary(4096, BLOCKS[:20], level=3)
 @pytest.mark.parametrize("level", [1, 3, 9, -1])
 @pytest.mark.parametrize("dictionary", ["none", "trained", "from bytes"])
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_frames_are_python_zstandards(core, level, dictionary, workers):
+@pytest.mark.parametrize("checksum", [False, True])
+def test_frames_are_python_zstandards(core, level, dictionary, workers, checksum):
     # The compiled core reuses the contexts of closed compressors: the parametrizations
     # before this one have left it contexts of other levels and dictionaries.
     zdict = {"none": None, "trained": TRAINED}.get(dictionary)
     if dictionary == "from bytes":
         zdict = zstandard.ZstdCompressionDict(TRAINED.as_bytes())
-    if zdict is None:
-        want = [zstandard.ZstdCompressor(level=level).compress(b) for b in BLOCKS]
-    else:
-        want = [zstandard.ZstdCompressor(level=level, dict_data=zdict).compress(b) for b in BLOCKS]
-    zc = core.block_compressor(level, None if zdict is None else zdict.as_bytes(), workers)
+    options = {"level": level, "write_checksum": checksum}
+    if zdict is not None:
+        options["dict_data"] = zdict
+    want = [zstandard.ZstdCompressor(**options).compress(b) for b in BLOCKS]
+    zc = core.block_compressor(
+        level, None if zdict is None else zdict.as_bytes(), workers, checksum=checksum
+    )
     got = []
     for b in BLOCKS:
         got += zc.submit(b)

@@ -113,3 +113,40 @@ def test_dataloader_on_a_node_holding_some_shards(atlas, root, tmp_path, expecte
     loader = DataLoader(ds, batch_size=16, sampler=sampler, collate_fn=list)
     assert _epoch(loader) == [present[i] for i in sampler.epoch_indices()]
     assert list(ds) == present
+
+
+# -- the collector in DataLoader workers -----------------------------------------------------
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_workers_freeze_what_they_start_with(atlas, root, monkeypatch, context, enabled):
+    """A DataLoader worker's first decode moves the objects it started with (a forked
+    worker: the parent's heap) out of the collector's reach, so that its full collections do
+    not visit them (nor copy their pages); the parent's collector is untouched, and
+    ATLAS_FAST_WORKER_GC_FREEZE=0 turns it off."""
+    import gc
+
+    from loader_helpers import FreezeProbe
+
+    if not enabled:
+        monkeypatch.setenv("ATLAS_FAST_WORKER_GC_FREEZE", "0")
+    ds = atlas.AtlasDataset(root)
+    ds[0]  # the parent decodes too: its first decode is not a worker's
+    ds.close()
+    before = gc.get_freeze_count()
+    loader = DataLoader(
+        FreezeProbe(ds),
+        batch_size=16,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=list,
+    )
+    counts = [c for batch in loader for c in batch]
+    assert len(counts) == N
+    assert gc.get_freeze_count() == before
+    inherited = before if context == "fork" else 0
+    if enabled:
+        assert min(counts) > inherited
+    else:
+        assert set(counts) == {inherited}

@@ -144,7 +144,63 @@ def test_default_cache_is_bounded_in_bytes(atlas, root, expected):
     info = ds.cache_info()
     assert (info.misses, info.hits, info.blocks) == (38, 3 * N - 38, 38)
     sizes = [len(s.block_bytes(b)) for s in ds.shards for b in range(-(-len(s) // 8))]
-    assert info.currsize == sum(sizes)  # a block counts its decoded pickle size
+    # A block counts what its objects take: these small dicts, more than their pickle.
+    assert sum(sizes) < info.currsize <= info.max_bytes
+
+
+def _rows(i: int) -> dict:
+    """A table row: many small objects, which take several times their pickle's size."""
+    return {"id": i, "x": i * 0.5, "flag": i % 3 == 0, "name": f"r{i % 1000}", "k": i % 7}
+
+
+@pytest.fixture(scope="module")
+def rows_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rows") / "ds"
+    with atlas_fast.AtlasDatasetWriter(root, 4000, 50, compression_strategy=1) as w:
+        for i in range(8000):
+            w.add_example(_rows(i))
+    return root
+
+
+def test_cache_counts_what_the_examples_take_in_memory(atlas, rows_root):
+    """``currsize`` is about the memory the cached examples take, as tracemalloc measures
+    their unpickling (not the pickle's size, a few times smaller for rows like these)."""
+    import tracemalloc
+
+    ds = atlas.AtlasDataset(rows_root, cache_bytes=1 << 30)
+    n_blocks = len(ds) // 50
+    pickles = sum(len(s.block_bytes(b)) for s in ds.shards for b in range(len(s) // 50))
+    held = []
+    tracemalloc.start()
+    try:
+        for b in range(n_blocks):
+            before = tracemalloc.get_traced_memory()[0]
+            held.append(pickle.loads(ds.shards[b // 80].block_bytes(b % 80)))
+            if b == 0:
+                first = tracemalloc.get_traced_memory()[0] - before
+        taken = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert first > 0
+    assert [x for block in held for x in block] == [_rows(i) for i in range(8000)]
+    for i in range(len(ds)):
+        ds[i]
+    info = ds.cache_info()
+    assert info.blocks == n_blocks
+    assert info.currsize > 3 * pickles
+    assert 0.7 * taken < info.currsize < 1.6 * taken
+
+
+def test_a_byte_budget_bounds_what_the_examples_take(atlas, rows_root):
+    ds = atlas.AtlasDataset(rows_root, cache_bytes=1 << 20)
+    for i in range(len(ds)):
+        assert ds[i] == _rows(i)
+    info = ds.cache_info()
+    assert info.currsize <= 1 << 20
+    per_block = info.currsize / info.blocks
+    assert 1 << 19 < info.currsize and info.blocks < len(ds) // 50
+    # Each block is charged about the same (the rows are alike): several times its pickle.
+    assert per_block > 3 * len(ds.shards[0].block_bytes(0))
 
 
 def test_a_pass_in_order_warms_a_cache_with_room(atlas, root, expected):
@@ -206,8 +262,15 @@ def test_cache_is_shared_by_the_shards_of_a_dataset(atlas, root):
 
 
 def test_cache_bytes_bounds_the_decoded_size(atlas, root):
-    probe = atlas.AtlasDataset(root)
-    sizes = [len(probe.shards[0].block_bytes(b)) for b in range(8)]
+    # What each block is charged (what its objects take, see test_cache_counts_...), read
+    # off a cache without bound filled in the same order: the charges depend only on it.
+    probe = atlas.AtlasDataset(root, cache_bytes=1 << 30)
+    sizes = []
+    for b in range(8):
+        before = probe.cache_info().currsize
+        probe[8 * b]
+        sizes.append(probe.cache_info().currsize - before)
+    assert all(size > 0 for size in sizes)
     limit = sizes[0] + sizes[1] + sizes[2]
     ds = atlas.AtlasDataset(root, cache_bytes=limit)
     assert ds.cache_info().max_bytes == limit and ds.cache_info().max_blocks is None

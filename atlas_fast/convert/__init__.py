@@ -90,7 +90,7 @@ def _check_writer_options(options: dict) -> dict:
     return opts
 
 
-def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, ray=False, **options):
+def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=False, **options):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
     Atlas dataset at ``dst``; returns a ``ConvertSummary``.
 
@@ -102,14 +102,18 @@ def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, ray=False,
     ``dst`` must not exist, or be an empty directory. The shards are written into a staging
     directory next to it and moved in at the end, so ``dst`` is complete or absent: on any
     error or interrupt the staging directory is removed and ``dst`` left as it was.
-    ``workers=N`` writes with N processes (each a contiguous run of the source's parts; the
-    same examples in the same order as with one). ``verify=True`` reads every converted
+    ``workers=N`` is the cores the conversion uses in total, as ``make -j N``: N processes,
+    each writing a contiguous run of the source's parts and compressing on one thread (the
+    same examples in the same order as with one); ``workers=1`` is a serial conversion, on
+    one thread; None (the default) is the usable cores, at most 8 (the writer's
+    ``default_workers()``). ``verify=True`` reads every converted
     example back and compares it with the source read again (``VerifyError`` names the
     first that differs) before the dataset is moved into place. ``progress``: True for a tqdm
     bar on stderr (if tqdm is installed), or a callable given ``(examples, nbytes)``
     increments. ``ray=True`` writes through ``atlas_fast.ray.write_atlas`` on Ray Data
     instead of worker processes (a task per part, in part order; the ``ray`` extra; no
-    ``checksums``; ``dst`` must be on a file system every node sees).
+    ``checksums``; ``dst`` must be on a file system every node sees; Ray decides the
+    parallelism: ``workers`` > 1 with it is an error).
 
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """
@@ -126,8 +130,16 @@ def convert(src, dst, fmt, *, workers=1, verify=False, progress=None, ray=False,
                 f"convert() got an unexpected option {key!r} (writer options: "
                 f"{', '.join(WRITER_DEFAULTS)}; options of {fmt}: {hint})"
             )
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, not {workers!r}")
+    if workers is None:
+        from ..writer import default_workers
+
+        workers = 1 if ray else default_workers()
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer or None, not {workers!r}")
+    elif ray and workers > 1:
+        raise ValueError(
+            f"ray=True and workers={workers} exclude each other (Ray decides the parallelism)"
+        )
     return run_conversion(
         lambda: module.sources(src, **format_options),
         dst,

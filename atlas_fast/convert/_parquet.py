@@ -65,5 +65,7 @@ def _read(path: str, groups, first_row: int):
 
     with _open(pq, Path(path)) as f:
         row_groups = None if groups is None else list(range(*groups))
-        batches = f.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups)
+        # On the calling thread: a worker of ``convert`` is one core (``workers`` counts
+        # them all), not pyarrow's pool of one thread per core.
+        batches = f.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, use_threads=False)
         yield from rows(batches, lambda done: f"{path}: row {first_row + done}")

@@ -121,9 +121,10 @@ class WriteJob:
     run_dir: str
     dict_dir: str
     options: dict
-    # Several worker processes share the cores: each shard writer compresses on one thread,
-    # not on every core.
-    parallel: bool = False
+    # The shard writers' compression threads (their ``workers=``): the conversion's cores
+    # shared out among its runs, so that it uses ``workers`` cores in total (see
+    # ``_convert_source``): 1 whenever there is more than one run.
+    threads: int = 1
 
     @property
     def first(self) -> bool:
@@ -182,15 +183,23 @@ class _Claims:
             table[len(table) - 1] = until
 
     def first_shard_settled(self) -> None:
-        """Run 0's first shard is closed: the others may take from all of run 0's range."""
+        """Run 0's first shard holds its last example (it is being closed, the dictionary
+        not trained yet): the others may take from all of run 0's range."""
         self.keep_for_first_shard(0.0, -1)
 
-    def next(self):
-        """The index of the next part to write, or None when none is left."""
+    def next(self, held=None):
+        """The index of the next part to write, or None when none is left.
+
+        ``held``: the bytes of parts this run has read but cannot compress yet (a run > 0
+        awaiting the strategy-2 dictionary), or None. Such a run, once its own parts are
+        read, takes another run's part only while half of what it would then hold stays
+        within what is left unclaimed after it: what it holds is compressed by this process
+        alone once the dictionary is there, what is left by whoever takes it, so the runs
+        still end together (compressing costs less than reading and compressing)."""
         if self.lock is None:
-            return self._next()
+            return self._next(held)
         with self._locked():
-            return self._next()
+            return self._next(held)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -207,26 +216,30 @@ class _Claims:
         finally:
             self.lock.release()
 
-    def _next(self):
+    def _next(self, held):
         table, k = self.table, self.run
         start, stop = table[2 * k], table[2 * k + 1]
         if start < stop:
             table[2 * k] = start + 1
             return start
-        victim, most = None, 0
+        victim, most, unclaimed = None, 0, 0
         kept = table[len(table) - 1] if len(table) % 2 else -1
         for j in range(len(table) // 2):
-            if j == 0 and table[1] - 1 <= kept:
-                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
             # run 0 trains the strategy-2 dictionary, starts there.
             left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
+            unclaimed += left
+            if j == 0 and table[1] - 1 <= kept:
+                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
             if left > most:
                 victim, most = j, left
         if victim is None:
             return None
-        table[2 * victim + 1] -= 1
-        return table[2 * victim + 1]
+        index = table[2 * victim + 1] - 1
+        if held is not None and (held + self.sizes[index]) / 2 > unclaimed - self.sizes[index]:
+            return None
+        table[2 * victim + 1] = index
+        return index
 
 
 @dataclass(frozen=True)
@@ -273,6 +286,19 @@ def _publish(dict_dir: Path, data) -> None:
     os.replace(tmp, dict_dir / _DICT_FILE)
 
 
+def _await_dict(dict_dir: Path):
+    """The strategy-2 dictionary run 0 publishes (a ``ZstdCompressionDict``, or None when it
+    fell back to strategy 1), once it is published."""
+    import zstandard
+
+    parent = os.getppid()
+    while (data := _shared_dict(dict_dir)) is ...:
+        if os.getppid() != parent:  # the converting process is gone
+            raise SystemExit(1)
+        time.sleep(0.005)
+    return None if data is None else zstandard.ZstdCompressionDict(data)
+
+
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
@@ -283,16 +309,21 @@ def _writer_classes():
         dict_dir: Path
 
         def _train_dictionary(self):
-            import zstandard
+            return _await_dict(self.dict_dir)
 
-            parent = os.getppid()
-            while (data := _shared_dict(self.dict_dir)) is ...:
-                if os.getppid() != parent:  # the converting process is gone
-                    raise SystemExit(1)
-                time.sleep(0.02)
-            return None if data is None else zstandard.ZstdCompressionDict(data)
+    class PublishingShardWriter(AtlasDatasetShardWriter):
+        """Run 0's first shard under strategy 2: it publishes the dictionary it trains as
+        soon as it is trained, so that the others compress with it while this shard still
+        compresses its own blocks (None, strategy 1, when it cannot be trained)."""
 
-    return AtlasDatasetShardWriter, AwaitingDictShardWriter
+        dict_dir: Path
+
+        def _train_dictionary(self):
+            zdict = super()._train_dictionary()
+            _publish(self.dict_dir, None if zdict is None else zdict.as_bytes())
+            return zdict
+
+    return AtlasDatasetShardWriter, AwaitingDictShardWriter, PublishingShardWriter
 
 
 def write_run(job: WriteJob, emit) -> tuple:
@@ -304,11 +335,10 @@ def write_run(job: WriteJob, emit) -> tuple:
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
-    from ..writer import default_workers
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
-    shard_writer, awaiting_writer = _writer_classes()
+    shard_writer, awaiting_writer, publishing_writer = _writer_classes()
     strategy = CompressionStrategy(opts["compression_strategy"])
     shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
     zdict = None  # the shared dictionary, once known
@@ -324,7 +354,7 @@ def write_run(job: WriteJob, emit) -> tuple:
         groups[-1][1].append(str(path))
         cls, chosen = shard_writer, strategy
         if shared and not known:
-            cls = shard_writer if job.first else awaiting_writer
+            cls = publishing_writer if job.first else awaiting_writer
             chosen = CompressionStrategy.DICTIONARY_COMPRESSION
         elif shared and zdict is None:
             chosen = CompressionStrategy.STANDARD_COMPRESSION
@@ -336,7 +366,7 @@ def write_run(job: WriteJob, emit) -> tuple:
             compression_dict=zdict,
             compression_dict_size=opts["compression_dict_size"],
             checksums=opts["checksums"],
-            **({"workers": 1} if job.parallel else {}),
+            workers=job.threads,
         )
         w.dict_dir = dict_dir
         return w
@@ -349,9 +379,11 @@ def write_run(job: WriteJob, emit) -> tuple:
             w.close()
             return
         if job.first:  # the first shard trains it and publishes it
+            # Its examples are the dictionary's sample: with them settled the others may
+            # take any part of run 0's range, while it trains.
+            claims.first_shard_settled()
             settle(w)
             known = True
-            claims.first_shard_settled()
             return
         # Keep reading while run 0 trains the dictionary: these shards (strategy 3 awaiting
         # it) are closed, and their blocks compressed, once it is published or at the end.
@@ -359,16 +391,16 @@ def write_run(job: WriteJob, emit) -> tuple:
         if last or _shared_dict(dict_dir) is not ...:
             for waiting in deferred:
                 # The blocks read while the dictionary was being trained are compressed now,
-                # all at once: on every core, as the other processes may well have run out of
-                # parts by then (while run 0 trained, this one claimed what it could).
-                waiting.workers = default_workers()
+                # all at once, on this run's share of the cores (the other runs are writing
+                # on theirs, or have finished: then work stealing has left nothing to share).
                 settle(waiting)
             deferred.clear()
             known = True
 
     def settle(w):
-        """Close a strategy-3 shard whose dictionary is the shared one: the dictionary
-        leaves the shard (to the source's dict dir, from run 0) and it becomes strategy 2."""
+        """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
+        publishes it to the source's dict dir once trained: ``PublishingShardWriter``): the
+        dictionary leaves the shard and it becomes strategy 2."""
         nonlocal zdict
         w.close()
         data = None
@@ -380,8 +412,6 @@ def write_run(job: WriteJob, emit) -> tuple:
                 compression_strategy=int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
             )
             dump_meta(w.path / META_FILE, w.metadata._asdict())
-        if job.first:
-            _publish(dict_dir, data)
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
     progress = _Emitter(emit)
@@ -390,7 +420,25 @@ def write_run(job: WriteJob, emit) -> tuple:
     if job.first and known:
         claims.first_shard_settled()  # no dictionary to train: nothing to guard
     previous = None
-    while (index := claims.next()) is not None:
+    held = 0  # bytes of the parts a run > 0 read before it had the strategy-2 dictionary
+    while True:
+        # A run > 0 takes few other runs' parts before it has the strategy-2 dictionary
+        # (``_Claims.next``): what it reads until then waits in memory to be compressed, by
+        # this process alone, once the dictionary is there; the parts it leaves are shared
+        # out after (read and compressed by whoever takes them), so the processes end
+        # together.
+        index = claims.next(None if known or job.first else held)
+        if index is None and not known and not job.first:
+            # Its own parts are read: compress them once the dictionary is published, then
+            # take parts from the others.
+            if writer is not None or deferred:
+                close_shard(writer if writer is not None else deferred.pop(), last=True)
+                writer = None
+            else:  # nothing read: nothing to compress
+                zdict, known = _await_dict(dict_dir), True
+            index = claims.next()
+        if index is None:
+            break
         if previous is None or index != previous + 1:
             if writer is not None:  # the group before ends with a short shard
                 close_shard(writer)
@@ -410,6 +458,8 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = None
         counts.append((index, count))
         progress.flush(part.nbytes)
+        if not known:
+            held += claims.sizes[index]
         if job.first and not known and writer is not None and len(shard_dirs) == 1:
             # Still in the first shard: tell the others which parts it may yet need.
             read = sum(job.parts[i].nbytes for i, _ in counts)
@@ -421,6 +471,8 @@ def write_run(job: WriteJob, emit) -> tuple:
         close_shard(deferred.pop(), last=True)  # settles it and those before it
     if job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
+    if job.first:
+        claims.first_shard_settled()  # nothing of its range is left to keep
     return groups, counts
 
 
@@ -547,10 +599,13 @@ def _start_method() -> str:
 
 
 class _Workers:
-    """``n - 1`` worker processes; the calling process is worker 0."""
+    """``n - 1`` worker processes; the calling process is worker 0. ``cores``: the cores the
+    conversion uses in total (``workers``), shared out among its runs (``_convert_source``)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, cores: int):
         import multiprocessing
+
+        self.cores = cores
 
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
@@ -672,6 +727,14 @@ class _Workers:
 
 
 class _Serial:
+    """The calling process alone, on ``cores`` cores: its shard writers' compression threads
+    (a source of one part with ``workers`` > 1)."""
+
+    processes = ()  # no other process
+
+    def __init__(self, cores: int):
+        self.cores = cores
+
     def run(self, tasks: list, on_progress, claims=()) -> list:
         function, job = tasks[0]
         return [function(job, on_progress)]
@@ -774,12 +837,17 @@ def run_conversion(
     started = time.monotonic()
     dst = Path(dst)
     _check_destination(dst)
-    pool = _Workers(workers) if workers > 1 and not ray else _Serial()
+    pool = _Serial(1 if ray else workers)
     staging = None
     ok = False
     try:
         sources = list_sources()
         _check_sources(sources)
+        # The worker processes start now, with the format's modules imported (pyarrow: a
+        # fifth of a second in each), and no more of them than the parts to share.
+        processes = min(pool.cores, max(len(source.parts) for source in sources))
+        if processes > 1:
+            pool = _Workers(processes, pool.cores)
         dst.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
         out = staging / "out"
@@ -839,10 +907,15 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
         ranges.append((start, start + len(run)))
         start += len(run)
     ranges = tuple(ranges)
+    # ``workers`` is cores in total: one process per run, whose shard writers compress on its
+    # share of them (one thread each when every process has a run; all of them for a source
+    # of one part). The output does not depend on it (the writers' files are byte-identical
+    # whatever their threads), only the time does.
+    threads = max(1, pool.cores // len(runs))
     tasks = [
         (
             write_run,
-            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, len(runs) > 1),
+            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, threads),
         )
         for k in range(len(runs))
     ]
@@ -874,7 +947,7 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
 
 
 def _pool_size(pool) -> int:
-    return len(pool.processes) + 1 if isinstance(pool, _Workers) else 1
+    return len(pool.processes) + 1
 
 
 def _phase_name(what: str, source: Source) -> str:

@@ -109,3 +109,22 @@ def test_workers_start_without_torch():
     env = {**os.environ, "ATLAS_FAST_NO_TORCH": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+
+
+def test_workers_default_and_ray(tmp_path, capsys, monkeypatch):
+    """--workers not given: convert()'s default (the usable cores); --ray refuses --workers
+    only when it is given, whatever its value."""
+    import atlas_fast.convert as conv
+
+    seen = []
+    monkeypatch.setattr(conv, "convert", lambda *a, workers, **k: seen.append(workers) or "done")
+    base = ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--from", "jsonl"]
+    assert cli.main(base) == 0
+    assert cli.main([*base, "--workers", "3"]) == 0
+    assert cli.main([*base, "--ray"]) == 0
+    assert seen == [None, 3, None]
+    capsys.readouterr()
+    for given in ("1", "2"):
+        assert cli.main([*base, "--ray", "--workers", given]) == 1
+        assert "--ray and --workers exclude each other" in capsys.readouterr().err
+    assert len(seen) == 3

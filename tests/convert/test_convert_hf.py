@@ -81,7 +81,7 @@ def test_arrow_files_and_batch_ranges(tmp_path, atlas, monkeypatch):
     (source,) = _hf.sources(arrow)
     assert len(source.parts) > 2
     assert "record batches 0-" in source.parts[0].label
-    convert(arrow, tmp_path / "serial", "hf", shard_size=700)
+    convert(arrow, tmp_path / "serial", "hf", shard_size=700, workers=1)
     convert(arrow, tmp_path / "two", "hf", shard_size=700, workers=2)
     assert read_back(atlas, tmp_path / "serial") == records
     assert read_back(atlas, tmp_path / "two") == records

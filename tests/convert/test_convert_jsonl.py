@@ -21,7 +21,7 @@ def test_every_compression_in_path_order(tmp_path, atlas):
         write_jsonl(src / "c.ndjson.bz2", docs[300:]),
     ]
     (src / "notes.txt").write_text("not a JSON lines file")
-    summary = convert_jsonl(src, tmp_path / "out", shard_size=64, block_size=8)
+    summary = convert_jsonl(src, tmp_path / "out", shard_size=64, block_size=8, workers=1)
     assert read_back(atlas, tmp_path / "out") == docs
     assert summary.examples == 400
     assert summary.shards == 7
@@ -78,7 +78,7 @@ def test_big_plain_file_in_line_ranges(tmp_path, atlas, monkeypatch):
     assert len(source.parts) > 5
     assert source.parts[0].label.startswith(f"{path} (bytes 0-")
     assert sum(p.nbytes for p in source.parts) == path.stat().st_size
-    convert(path, tmp_path / "serial", "jsonl", shard_size=200)
+    convert(path, tmp_path / "serial", "jsonl", shard_size=200, workers=1)
     convert(path, tmp_path / "two", "jsonl", shard_size=200, workers=2)
     assert read_back(atlas, tmp_path / "serial") == docs
     assert read_back(atlas, tmp_path / "two") == docs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -43,7 +44,7 @@ def _meta(path):
 def test_two_workers_give_the_serial_result(tmp_path, atlas, strategy):
     docs = _jsonl_tree(tmp_path / "src")
     options = {"shard_size": 200, "block_size": 10, "compression_strategy": strategy}
-    serial = convert(tmp_path / "src", tmp_path / "one", "jsonl", **options)
+    serial = convert(tmp_path / "src", tmp_path / "one", "jsonl", workers=1, **options)
     two = convert(tmp_path / "src", tmp_path / "two", "jsonl", workers=2, **options)
     assert read_back(atlas, tmp_path / "one") == docs
     assert read_back(atlas, tmp_path / "two") == docs
@@ -60,7 +61,7 @@ def test_serial_matches_the_dataset_writer(tmp_path, strategy):
     same bytes; zstd gives each trained dictionary a random id, so strategy 2 differs there)."""
     docs = _jsonl_tree(tmp_path / "src")
     options = {"shard_size": 300, "block_size": 10, "compression_strategy": strategy}
-    convert(tmp_path / "src", tmp_path / "conv", "jsonl", **options)
+    convert(tmp_path / "src", tmp_path / "conv", "jsonl", workers=1, **options)
     with atlas_fast.AtlasDatasetWriter(tmp_path / "ref", **options) as writer:
         for doc in docs:  # as parsed from its own line (pickle's memo sees the same objects)
             writer.add_example(json.loads(json.dumps(doc)))
@@ -139,11 +140,11 @@ def test_a_failure_leaves_nothing(tmp_path, monkeypatch, error):
     ]
     _fake_format(monkeypatch, [Source(parts)])
     with pytest.raises(type(error)):
-        convert("anything", tmp_path / "out", "fake", shard_size=100)
+        convert("anything", tmp_path / "out", "fake", shard_size=100, workers=1)
     assert_absent(tmp_path / "out")
     (tmp_path / "empty").mkdir()  # a pre-existing empty destination stays as it was
     with pytest.raises(type(error)):
-        convert("anything", tmp_path / "empty", "fake", shard_size=100)
+        convert("anything", tmp_path / "empty", "fake", shard_size=100, workers=1)
     assert list((tmp_path / "empty").iterdir()) == []
 
 
@@ -176,7 +177,7 @@ def test_verify_passes_and_catches_a_mismatch(tmp_path, monkeypatch):
     monkeypatch.setattr(atlas_fast.atlas, "AtlasDataset", Tampered)
     part = tmp_path / "src" / "01.jsonl.gz"
     with pytest.raises(VerifyError) as info:
-        convert(tmp_path / "src", tmp_path / "bad", "jsonl", verify=True, shard_size=40)
+        convert(tmp_path / "src", tmp_path / "bad", "jsonl", verify=True, shard_size=40, workers=1)
     message = str(info.value)
     assert message.startswith(f"{tmp_path / 'bad'}: example 57 (example 7 of part {part})")
     assert "['text']" in message
@@ -194,7 +195,7 @@ def test_verify_catches_a_missing_example(tmp_path, monkeypatch):
 
     monkeypatch.setattr(atlas_fast.atlas, "AtlasDataset", Short)
     with pytest.raises(VerifyError, match=r"example 29 .* missing, the dataset holds 29"):
-        convert(tmp_path / "src", tmp_path / "out", "jsonl", verify=True)
+        convert(tmp_path / "src", tmp_path / "out", "jsonl", verify=True, workers=1)
     assert_absent(tmp_path / "out")
 
 
@@ -202,7 +203,9 @@ def test_splits_and_progress(tmp_path, monkeypatch, atlas):
     train = Source([_ok_part("t0", 120), _ok_part("t1", 80, 120)], "train")
     _fake_format(monkeypatch, [train, Source([_ok_part("v0", 30)], "validation")])
     seen = []
-    summary = convert("x", tmp_path / "out", "fake", progress=lambda e, b: seen.append((e, b)))
+    summary = convert(
+        "x", tmp_path / "out", "fake", workers=1, progress=lambda e, b: seen.append((e, b))
+    )
     assert read_back(atlas, tmp_path / "out" / "train") == _examples(200)
     assert read_back(atlas, tmp_path / "out" / "validation") == _examples(30)
     assert sum(e for e, _ in seen) == 230
@@ -337,9 +340,9 @@ def test_split_runs_properties(sizes, n):
 def test_claims_take_own_parts_then_steal_from_the_back():
     parts = [Part(str(i), size, iter) for i, size in enumerate([10, 10, 10, 10, 50, 10])]
     ranges = ((0, 2), (2, 6))
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, True))
+    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
     # One table for both runs, as the worker processes share it.
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, True))
+    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
     run1.table = run0.table
     assert [run0.next(), run0.next()] == [0, 1]  # its own parts, in order
     assert run1.next() == 2
@@ -348,17 +351,30 @@ def test_claims_take_own_parts_then_steal_from_the_back():
     assert run1.next() == 3
     assert run0.next() is None and run1.next() is None
     # Nobody takes part 0 from run 0, even when it has not begun.
-    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, True))
-    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, True))
+    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, 1))
+    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, 1))
     run1.table = run0.table
     assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
     assert run0.next() == 0
+    # A run holding parts it cannot compress yet (awaiting the strategy-2 dictionary) takes
+    # another run's part only while half of what it would hold stays within what is left.
+    parts = [Part(str(i), size, iter) for i, size in enumerate([10] * 8)]
+    run0 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 0, "r0", "d", {}, 1))
+    run1 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 1, "r1", "d", {}, 1))
+    run1.table = run0.table
+    assert [run0.next(), run1.next(), run1.next(held=10)] == [0, 6, 7]  # its own: always
+    # Holding 20 bytes, unclaimed 50 (parts 1-5): (20 + 10) / 2 <= 50 - 10.
+    assert run1.next(held=20) == 5
+    assert run1.next(held=30) == 4  # (30 + 10) / 2 <= 30
+    assert run1.next(held=40) is None  # (40 + 10) / 2 > 20
+    assert run1.next() == 3  # once it has the dictionary
+    assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
 
 
 def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
     docs = _jsonl_tree(tmp_path / "src", files=8, per_file=100)
     options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
-    convert(tmp_path / "src", tmp_path / "one", "jsonl", **options)
+    convert(tmp_path / "src", tmp_path / "one", "jsonl", workers=1, **options)
     for k in range(3):  # whatever the timing: run 0's first shard is a serial run's first
         out = tmp_path / f"two{k}"
         convert(tmp_path / "src", out, "jsonl", workers=2, **options)
@@ -377,8 +393,8 @@ def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
 
     parts = [Part(str(i), 10, iter) for i in range(6)]
     ranges = ((0, 4), (4, 6))
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, True))
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, True))
+    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
+    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
     shared = [*run0.table, _Claims._KEEP_ALL]  # as the pool sets it
     lock = threading.Lock()
     for c in (run0, run1):
@@ -398,22 +414,23 @@ def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
     sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
     n=st.integers(min_value=1, max_value=4),
     order=st.lists(st.integers(min_value=0, max_value=3), max_size=60),
+    helds=st.lists(st.one_of(st.none(), st.integers(min_value=0, max_value=500)), max_size=60),
 )
-def test_claims_hand_out_every_part_once(sizes, n, order):
+def test_claims_hand_out_every_part_once(sizes, n, order, helds):
     parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
     runs = split_runs(parts, n)
     ranges, start = [], 0
     for run in runs:
         ranges.append((start, start + len(run)))
         start += len(run)
-    claims = [
-        _Claims(WriteJob(parts, tuple(ranges), k, "r", "d", {}, True)) for k in range(len(runs))
-    ]
+    claims = [_Claims(WriteJob(parts, tuple(ranges), k, "r", "d", {}, 1)) for k in range(len(runs))]
     for c in claims[1:]:
         c.table = claims[0].table
     taken = [[] for _ in claims]
-    for k in [k % len(claims) for k in order] + [k for k in range(len(claims)) for _ in parts]:
-        index = claims[k].next()
+    # Some claims with bytes held (runs awaiting the dictionary), then every run until done.
+    steps = [(k % len(claims), h) for k, h in zip(order, helds + [None] * len(order))]
+    for k, held in steps + [(k, None) for k in range(len(claims)) for _ in parts]:
+        index = claims[k].next(held)
         if index is not None:
             taken[k].append(index)
     assert sorted(i for t in taken for i in t) == list(range(len(parts)))
@@ -458,7 +475,7 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     results = {}
     for run in (1, 0):
         job = WriteJob(
-            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, True
+            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
         )
         results[run] = _run.write_run(job, lambda examples, nbytes: None)
     assert [first for first, _ in results[1][0]] == [3, 2, 1]
@@ -481,7 +498,7 @@ def test_a_process_dying_with_the_claim_lock_ends_the_wait(monkeypatch):
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
     table = ctx.Array("q", 5)  # two runs, then the slot
     parts = [Part(str(i), 10, iter) for i in range(4)]
-    claims = _Claims(WriteJob(parts, ((0, 2), (2, 4)), 1, "r1", "d", {}, True))
+    claims = _Claims(WriteJob(parts, ((0, 2), (2, 4)), 1, "r1", "d", {}, 1))
     claims.table, claims.lock = table, table.get_lock()
     holder = ctx.Process(target=_hold_and_die, args=(table,))
     holder.start()
@@ -497,3 +514,87 @@ def test_a_process_dying_with_the_claim_lock_ends_the_wait(monkeypatch):
 def _hold_and_die(table) -> None:
     table.get_lock().acquire()
     os._exit(3)
+
+
+def _record_compressors(monkeypatch, log):
+    """Make every shard writer's block compressor append ``pid threads`` to ``log`` (the
+    worker processes are forked, so they record too)."""
+    from atlas_fast import _backend
+
+    real = _backend.core.block_compressor
+
+    def recording(level, zdict, workers, **options):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {workers}\n")
+        return real(level, zdict, workers, **options)
+
+    monkeypatch.setattr(_backend.core, "block_compressor", recording)
+    monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")
+
+
+def _compressors(log) -> list:
+    return [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the recording reaches workers by fork")
+@pytest.mark.parametrize("strategy", [1, 2])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_workers_are_cores_in_total(tmp_path, monkeypatch, atlas, strategy, workers):
+    """``workers=N`` is N cores, as ``make -j N``: 1 is serial (the shard writers compress on
+    the calling thread), N > 1 is N processes whose writers compress on one thread each, the
+    blocks read while the strategy-2 dictionary was trained included; the same examples as a
+    serial run."""
+    docs = _jsonl_tree(tmp_path / "src", files=6, per_file=100)
+    log = tmp_path / "compressors.log"
+    _record_compressors(monkeypatch, log)
+    options = {"shard_size": 60, "block_size": 10, "compression_strategy": strategy}
+    convert(tmp_path / "src", tmp_path / "out", "jsonl", workers=workers, **options)
+    assert read_back(atlas, tmp_path / "out") == docs
+    made = _compressors(log)
+    assert len(made) == len(_meta(tmp_path / "out")["shard_sizes"])  # one per shard
+    assert {threads for _, threads in made} == {1}
+    pids = {pid for pid, _ in made}
+    if workers == 1:
+        assert pids == {os.getpid()}
+    else:
+        assert os.getpid() in pids  # run 0 (and part 0) is always the calling process's
+        assert len(pids) <= workers
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the recording reaches workers by fork")
+def test_a_source_of_one_part_compresses_on_every_core_given(tmp_path, monkeypatch, atlas):
+    """One part is one run: its process gets all N cores, as compression threads (and no
+    worker process is started)."""
+    from atlas_fast.convert import _run
+
+    docs = documents(300)
+    write_jsonl(tmp_path / "one.jsonl", docs)
+    log = tmp_path / "compressors.log"
+    _record_compressors(monkeypatch, log)
+    monkeypatch.setattr(_run, "_Workers", None)
+    convert(tmp_path / "one.jsonl", tmp_path / "out", "jsonl", workers=3, shard_size=100)
+    assert read_back(atlas, tmp_path / "out") == docs
+    assert _compressors(log) == [(os.getpid(), 3)] * 3
+
+
+def test_default_workers_are_the_usable_cores(tmp_path, monkeypatch):
+    """No ``workers``: the writer's default_workers() (usable cores, at most 8); with
+    ``ray=True`` Ray decides, and only an explicit workers > 1 is refused."""
+    from atlas_fast import writer
+    from atlas_fast.convert import _run
+
+    assert inspect.signature(convert).parameters["workers"].default is None
+    seen = []
+    monkeypatch.setattr(_run, "run_conversion", lambda *a, workers, **k: seen.append(workers))
+    monkeypatch.setattr(writer, "default_workers", lambda: 5)
+    convert(tmp_path, tmp_path / "out", "jsonl")
+    convert(tmp_path, tmp_path / "out", "jsonl", workers=1)
+    convert(tmp_path, tmp_path / "out", "jsonl", ray=True)
+    convert(tmp_path, tmp_path / "out", "jsonl", ray=True, workers=1)
+    assert seen == [5, 1, 1, 1]
+    with pytest.raises(ValueError, match="ray=True and workers=2 exclude each other"):
+        convert(tmp_path, tmp_path / "out", "jsonl", ray=True, workers=2)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="workers must be a positive integer or None"):
+            convert(tmp_path, tmp_path / "out", "jsonl", workers=bad)
+    assert_absent(tmp_path / "out")
