@@ -26,7 +26,8 @@ import os
 import pickle
 import warnings
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,10 @@ MIN_BLOCKS_FOR_DICTIONARY = 7
 # workers=None: the cores this process may run on, at most this many.
 MAX_DEFAULT_WORKERS = 8
 
+# Strategy 2 with workers > 1: the most pickled blocks (in bytes; one block more may be held)
+# the dataset writer reads ahead while the first shard trains the shared dictionary.
+READ_AHEAD_BYTES = 64 << 20
+
 
 def default_workers() -> int:
     """The compression threads ``workers=None`` means: the usable cores, at most 8."""
@@ -87,6 +92,14 @@ def _with_context(exc: BaseException, context: str) -> BaseException:
         return type(exc)(message)
     except Exception:
         return RuntimeError(f"{context}: {type(exc).__name__}: {exc}")
+
+
+def _pickle_block(examples: list, shard_path, number: int) -> bytes:
+    """One block as every writer stores it; an error names the shard and the block."""
+    try:
+        return pickle.dumps(examples)
+    except Exception as exc:
+        raise _with_context(exc, f"{shard_path}: pickling block {number}") from exc
 
 
 def _positive_int(value, name: str) -> int:
@@ -227,12 +240,20 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._flush_block()
 
     def _flush_block(self) -> None:
-        try:
-            block = pickle.dumps(self._pending)
-        except Exception as exc:
-            number = self._submitted + len(self._blocks)
-            raise _with_context(exc, f"{self.path}: pickling block {number}") from exc
+        block = _pickle_block(self._pending, self.path, self._submitted + len(self._blocks))
         self._pending = []
+        self._add_block(block)
+
+    def _add_pickled_block(self, block: bytes, count: int) -> None:
+        """Append a full block the dataset writer pickled (``_pickle_block`` of ``count``
+        examples) while this shard's writer could not exist yet."""
+        if self._closed:
+            raise ValueError(f"{self.path}: the shard writer is closed")
+        assert not self._pending, "a pickled block follows a full block only"
+        self.stored_examples += count
+        self._add_block(block)
+
+    def _add_block(self, block: bytes) -> None:
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._blocks.append(block)
         else:
@@ -363,6 +384,18 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 _OwnShardWriter = AtlasDatasetShardWriter
 
 
+class _ReadAhead:
+    """A shard whose writer cannot be made yet (strategy 2, while the first shard trains the
+    dictionary it needs): its full blocks pickled, the examples after them as given."""
+
+    __slots__ = ("blocks", "pending", "count")
+
+    def __init__(self) -> None:
+        self.blocks: list = []
+        self.pending: list = []
+        self.count = 0
+
+
 class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     """Writes a dataset as shards ``0, 1, 2, ...`` of ``shard_size`` examples each.
 
@@ -377,11 +410,18 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     a ``checksums.npy`` (see ``AtlasDatasetShardWriter``).
 
     ``workers`` (default: the usable cores, at most 8) is the shard writers' compression
-    threads (passed on to them only when given). It also lets up to ``workers - 1`` full
-    shards be finished on other threads while the next one fills (their last blocks, index
-    and meta.json; under strategy 3 their dictionary training, so up to ``workers`` shards'
-    pickled blocks are held at once, where the reference holds one; ``workers=1`` does the
-    same). Strategy 2's first shard is finished before the next one starts.
+    threads (passed on to them only when given). With ``workers > 1`` full shards are also
+    finished on other threads while the next one fills: up to ``workers - 1`` at once (their
+    last blocks, index and meta.json); under strategy 3 up to ``workers``, each training its
+    dictionary and compressing there while this thread only pickles, waiting when all are
+    busy (so up to ``workers + 1`` shards' pickled blocks are held at once, where the
+    reference holds one). Under strategy 2 the first shard trains the shared dictionary on
+    another thread while this one pickles the following shards' blocks ahead, at most
+    ``READ_AHEAD_BYTES`` (64 MiB) of them plus one block, waiting for the dictionary beyond
+    that; they are compressed once it exists. ``workers=1`` does all of it on the calling
+    thread and holds one shard, as the reference does. Shard writers that are not ours (a
+    test double) are made and closed in the reference's order: strategy 2's first shard is
+    closed before the next shard writer is made.
 
     If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
     a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
@@ -419,10 +459,15 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.shard_sizes: list = []  # sizes of the shards finished so far
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
-        # Strategy 3 with workers > 1: up to workers - 1 full shards train their dictionaries
-        # and compress on threads of their own while this thread fills the next shard.
+        # workers > 1: full shards close (strategy 3: train and compress) on a pool of
+        # `workers` threads while this thread fills the next shard.
         self._finisher = None  # ThreadPoolExecutor, started with the first such shard
         self._finishing: deque = deque()  # (shard writer, future of its close())
+        # Strategy 2, workers > 1, our own shard writers: while the first shard closes on the
+        # pool, the next shards' examples wait here, their full blocks pickled.
+        self._first = None  # (first shard writer, future of its close()) meanwhile
+        self._ahead: list = []  # _ReadAhead of each shard after the first
+        self._ahead_bytes = 0  # pickled bytes in self._ahead
         self.path.mkdir(parents=True)
         self.current_shard = self._new_shard()
 
@@ -451,6 +496,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         )
 
     def __len__(self) -> int:
+        if self._first is not None:
+            return sum(self.shard_sizes) + sum(part.count for part in self._ahead)
         return sum(self.shard_sizes) + len(self.current_shard)
 
     def add_example(self, example) -> None:
@@ -458,47 +505,134 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
         if len(self.current_shard) >= self.shard_size:
-            self._finish_shard()
-            self.current_shard = self._new_shard()
+            # Full (the first shard stays current, full, while the next ones are read ahead).
+            if self._first is None:
+                self._finish_shard()
+                if self._first is None:
+                    self.current_shard = self._new_shard()
+            if self._first is not None:
+                self._read_ahead(example)
+                return
         self.current_shard.add_example(example)
 
     def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
         self.shard_sizes.append(len(shard))
-        if not last and self.workers > 1 and self._may_finish_elsewhere(shard):
-            self._collect(wait=False)
-            if len(self._finishing) < self.workers - 1:
-                if self._finisher is None:
-                    self._finisher = ThreadPoolExecutor(
-                        self.workers - 1, thread_name_prefix="atlas-fast-shard"
-                    )
-                self._finishing.append((shard, self._finisher.submit(shard.close)))
-                return
-            # Every other thread is busy with a shard: this one finishes this shard itself.
-        shard.close()
-        if (
+        first_of_shared = (
             len(self.shard_sizes) == 1
             and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-        ):
+        )
+        if not last and self.workers > 1:
+            if first_of_shared:
+                if self._may_read_ahead(shard):
+                    self._first = (shard, self._pool().submit(shard.close))
+                    return
+            elif self._may_finish_elsewhere(shard):
+                self._collect(wait=False)
+                if self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+                    # Training is most of the work: it runs on the pool only, this thread
+                    # waits for a free thread rather than train itself.
+                    while len(self._finishing) >= self.workers:
+                        wait_futures(
+                            [future for _, future in self._finishing], return_when=FIRST_COMPLETED
+                        )
+                        self._collect(wait=False)
+                if len(self._finishing) < self.workers - 1 or (
+                    self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+                ):
+                    self._finishing.append((shard, self._pool().submit(shard.close)))
+                    return
+                # Every other thread is busy with a shard: this one finishes this shard itself.
+        shard.close()
+        if first_of_shared:
             self._share_first_dictionary(Path(shard.path))
 
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._finisher is None:
+            self._finisher = ThreadPoolExecutor(self.workers, thread_name_prefix="atlas-fast-shard")
+        return self._finisher
+
     def _may_finish_elsewhere(self, shard) -> bool:
-        """Whether ``shard`` may be closed on another thread while the next one fills.
+        """Whether ``shard`` (not strategy 2's first) may be closed on another thread while
+        the next one fills.
 
         Strategy 3 shards (whatever their writer: training is most of the work) and shards of
-        our own writer under any strategy (their last blocks, index and meta.json), except
-        strategy 2's first shard, whose dictionary the next shard needs. A test double of
-        another class is closed on this thread, before the next shard is created, as the
-        reference does."""
-        strategy = self.compression_strategy
-        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        our own writer under any strategy (their last blocks, index and meta.json). A test
+        double of another class is closed on this thread, before the next shard is created, as
+        the reference does."""
+        if self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             return True
-        if type(shard) is not _OwnShardWriter:
-            return False
-        return not (
-            strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-            and len(self.shard_sizes) == 1
-        )
+        return type(shard) is _OwnShardWriter
+
+    @staticmethod
+    def _may_read_ahead(shard) -> bool:
+        """Whether strategy 2's first shard may train on another thread while this one pickles
+        the next shards ahead: only when it and the next shard writers are ours (a test double
+        sees the reference's order: the first shard closed before the second is made)."""
+        return type(shard) is _OwnShardWriter and AtlasDatasetShardWriter is _OwnShardWriter
+
+    def _read_ahead(self, example) -> None:
+        """Strategy 2 while the first shard trains: hold ``example`` for the shard it belongs
+        to, pickling each full block; once the dictionary is there, or READ_AHEAD_BYTES are
+        held, hand them to their shard writers (``_end_read_ahead``)."""
+        ahead = self._ahead
+        if not ahead or ahead[-1].count >= self.shard_size:
+            ahead.append(_ReadAhead())
+        part = ahead[-1]
+        part.pending.append(example)
+        part.count += 1
+        if len(part.pending) == self.block_size:
+            number = len(self.shard_sizes) + len(ahead) - 1
+            block = _pickle_block(part.pending, self.path / str(number), len(part.blocks))
+            part.pending = []
+            part.blocks.append(block)
+            self._ahead_bytes += len(block)
+            if self._ahead_bytes >= READ_AHEAD_BYTES or self._first[1].done():
+                self._end_read_ahead()
+
+    def _end_read_ahead(self) -> None:
+        """Wait for the first shard (its error is raised here) and share its dictionary; then
+        make the writers of the shards read ahead, in order. The full ones are given their
+        blocks and closed on the pool, a shard per thread; the last one is given its blocks
+        and examples here and becomes the shard being filled."""
+        first, future = self._first
+        self._first = None
+        ahead, self._ahead = self._ahead, []
+        self._ahead_bytes = 0
+        exc = future.exception()
+        if exc is not None:
+            raise self._shard_error(first, exc)
+        self._share_first_dictionary(Path(first.path))
+        ahead.reverse()
+        while ahead:
+            part = ahead.pop()
+            shard = self._new_shard()
+            if ahead:
+                self.shard_sizes.append(part.count)
+                # Each of the pool's threads compresses one shard: no threads of its own.
+                shard.workers = 1
+                future = self._pool().submit(self._replay, shard, part, self.block_size)
+                self._finishing.append((shard, future))
+            else:
+                self.current_shard = shard
+                self._replay(shard, part, self.block_size, close=False)
+
+    @staticmethod
+    def _replay(shard, part: _ReadAhead, block_size: int, close: bool = True) -> None:
+        """Give ``shard`` (our own writer, new) what ``part`` holds, then close it if
+        ``close``; abandon it if that fails."""
+        try:
+            blocks, part.blocks = part.blocks, []
+            blocks.reverse()
+            while blocks:  # each pickled block is let go once stored
+                shard._add_pickled_block(blocks.pop(), block_size)
+            for example in part.pending:
+                shard.add_example(example)
+            if close:
+                shard.close()
+        except BaseException:
+            shard.abort()
+            raise
 
     def _collect(self, wait: bool) -> None:
         """Take the shards finished on other threads (all of them if ``wait``); the first
@@ -512,13 +646,19 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 continue
             exc = future.exception()
             if exc is not None and error is None:
-                error = exc
-                if str(shard.path) not in str(exc):
-                    error = _with_context(exc, f"{shard.path}: finishing the shard")
-                    error.__cause__ = exc
+                error = self._shard_error(shard, exc)
         self._finishing = still
         if error is not None:
             raise error
+
+    @staticmethod
+    def _shard_error(shard, exc: BaseException) -> BaseException:
+        """``exc``, raised closing ``shard`` on another thread, naming the shard."""
+        if str(shard.path) in str(exc):
+            return exc
+        error = _with_context(exc, f"{shard.path}: finishing the shard")
+        error.__cause__ = exc
+        return error
 
     def _share_first_dictionary(self, shard_dir: Path) -> None:
         """Strategy 2, after the first shard closed: what it decided is read from its files.
@@ -551,6 +691,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             return
         self._closed = True
         try:
+            if self._first is not None:
+                self._end_read_ahead()
             self._finish_shard(last=True)
             self._collect(wait=True)
         finally:
@@ -573,9 +715,13 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._closed:
             return
         self._closed = True
-        abort = getattr(self.current_shard, "abort", None)
-        if abort is not None:
-            abort()
+        if self._first is None:
+            abort = getattr(self.current_shard, "abort", None)
+            if abort is not None:
+                abort()
+        # else the first shard is closing on the pool (waited for below) and the shards read
+        # ahead have no writer yet: they are dropped.
+        self._first, self._ahead = None, []
         self._stop_finisher()
 
     def _stop_finisher(self) -> None:

@@ -220,14 +220,166 @@ def test_peak_memory_holds_a_fixed_number_of_blocks(tmp_path, monkeypatch, worke
     assert GatedCompressor.added_when_opened == in_flight + 1
 
 
-@pytest.mark.parametrize("strategy", [1, 3])
-def test_an_example_that_does_not_pickle_names_the_shard_and_block(tmp_path, strategy):
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_an_example_that_does_not_pickle_names_the_shard_and_block(tmp_path, strategy, workers):
+    """Strategy 2 with workers=2 pickles it while the first shard trains (16 blocks)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with (
             pytest.raises(TypeError, match=r"ds/1: pickling block 1: cannot pickle"),
-            AtlasDatasetWriter(tmp_path / "ds", 10, 2, compression_strategy=strategy) as w,
+            AtlasDatasetWriter(
+                tmp_path / "ds", 32, 2, compression_strategy=strategy, workers=workers
+            ) as w,
         ):
-            for i in range(20):
-                w.add_example(threading.Lock() if i == 13 else i)
+            for i in range(50):
+                w.add_example(threading.Lock() if i == 35 else f"example {i}")
     assert not (tmp_path / "ds" / "meta.json").exists()
+
+
+class GatedTraining:
+    """Wraps the shard writer's dictionary training: it starts only once the test opens the
+    gate, or once a second has passed without that (the examples the caller could add
+    meanwhile are then recorded: what the writer holds at most while training waits)."""
+
+    def __init__(self, monkeypatch, fail=False):
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.added = 0
+        self.added_when_opened = None
+        self.threads = []
+        self.fail = fail
+        real = AtlasDatasetShardWriter._train_dictionary
+
+        def train(shard):
+            # The timeout only ends the wait; what is asserted is a count, not a duration.
+            if not self.gate.wait(1.0):
+                with self.lock:
+                    if not self.gate.is_set():
+                        self.added_when_opened = self.added
+                        self.gate.set()
+            self.threads.append((shard.path.name, threading.current_thread().name))
+            if self.fail:
+                raise RuntimeError("injected training failure")
+            return real(shard)
+
+        monkeypatch.setattr(AtlasDatasetShardWriter, "_train_dictionary", train)
+
+
+def test_strategy_2_reads_ahead_while_the_first_shard_trains(tmp_path, monkeypatch):
+    """The next shards' examples are taken (and their blocks pickled) while the first shard
+    still trains; their shard writers are made once its dictionary exists; the files are
+    those of workers=1."""
+    one = write_dataset(tmp_path / "w1", 2, 1)
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "w2"
+    with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
+        for x in examples(230):
+            w.add_example(x)
+        assert not training.gate.is_set()
+        assert len(w) == 230
+        assert sorted(p.name for p in root.iterdir()) == ["0"]
+        training.gate.set()
+    assert training.added_when_opened is None
+    assert files_of(root) == one
+
+
+def test_strategy_2_read_ahead_is_bounded(tmp_path, monkeypatch):
+    """Beyond READ_AHEAD_BYTES of pickled blocks the caller waits for the dictionary: with a
+    1-byte bound, the first block after the first shard is the last one it can add."""
+    monkeypatch.setattr(atlas_fast.writer, "READ_AHEAD_BYTES", 1)
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
+        for x in examples(230):
+            training.added += 1
+            w.add_example(x)
+    assert training.added_when_opened == 40 + 4
+    assert files_of(root) == write_dataset(tmp_path / "w1", 2, 1)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_strategy_3_trains_on_the_pool_and_holds_workers_plus_one_shards(
+    tmp_path, monkeypatch, workers
+):
+    """The calling thread trains no full shard; while every pool thread trains, it fills one
+    more shard and then waits."""
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with AtlasDatasetWriter(root, 40, 4, compression_strategy=3, workers=workers) as w:
+        for x in examples(330):
+            training.added += 1
+            w.add_example(x)
+    assert training.added_when_opened == (workers + 1) * 40 + 1
+    full = [thread for name, thread in training.threads if name != "8"]  # 8: the last shard
+    assert len(full) == 8 and all(t.startswith("atlas-fast-shard") for t in full)
+    assert files_of(root) == write_dataset(tmp_path / "w1", 3, 1, n=330, checksums=False)
+
+
+@pytest.mark.parametrize("strategy", [2, 3])
+def test_a_failed_training_on_another_thread_is_reported(tmp_path, monkeypatch, strategy):
+    GatedTraining(monkeypatch, fail=True).gate.set()
+    root = tmp_path / "ds"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with (
+            pytest.raises(RuntimeError, match=r"ds/\d+: finishing the shard: injected training"),
+            AtlasDatasetWriter(root, 40, 4, compression_strategy=strategy, workers=2) as w,
+        ):
+            for x in examples(230):
+                w.add_example(x)
+    assert not (root / "meta.json").exists()
+
+
+def test_a_with_block_that_raises_during_read_ahead_finishes_nothing_more(tmp_path, monkeypatch):
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with pytest.warns(RuntimeWarning, match=r"ds: the dataset is incomplete"):
+        with pytest.raises(KeyError), AtlasDatasetWriter(root, 40, 4, workers=2) as w:
+            for x in examples(150):
+                w.add_example(x)
+            training.gate.set()
+            raise KeyError("boom")
+    assert not (root / "meta.json").exists()
+    # the first shard, closing on another thread, is finished; those read ahead never start
+    assert sorted(p.name for p in root.iterdir()) == ["0"]
+    assert (root / "0" / "meta.json").is_file()
+
+
+def test_an_example_read_ahead_that_does_not_pickle_names_its_shard_and_block(
+    tmp_path, monkeypatch
+):
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with (
+            pytest.raises(TypeError, match=r"ds/1: pickling block 2: cannot pickle"),
+            AtlasDatasetWriter(root, 40, 4, workers=2) as w,
+        ):
+            try:
+                for i in range(100):
+                    w.add_example(threading.Lock() if i == 49 else f"example {i}")
+            finally:
+                training.gate.set()
+    assert training.added_when_opened is None  # it was read ahead: training had not started
+    assert not (root / "meta.json").exists()
+
+
+@pytest.mark.parametrize("n", [100, 230])  # the failing shard: the last one, or one before it
+def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
+    tmp_path, monkeypatch, recording, n
+):
+    training = GatedTraining(monkeypatch)
+    root = tmp_path / "ds"
+    with (
+        pytest.raises(zstandard.ZstdError, match=r"ds/2: compressing block 1: injected"),
+        AtlasDatasetWriter(root, 40, 4, workers=2) as w,
+    ):
+        try:
+            for i in range(n):
+                w.add_example(RecordingCompressor.poison if i == 85 else f"example {i}")
+        finally:
+            training.gate.set()
+    assert training.added_when_opened is None
+    assert not (root / "meta.json").exists()

@@ -523,10 +523,10 @@ def _record_compressors(monkeypatch, log):
 
     real = _backend.core.block_compressor
 
-    def recording(level, zdict, workers):
+    def recording(level, zdict, workers, **options):
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {workers}\n")
-        return real(level, zdict, workers)
+        return real(level, zdict, workers, **options)
 
     monkeypatch.setattr(_backend.core, "block_compressor", recording)
     monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")
