@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "cache_limits",
     "normalize_index",
+    "run_start",
     "BlockCacheCore",
     "ShardCoreProtocol",
     "DatasetCoreProtocol",
@@ -53,7 +54,8 @@ CacheInfo = namedtuple("CacheInfo", "hits misses max_bytes currsize blocks max_b
 CacheInfo.__doc__ = """What ``cache_info()`` reports, as ``functools.lru_cache`` does.
 
 ``hits`` / ``misses``: block look-ups served from the cache / that decoded the block (one per
-``ds[i]``, one per distinct block of a ``__getitems__`` batch, one per block of ``iter(ds)``);
+``ds[i]``, one per distinct block of a ``__getitems__`` batch but one per example of a batch of
+consecutive indices (``run_start``), one per block of ``iter(ds)``);
 ``currsize``: bytes held (what the blocks' objects take, see above); ``max_bytes``: the budget
 (None: unbounded); ``blocks``: blocks held; ``max_blocks``: the block bound (None: unbounded)."""
 
@@ -97,6 +99,22 @@ def normalize_index(i, n: int) -> int:
     if i >= n:
         raise IndexError(f"index {i} out of range for {n} examples")
     return i
+
+
+def run_start(indices, n: int) -> int:
+    """The first index if ``indices`` (a list or tuple) is a run of two or more consecutive
+    ints in ``[0, n)``, ascending (a batch of a pass in order, as ``DataLoader(shuffle=False)``
+    makes them), else -1. Both cores read such a batch as ``ds[i]`` reads a pass in order (the
+    compiled core decides it in C, by this rule)."""
+    if type(indices) not in (list, tuple) or len(indices) < 2:
+        return -1
+    first = indices[0]
+    if type(first) is not int or first < 0 or first + len(indices) > n:
+        return -1
+    for k, i in enumerate(indices):
+        if type(i) is not int or i != first + k:
+            return -1
+    return first
 
 
 def block_number(b, n_blocks: int) -> int:

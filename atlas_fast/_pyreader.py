@@ -32,7 +32,7 @@ import zstandard
 
 from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
 from ._compat import freeze_in_worker
-from ._contract import CacheInfo, block_number, normalize_index
+from ._contract import CacheInfo, block_number, normalize_index, run_start
 from ._errors import AtlasFormatError
 from ._format import (
     check_block_examples,
@@ -415,8 +415,12 @@ class ShardCore:
         return self._opened_files()[0]
 
     def __getitems__(self, indices) -> list:
-        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        """The examples at ``indices``, in that order; each block needed is decoded once (a
+        batch of consecutive indices is read as ``self[i]`` reads a pass in order)."""
         n = self._n
+        first = run_start(indices, n)
+        if first >= 0:
+            return [self[k] for k in range(first, first + len(indices))]
         located = [(0, normalize_index(i, n)) for i in indices]
         return gather(self._self_reader, located)
 
@@ -635,7 +639,11 @@ class DatasetCore:
         return self._reader(s)[j]
 
     def __getitems__(self, indices) -> list:
-        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        """The examples at ``indices``, in that order; each block needed is decoded once (a
+        batch of consecutive indices: as ShardCore's)."""
+        first = run_start(indices, self._total)
+        if first >= 0:
+            return [self[k] for k in range(first, first + len(indices))]
         locate = self._locate
         return gather(self._reader, [locate(i) for i in indices])
 

@@ -12,6 +12,7 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_GetItem
@@ -193,6 +194,36 @@ cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
             elif k < n:
                 return <Py_ssize_t>k
     return normalize_index(i, n)
+
+
+cdef Py_ssize_t _run_start(object indices, Py_ssize_t n) except -2:
+    """_contract.run_start in C: the first index if ``indices`` is a run of consecutive ints
+    in [0, n), else -1."""
+    cdef Py_ssize_t count, k
+    cdef long long first
+    cdef int overflow = 0
+    cdef object item
+    if type(indices) is list:
+        count = PyList_GET_SIZE(indices)
+    elif type(indices) is tuple:
+        count = PyTuple_GET_SIZE(indices)
+    else:
+        return -1
+    if count < 2:
+        return -1
+    item = indices[0]
+    if not PyLong_CheckExact(item):
+        return -1
+    first = PyLong_AsLongLongAndOverflow(item, &overflow)
+    if overflow or first < 0 or first + count > n:
+        return -1
+    for k in range(1, count):
+        item = indices[k]
+        if not PyLong_CheckExact(item):
+            return -1
+        if PyLong_AsLongLongAndOverflow(item, &overflow) != first + k or overflow:
+            return -1
+    return <Py_ssize_t>first
 
 
 cdef inline Py_ssize_t _block_index(object b, Py_ssize_t n_blocks) except -1:
@@ -406,8 +437,14 @@ cdef class ShardCore:
         return self._offsets
 
     def __getitems__(self, indices):
-        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        """The examples at ``indices``, in that order; each block needed is decoded once. A
+        run of consecutive indices (a batch of a pass in order) is read as ``ds[i]`` reads a
+        pass in order: with the next blocks decompressed ahead."""
         cdef Py_ssize_t n = self._n
+        cdef Py_ssize_t first = _run_start(indices, n)
+        cdef Py_ssize_t k
+        if first >= 0:
+            return [self._get(k) for k in range(first, first + len(indices))]
         return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
 
     def __iter__(self):
@@ -752,7 +789,16 @@ cdef class DatasetCore:
         return self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0))
 
     def __getitems__(self, indices):
-        """The examples at ``indices``, in that order; each block needed is decoded once."""
+        """The examples at ``indices``, in that order; each block needed is decoded once (a
+        run of consecutive indices: as ShardCore's)."""
+        cdef Py_ssize_t first = _run_start(indices, self._total)
+        cdef Py_ssize_t k, s
+        if first >= 0:
+            out = []
+            for k in range(first, first + len(indices)):
+                s = self._shard_of(k)
+                out.append(self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0)))
+            return out
         return gather(self._reader, [self._locate(i) for i in indices])
 
     def __iter__(self):

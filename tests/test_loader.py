@@ -63,6 +63,12 @@ def test_getitems_equals_getitem(atlas, root, cache_blocks):
         [63, 64, 127, 128, 299, 0],  # across shards
         [rng.randrange(-N, N) for _ in range(200)],
         list(range(N))[::-7],
+        list(range(60, 70)),  # runs of consecutive indices: read as a pass in order
+        list(range(40, 140)),  # across shards
+        list(range(N - 5, N)),
+        [7, 8],
+        [8, 9, 11],  # not a run
+        [-2, -1],  # nor this (negative)
     ]
     for batch in batches:
         want = [ds[i] for i in batch]
@@ -72,6 +78,40 @@ def test_getitems_equals_getitem(atlas, root, cache_blocks):
     local = [3, -1, 0, 63, 3, -64, 17]
     assert shard.__getitems__(local) == [shard[i] for i in local]
     assert shard.__getitems__([]) == []
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 100])
+def test_batches_of_a_pass_in_order(atlas, root, expected, batch):
+    """``DataLoader(shuffle=False)``'s batches (consecutive indices): the examples in order,
+    each block decoded once, on a dataset and on a shard."""
+    ds = atlas.AtlasDataset(root)
+    got = []
+    for start in range(0, N, batch):
+        got += ds.__getitems__(list(range(start, min(N, start + batch))))
+    assert got == expected
+    assert decodes(ds) == 38
+    shard = atlas.AtlasDataset(root).shards[2]
+    local = []
+    for start in range(0, len(shard), batch):
+        local += shard.__getitems__(list(range(start, min(len(shard), start + batch))))
+    assert local == expected[128:192]
+
+
+def test_a_batch_of_consecutive_indices_counts_as_reads_in_order(atlas, root):
+    """``cache_info`` counts such a batch as ``ds[i]`` over it (one look-up per example),
+    the same on both backends; any other batch one look-up per distinct block."""
+    from atlas_fast._contract import run_start
+
+    assert run_start(list(range(40, 140)), N) == 40 and run_start((7, 8), N) == 7
+    for other in ([8, 9, 11], [-2, -1], [5], (N - 1, N), [True, 2], [1.0, 2.0], range(3, 9)):
+        assert run_start(other, N) == -1
+    ds = atlas.AtlasDataset(root)
+    ds.__getitems__(list(range(40, 140)))
+    info = ds.cache_info()
+    assert info.hits + info.misses == 100
+    ds.__getitems__([300 - 1, 0, 1])  # blocks 37 (shard 4) and 0 (shard 0): 2 look-ups
+    after = ds.cache_info()
+    assert after.hits + after.misses == 102
 
 
 def test_getitems_on_reference_fixtures(atlas, reference_case):
