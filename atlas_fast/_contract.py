@@ -55,7 +55,7 @@ CacheInfo.__doc__ = """What ``cache_info()`` reports, as ``functools.lru_cache``
 
 ``hits`` / ``misses``: block look-ups served from the cache / that decoded the block (one per
 ``ds[i]``, one per distinct block of a ``__getitems__`` batch but one per example of a batch of
-consecutive indices (``run_start``), one per block of ``iter(ds)``);
+a pass in order (``run_start``), one per block of ``iter(ds)``);
 ``currsize``: bytes held (what the blocks' objects take, see above); ``max_bytes``: the budget
 (None: unbounded); ``blocks``: blocks held; ``max_blocks``: the block bound (None: unbounded)."""
 
@@ -104,8 +104,10 @@ def normalize_index(i, n: int) -> int:
 def run_start(indices, n: int) -> int:
     """The first index if ``indices`` (a list or tuple) is a run of two or more consecutive
     ints in ``[0, n)``, ascending (a batch of a pass in order, as ``DataLoader(shuffle=False)``
-    makes them), else -1. Both cores read such a batch as ``ds[i]`` reads a pass in order (the
-    compiled core decides it in C, by this rule)."""
+    makes them), else -1. Both cores read such a batch as ``ds[i]`` reads a pass in order when
+    it starts at 0 or where their last such batch ended (a DataLoader worker that gets every
+    other batch would otherwise read ahead the blocks of the batches it does not get); the
+    compiled core decides it in C, by this rule."""
     if type(indices) not in (list, tuple) or len(indices) < 2:
         return -1
     first = indices[0]

@@ -276,6 +276,7 @@ cdef class ShardCore:
     # The example after the one _get read last: a miss on the first example of the block
     # after _last's, at this index, is a pass in order (see _get).
     cdef Py_ssize_t _next
+    cdef Py_ssize_t _run_next  # the index after the last batch of consecutive indices
     # Set together by _open under _lock (and cleared by close under it); read under the GIL,
     # and held in locals by a reader across its nogil decompression.
     cdef object _offsets  # the validated numpy array (None: not open)
@@ -287,6 +288,7 @@ cdef class ShardCore:
 
     def __cinit__(self, *args, **kwargs):
         self._next = -1
+        self._run_next = 0
         self._lock = _new_lock()
         self._lock_generation = _generation
 
@@ -438,12 +440,14 @@ cdef class ShardCore:
 
     def __getitems__(self, indices):
         """The examples at ``indices``, in that order; each block needed is decoded once. A
-        run of consecutive indices (a batch of a pass in order) is read as ``ds[i]`` reads a
-        pass in order: with the next blocks decompressed ahead."""
+        batch of a pass in order (consecutive indices from 0 or from where the last such batch
+        ended: _contract.run_start) is read as ``ds[i]`` reads a pass in order, with the next
+        blocks decompressed ahead."""
         cdef Py_ssize_t n = self._n
         cdef Py_ssize_t first = _run_start(indices, n)
         cdef Py_ssize_t k
-        if first >= 0:
+        if first >= 0 and (first == self._run_next or first == 0):
+            self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
         return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
 
@@ -717,6 +721,7 @@ cdef class DatasetCore:
     cdef list _sizes
     cdef BlockCache _cache
     cdef Py_ssize_t _total
+    cdef Py_ssize_t _run_next  # the index after the last batch of consecutive indices
     cdef Py_ssize_t* _c_ends
     cdef Py_ssize_t _n_shards
 
@@ -793,7 +798,8 @@ cdef class DatasetCore:
         run of consecutive indices: as ShardCore's)."""
         cdef Py_ssize_t first = _run_start(indices, self._total)
         cdef Py_ssize_t k, s
-        if first >= 0:
+        if first >= 0 and (first == self._run_next or first == 0):
+            self._run_next = first + len(indices)
             out = []
             for k in range(first, first + len(indices)):
                 s = self._shard_of(k)

@@ -97,21 +97,34 @@ def test_batches_of_a_pass_in_order(atlas, root, expected, batch):
     assert local == expected[128:192]
 
 
-def test_a_batch_of_consecutive_indices_counts_as_reads_in_order(atlas, root):
-    """``cache_info`` counts such a batch as ``ds[i]`` over it (one look-up per example),
-    the same on both backends; any other batch one look-up per distinct block."""
+def test_a_batch_of_a_pass_in_order_counts_as_reads_in_order(atlas, root):
+    """``cache_info`` counts a batch of a pass in order (consecutive indices from 0 or from
+    where the last such batch ended) as ``ds[i]`` over it (one look-up per example), the same
+    on both backends; any other batch one look-up per distinct block."""
     from atlas_fast._contract import run_start
 
     assert run_start(list(range(40, 140)), N) == 40 and run_start((7, 8), N) == 7
     for other in ([8, 9, 11], [-2, -1], [5], (N - 1, N), [True, 2], [1.0, 2.0], range(3, 9)):
         assert run_start(other, N) == -1
+
+    def lookups(ds):
+        info = ds.cache_info()
+        return info.hits + info.misses
+
     ds = atlas.AtlasDataset(root)
-    ds.__getitems__(list(range(40, 140)))
-    info = ds.cache_info()
-    assert info.hits + info.misses == 100
+    ds.__getitems__(list(range(40)))  # a pass in order starts at 0
+    assert lookups(ds) == 40
+    ds.__getitems__(list(range(40, 140)))  # and goes on where it ended
+    assert lookups(ds) == 140
     ds.__getitems__([300 - 1, 0, 1])  # blocks 37 (shard 4) and 0 (shard 0): 2 look-ups
-    after = ds.cache_info()
-    assert after.hits + after.misses == 102
+    assert lookups(ds) == 142
+    # Every other batch (what one of two DataLoader workers gets): consecutive indices, but
+    # not a pass in order: one look-up per distinct block, as any batch.
+    other = atlas.AtlasDataset(root)
+    other.__getitems__(list(range(16, 32)))  # blocks 2 and 3
+    assert lookups(other) == 2
+    other.__getitems__(list(range(48, 64)))
+    assert lookups(other) == 4
 
 
 def test_getitems_on_reference_fixtures(atlas, reference_case):
