@@ -101,17 +101,18 @@ def normalize_index(i, n: int) -> int:
     return i
 
 
-def run_start(indices, n: int) -> int:
-    """The first index if ``indices`` (a list or tuple) is a run of two or more consecutive
-    ints in ``[0, n)``, ascending (a batch of a pass in order, as ``DataLoader(shuffle=False)``
-    makes them), else -1. Both cores read such a batch as ``ds[i]`` reads a pass in order when
-    it starts at 0 or where their last such batch ended (a DataLoader worker that gets every
-    other batch would otherwise read ahead the blocks of the batches it does not get); the
-    compiled core decides it in C, by this rule."""
+def run_start(indices, n: int, resume: int) -> int:
+    """The first index if ``indices`` is a batch of a pass in order, else -1: a list or tuple
+    of two or more consecutive ints in ``[0, n)``, ascending, starting at 0 or at ``resume``
+    (where the reader's last such batch ended), as ``DataLoader(shuffle=False)`` makes them
+    without workers. Both cores read such a batch as ``ds[i]`` reads a pass in order (a
+    DataLoader worker that gets every other batch does not continue a pass: reading ahead it
+    would decode the blocks of the batches it does not get); the compiled core decides it in
+    C, by this rule."""
     if type(indices) not in (list, tuple) or len(indices) < 2:
         return -1
     first = indices[0]
-    if type(first) is not int or first < 0 or first + len(indices) > n:
+    if type(first) is not int or first < 0 or first not in (0, resume) or first + len(indices) > n:
         return -1
     for k, i in enumerate(indices):
         if type(i) is not int or i != first + k:

@@ -360,7 +360,7 @@ class ShardCore:
         self._tag = tag
         self._last = None  # the _Entry of the block last read (a fast path for hits)
         self._next = -1  # the example after the one __getitem__ read last
-        self._run_next = 0  # the index after the last batch of consecutive indices
+        self._run_next = 0  # where the last batch of a pass in order (run_start) ended
         # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
         # never pairs one opening's offsets with another's dictionary.
         self._opened = None
@@ -417,10 +417,10 @@ class ShardCore:
 
     def __getitems__(self, indices) -> list:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
-        batch of consecutive indices is read as ``self[i]`` reads a pass in order)."""
+        batch of a pass in order, ``run_start``, is read as ``self[i]`` reads one)."""
         n = self._n
-        first = run_start(indices, n)
-        if first >= 0 and first in (self._run_next, 0):
+        first = run_start(indices, n, self._run_next)
+        if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
         located = [(0, normalize_index(i, n)) for i in indices]
@@ -618,7 +618,7 @@ class DatasetCore:
             ends.append(total)
         self._ends = ends
         self._total = total
-        self._run_next = 0  # the index after the last batch of consecutive indices
+        self._run_next = 0  # where the last batch of a pass in order (run_start) ended
 
     def __len__(self) -> int:
         return self._total
@@ -643,9 +643,9 @@ class DatasetCore:
 
     def __getitems__(self, indices) -> list:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
-        batch of consecutive indices: as ShardCore's)."""
-        first = run_start(indices, self._total)
-        if first >= 0 and first in (self._run_next, 0):
+        batch of a pass in order: as ShardCore's)."""
+        first = run_start(indices, self._total, self._run_next)
+        if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
         locate = self._locate

@@ -87,7 +87,6 @@ from collections import deque
 
 from ._batch import ShardOpener, gather, open_dictionary, shard_layout
 from ._compat import freeze_in_worker
-from ._objsize import ChargeMeter
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
 from ._format import (
@@ -102,6 +101,7 @@ from ._format import (
     unpickle_error,
     zstd_dictionary_mismatch,
 )
+from ._objsize import ChargeMeter
 
 cdef extern from "<dlfcn.h>" nogil:
     ctypedef struct Dl_info:
@@ -196,9 +196,9 @@ cdef inline Py_ssize_t _normalize(object i, Py_ssize_t n) except -1:
     return normalize_index(i, n)
 
 
-cdef Py_ssize_t _run_start(object indices, Py_ssize_t n) except -2:
-    """_contract.run_start in C: the first index if ``indices`` is a run of consecutive ints
-    in [0, n), else -1."""
+cdef Py_ssize_t _run_start(object indices, Py_ssize_t n, Py_ssize_t resume) except -2:
+    """_contract.run_start in C: the first index if ``indices`` is a batch of a pass in order
+    (consecutive ints in [0, n) from 0 or ``resume``), else -1."""
     cdef Py_ssize_t count, k
     cdef long long first
     cdef int overflow = 0
@@ -215,7 +215,7 @@ cdef Py_ssize_t _run_start(object indices, Py_ssize_t n) except -2:
     if not PyLong_CheckExact(item):
         return -1
     first = PyLong_AsLongLongAndOverflow(item, &overflow)
-    if overflow or first < 0 or first + count > n:
+    if overflow or first < 0 or (first != 0 and first != resume) or first + count > n:
         return -1
     for k in range(1, count):
         item = indices[k]
@@ -276,7 +276,7 @@ cdef class ShardCore:
     # The example after the one _get read last: a miss on the first example of the block
     # after _last's, at this index, is a pass in order (see _get).
     cdef Py_ssize_t _next
-    cdef Py_ssize_t _run_next  # the index after the last batch of consecutive indices
+    cdef Py_ssize_t _run_next  # where the last batch of a pass in order (run_start) ended
     # Set together by _open under _lock (and cleared by close under it); read under the GIL,
     # and held in locals by a reader across its nogil decompression.
     cdef object _offsets  # the validated numpy array (None: not open)
@@ -444,9 +444,9 @@ cdef class ShardCore:
         ended: _contract.run_start) is read as ``ds[i]`` reads a pass in order, with the next
         blocks decompressed ahead."""
         cdef Py_ssize_t n = self._n
-        cdef Py_ssize_t first = _run_start(indices, n)
+        cdef Py_ssize_t first = _run_start(indices, n, self._run_next)
         cdef Py_ssize_t k
-        if first >= 0 and (first == self._run_next or first == 0):
+        if first >= 0:
             self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
         return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
@@ -721,7 +721,7 @@ cdef class DatasetCore:
     cdef list _sizes
     cdef BlockCache _cache
     cdef Py_ssize_t _total
-    cdef Py_ssize_t _run_next  # the index after the last batch of consecutive indices
+    cdef Py_ssize_t _run_next  # where the last batch of a pass in order (run_start) ended
     cdef Py_ssize_t* _c_ends
     cdef Py_ssize_t _n_shards
 
@@ -789,22 +789,21 @@ cdef class DatasetCore:
         return s, k - (self._c_ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
-        cdef Py_ssize_t k = _normalize(i, self._total)
+        return self._get(_normalize(i, self._total))
+
+    cdef inline object _get(self, Py_ssize_t k):
+        """Example ``k``, 0 <= k < _total."""
         cdef Py_ssize_t s = self._shard_of(k)
         return self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0))
 
     def __getitems__(self, indices):
         """The examples at ``indices``, in that order; each block needed is decoded once (a
-        run of consecutive indices: as ShardCore's)."""
-        cdef Py_ssize_t first = _run_start(indices, self._total)
-        cdef Py_ssize_t k, s
-        if first >= 0 and (first == self._run_next or first == 0):
+        batch of a pass in order: as ShardCore's)."""
+        cdef Py_ssize_t first = _run_start(indices, self._total, self._run_next)
+        cdef Py_ssize_t k
+        if first >= 0:
             self._run_next = first + len(indices)
-            out = []
-            for k in range(first, first + len(indices)):
-                s = self._shard_of(k)
-                out.append(self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0)))
-            return out
+            return [self._get(k) for k in range(first, first + len(indices))]
         return gather(self._reader, [self._locate(i) for i in indices])
 
     def __iter__(self):

@@ -103,9 +103,11 @@ def test_a_batch_of_a_pass_in_order_counts_as_reads_in_order(atlas, root):
     on both backends; any other batch one look-up per distinct block."""
     from atlas_fast._contract import run_start
 
-    assert run_start(list(range(40, 140)), N) == 40 and run_start((7, 8), N) == 7
+    assert run_start(list(range(40, 140)), N, 40) == 40 and run_start((7, 8), N, 7) == 7
+    assert run_start([0, 1], N, 99) == 0  # a pass starts again at 0
+    assert run_start(list(range(40, 140)), N, 0) == -1  # consecutive, but not where it was
     for other in ([8, 9, 11], [-2, -1], [5], (N - 1, N), [True, 2], [1.0, 2.0], range(3, 9)):
-        assert run_start(other, N) == -1
+        assert run_start(other, N, other[0]) == -1
 
     def lookups(ds):
         info = ds.cache_info()
