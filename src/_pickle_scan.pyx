@@ -247,7 +247,7 @@ cdef void _free_scanning_state(PickleScan* s) noexcept nogil:
     s.open_defs = NULL
     s.memo = NULL
     s.cap_stack = s.cap_marks = s.cap_open = s.cap_memo = 0
-    s.height = s.n_marks = s.n_open = 0
+    s.height = s.n_marks = s.n_open = s.fence = 0
 
 
 cdef void ps_free(PickleScan* s) noexcept nogil:
@@ -259,6 +259,22 @@ cdef void ps_free(PickleScan* s) noexcept nogil:
     free(s.uses)
     free(s.edits)
     free(s)
+
+
+cdef void ps_reset(PickleScan* s) noexcept nogil:
+    cdef uint32_t k
+    if s.memo != NULL:
+        for k in range(s.n_defs):  # the entries set, and only those
+            if s.defs[k].memo < s.cap_memo:
+                s.memo[s.defs[k].memo] = -1
+    s.status = PS_MORE
+    s.reason = 0
+    s.proto = -1
+    s.pos = s.need = s.frame_end = 0
+    s.root_list = 0
+    s.keep = 1
+    s.n_elems = s.n_defs = s.n_uses = s.n_edits = 0
+    s.height = s.n_marks = s.n_open = s.fence = 0
 
 
 cdef size_t ps_nbytes(const PickleScan* s) noexcept nogil:
@@ -282,8 +298,9 @@ cdef int _fail(PickleScan* s, int reason) noexcept nogil:
     return PS_FALLBACK
 
 
-cdef int _more(PickleScan* s, uint64_t need, bint final) noexcept nogil:
-    """Stop before an opcode that ends at ``need``: past the data given."""
+cdef int _more(PickleScan* s, uint32_t p, uint64_t need, bint final) noexcept nogil:
+    """Stop before the opcode at ``p``, which ends at ``need``: past the data given."""
+    s.pos = p
     if final:
         return _fail(s, R_TRUNCATED)
     if need >= PS_LIMIT:
@@ -294,7 +311,12 @@ cdef int _more(PickleScan* s, uint64_t need, bint final) noexcept nogil:
 
 cdef inline uint32_t _fence(const PickleScan* s) noexcept nogil:
     """The stack height below which the current mark hides the stack."""
-    return s.marks[s.n_marks - 1].height if s.n_marks else 0
+    return s.fence
+
+
+cdef inline void _pop_mark(PickleScan* s) noexcept nogil:
+    s.n_marks -= 1
+    s.fence = s.marks[s.n_marks - 1].height if s.n_marks else 0
 
 
 cdef inline int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
@@ -414,7 +436,7 @@ cdef int _from_mark(PickleScan* s, unsigned char op) noexcept nogil:
     fence = s.marks[s.n_marks - 1].height
     start = s.marks[s.n_marks - 1].pos
     k = s.height - fence  # the items above the mark
-    s.n_marks -= 1
+    _pop_mark(s)
     if op == OP_APPENDS or op == OP_SETITEMS or op == OP_ADDITEMS:
         # The object the items go into is just below the mark, above the next one.
         if fence <= _fence(s):
@@ -473,6 +495,8 @@ cdef int _stop(PickleScan* s, uint64_t q) noexcept nogil:
         s.n_open -= 1
     s.pos = <uint32_t>q
     s.status = PS_DONE
+    if s.keep:
+        return 0
     _free_scanning_state(s)
     # What a cache entry keeps: no more than it holds.
     _shrink(<void**>&s.defs, &s.cap_defs, s.n_defs, sizeof(ps_def))
@@ -523,10 +547,10 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         return _fail(s, R_TOO_LARGE)
     if s.cap_defs == 0 and _reserve(s, avail) < 0:
         return _fail(s, R_NO_MEMORY)
+    p = s.pos  # kept here, not in s, while scanning: stored back wherever the scan stops
     while True:
-        p = s.pos
         if p >= avail:
-            return _more(s, <uint64_t>p + 1, final)
+            return _more(s, p, <uint64_t>p + 1, final)
         op = d[p]
         q = <uint64_t>p + 1
         reason = 0
@@ -539,25 +563,25 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         elif op == OP_BINGET or op == OP_BINPUT:
             q += 1
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _get(s, d[p + 1], p) if op == OP_BINGET else _put(s, d[p + 1], p)
         elif op == OP_LONG_BINGET or op == OP_LONG_BINPUT:
             q += 4
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             idx = _le32(d + p + 1)
             reason = _get(s, idx, p) if op == OP_LONG_BINGET else _put(s, idx, p)
         elif op in (OP_SHORT_BINUNICODE, OP_SHORT_BINBYTES, OP_SHORT_BINSTRING, OP_LONG1):
             if q + 1 > avail:
-                return _more(s, q + 1, final)
+                return _more(s, p, q + 1, final)
             q += 1 + d[p + 1]
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _push(s, p, 0)
         elif op in (OP_BININT1, OP_BININT2, OP_BININT, OP_BINFLOAT):
             q += 1 if op == OP_BININT1 else 2 if op == OP_BININT2 else 4 if op == OP_BININT else 8
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _push(s, p, 0)
         elif op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT,
                     OP_EMPTY_SET):
@@ -571,6 +595,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 s.marks[s.n_marks].height = s.height
                 s.marks[s.n_marks].pos = p
                 s.n_marks += 1
+                s.fence = s.height
                 built = False
         elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS, OP_TUPLE, OP_DICT, OP_FROZENSET,
                     OP_OBJ, OP_LIST, OP_POP_MARK):
@@ -589,28 +614,28 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
             reason = _into(s, 1, False)
         elif op == OP_POP:
             if s.n_marks and s.height == _fence(s):
-                s.n_marks -= 1
+                _pop_mark(s)
             elif s.height > _fence(s):
                 _consume(s, s.height - 1)
             else:
                 reason = R_UNDERFLOW
         elif op in (OP_BINUNICODE, OP_BINBYTES, OP_BINSTRING, OP_LONG4):
             if q + 4 > avail:
-                return _more(s, q + 4, final)
+                return _more(s, p, q + 4, final)
             n = _le32(d + p + 1)
             if (op == OP_BINSTRING or op == OP_LONG4) and n > 0x7FFFFFFF:
                 reason = R_BAD_ARGUMENT  # a negative count: the unpickler refuses it
             else:
                 q += 4 + n
                 if q > avail:
-                    return _more(s, q, final)
+                    return _more(s, p, q, final)
                 reason = _push(s, p, 0)
         elif op in (OP_BINUNICODE8, OP_BINBYTES8, OP_BYTEARRAY8, OP_FRAME):
             if q + 8 > avail:
-                return _more(s, q + 8, final)
+                return _more(s, p, q + 8, final)
             n = _le64(d + p + 1)
             if n >= PS_LIMIT:
-                return _more(s, PS_LIMIT, final)  # past any block scanned
+                return _more(s, p, PS_LIMIT, final)  # past any block scanned
             q += 8
             if op == OP_FRAME:
                 built = False
@@ -623,20 +648,20 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
             else:
                 q += n
                 if q > avail:
-                    return _more(s, q, final)
+                    return _more(s, p, q, final)
                 reason = _push(s, p, 0)
         elif op in (OP_INT, OP_LONG, OP_FLOAT, OP_STRING, OP_UNICODE, OP_PUT, OP_GET,
                     OP_GLOBAL, OP_INST):
             nl = <const unsigned char*>memchr(d + q, 10, avail - q)
             if nl == NULL:
-                return _more(s, <uint64_t>avail + 1, final)
+                return _more(s, p, <uint64_t>avail + 1, final)
             if (op == OP_PUT or op == OP_GET) and _decimal(d + q, nl, &idx) < 0:
                 return _fail(s, R_BAD_ARGUMENT)
             q = <uint64_t>(nl - d) + 1
             if op == OP_GLOBAL or op == OP_INST:
                 nl = <const unsigned char*>memchr(d + q, 10, avail - q) if q < avail else NULL
                 if nl == NULL:
-                    return _more(s, <uint64_t>avail + 1, final)
+                    return _more(s, p, <uint64_t>avail + 1, final)
                 q = <uint64_t>(nl - d) + 1
             if op == OP_PUT:
                 reason = _put(s, idx, p)
@@ -649,7 +674,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         elif op == OP_PROTO:
             q += 1
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             if p != 0 or d[1] > PS_MAX_PROTOCOL:
                 reason = R_PROTO
             s.proto = d[1]
@@ -667,9 +692,9 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
             return _fail(s, reason)
         if q >= PS_LIMIT:
             return _fail(s, R_TOO_LARGE)
-        if built and s.height > _fence(s):
+        if built and s.height > s.fence:
             s.stack[s.height - 1].last_end = <uint32_t>q
-        s.pos = <uint32_t>q
+        p = <uint32_t>q
 
 
 # ---------------------------------------------------------------------------------------------
@@ -900,7 +925,8 @@ cdef class PickleScanner:
     ``feed(data, final)`` scans ``data`` (the whole block, or with ``final=False`` a prefix of
     it, each call's data extending the last one's) and returns ``"done"``, ``"more"`` or
     ``"fallback"``. ``synthetic(i)`` is element ``i``'s synthetic pickle, or None when the
-    element must come from the whole block (``element_reason(i)`` says why).
+    element must come from the whole block (``element_reason(i)`` says why). ``reset()``
+    readies the scanner for another block, keeping its arrays (as the reader's scratch scan).
     """
 
     def __cinit__(self):
@@ -926,6 +952,11 @@ cdef class PickleScanner:
             PyBuffer_Release(&buf)
         self.data = data
         return _STATUS[status]
+
+    def reset(self):
+        """Forget the scan: ready for another block's bytes."""
+        ps_reset(self.s)
+        self.data = None
 
     @property
     def status(self):

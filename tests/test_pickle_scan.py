@@ -595,6 +595,17 @@ def test_damaged_blocks_never_crash(block, data):
         whole = exc
     outcomes = {name: _damaged_outcome(mod, damaged, whole) for name, mod in SCANNERS.items()}
     assert len(set(outcomes.values())) == 1, outcomes
+    for name, mod in SCANNERS.items():  # a scanner reused from one example to the next
+        fresh, reused = mod.scan(damaged), _REUSED[name]
+        reused.reset()
+        assert reused.feed(damaged) == fresh.status
+        assert (reused.reason, reused.memo_entries) == (fresh.reason, fresh.memo_entries)
+        assert [reused.synthetic(i) for i in range(len(reused))] == [
+            fresh.synthetic(i) for i in range(len(fresh))
+        ]
+
+
+_REUSED = {name: mod.PickleScanner() for name, mod in SCANNERS.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,3 +812,29 @@ def test_a_prefix_does_not_decide_an_element():
         s = mod.PickleScanner()
         assert s.feed(prefix, False) == "more" and len(s) == 0
         assert mod.scan(a).elements[0] != mod.scan(b).elements[0]
+
+
+def test_reset_leaves_nothing_of_the_last_block(scanner):
+    """A reset scanner (the compiled reader reuses one from a random read to the next) finds
+    in a block what a fresh one finds: no memo entry, element or fallback of the last block."""
+    shared = {"id": 0, "text": "t", "tags": ["a"]}
+    blocks = [
+        pickle.dumps([dict(shared, id=k) for k in range(6)], protocol=4),
+        b"\x80\x04]\x94(h\x03K\x01e.",  # GET of index 3: stored by the block before only
+        b"\x80\x04]\x94(K\x012K\x022e.",  # DUP: a fallback
+        pickle.dumps([{f"k{m}": [m] for m in range(k, k + 900)} for k in range(3)], protocol=4),
+        pickle.dumps([[k, "x", (k, "x")] for k in range(5)], protocol=2),
+        pickle.dumps(["a", "b"], protocol=5)[:-3],  # truncated
+        pickle.dumps([dict(shared, id=k) for k in range(2)], protocol=5),
+    ]
+    reused = scanner.PickleScanner()
+    for block in blocks + blocks[::-1]:
+        fresh = scanner.scan(block)
+        reused.reset()
+        assert reused.feed(block) == fresh.status
+        assert (reused.reason, len(reused)) == (fresh.reason, len(fresh))
+        assert reused.memo_entries == fresh.memo_entries
+        assert reused.gets == fresh.gets
+        for i in range(len(fresh)):
+            assert reused.synthetic(i) == fresh.synthetic(i)
+    assert scanner.scan(blocks[1]).reason == "GET of a memo index never stored"
