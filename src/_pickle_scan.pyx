@@ -298,6 +298,12 @@ cdef int _fail(PickleScan* s, int reason) noexcept nogil:
     return PS_FALLBACK
 
 
+cdef int _fail_at(PickleScan* s, uint32_t p, int reason) noexcept nogil:
+    """A fallback at the opcode at ``p``."""
+    s.pos = p
+    return _fail(s, reason)
+
+
 cdef int _more(PickleScan* s, uint32_t p, uint64_t need, bint final) noexcept nogil:
     """Stop before the opcode at ``p``, which ends at ``need``: past the data given."""
     s.pos = p
@@ -656,7 +662,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
             if nl == NULL:
                 return _more(s, p, <uint64_t>avail + 1, final)
             if (op == OP_PUT or op == OP_GET) and _decimal(d + q, nl, &idx) < 0:
-                return _fail(s, R_BAD_ARGUMENT)
+                return _fail_at(s, p, R_BAD_ARGUMENT)
             q = <uint64_t>(nl - d) + 1
             if op == OP_GLOBAL or op == OP_INST:
                 nl = <const unsigned char*>memchr(d + q, 10, avail - q) if q < avail else NULL
@@ -689,9 +695,9 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         else:
             reason = R_UNKNOWN_OPCODE
         if reason:
-            return _fail(s, reason)
+            return _fail_at(s, p, reason)
         if q >= PS_LIMIT:
-            return _fail(s, R_TOO_LARGE)
+            return _fail_at(s, p, R_TOO_LARGE)
         if built and s.height > s.fence:
             s.stack[s.height - 1].last_end = <uint32_t>q
         p = <uint32_t>q
@@ -946,7 +952,8 @@ cdef class PickleScanner:
             if <size_t>buf.len < self.s.pos:
                 raise ValueError("feed() needs the block's bytes from its start")
             # With the GIL held: another thread's feed() or synthetic() on this object must
-            # not see the scan while it changes (once done, it never changes again).
+            # not see the scan while it changes (once done, it changes only by reset()).
+            self._check_not_reading()
             status = ps_feed(self.s, <const unsigned char*>buf.buf, <size_t>buf.len, final)
         finally:
             PyBuffer_Release(&buf)
@@ -955,8 +962,14 @@ cdef class PickleScanner:
 
     def reset(self):
         """Forget the scan: ready for another block's bytes."""
+        self._check_not_reading()
         ps_reset(self.s)
         self.data = None
+
+    cdef int _check_not_reading(self) except -1:
+        if self._reading:
+            raise RuntimeError("the scan is being read by another thread: it cannot change now")
+        return 0
 
     @property
     def status(self):
@@ -1021,9 +1034,11 @@ cdef class PickleScanner:
         if self.s.status != PS_DONE:
             return self.s.reason if self.s.status == PS_FALLBACK else R_NOT_DONE
         PyObject_GetBuffer(self.data, &buf, PyBUF_SIMPLE)
+        self._reading += 1  # ps_synthetic releases the GIL: feed() and reset() must wait
         try:
             return ps_synthetic(self.s, <const unsigned char*>buf.buf, <uint32_t>i)
         finally:
+            self._reading -= 1
             PyBuffer_Release(&buf)
 
     def synthetic(self, Py_ssize_t i):

@@ -372,10 +372,10 @@ cdef class ShardCore:
 
         From the cache if it holds the block's examples. Otherwise, partial decoding: the
         block is decoded (decompressed) and scanned, and example ``j`` alone unpickled from
-        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle and scan stay in
-        the cache. The whole block is unpickled instead when it is read in order (the last
-        block read is the one before), when it is read a second time (its pickle and scan
-        are in the cache), and when the scanner falls back.
+        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle stays in the
+        cache. The whole block is unpickled instead when it is read in order (the last
+        block read is the one before), when it is read a second time (its pickle is in the
+        cache), and when the scanner falls back.
         """
         key = (self._tag, b)
         cdef _Entry e = self._cache._find(key)

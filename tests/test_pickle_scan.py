@@ -15,6 +15,7 @@ import fractions
 import io
 import os
 import pickle
+import threading
 import uuid
 
 import numpy as np
@@ -838,3 +839,48 @@ def test_reset_leaves_nothing_of_the_last_block(scanner):
         for i in range(len(fresh)):
             assert reused.synthetic(i) == fresh.synthetic(i)
     assert scanner.scan(blocks[1]).reason == "GET of a memo index never stored"
+
+
+def test_a_fallback_keeps_the_position_of_the_opcode_it_stopped_at(scanner):
+    """Both scanners stop a fallback at the offending opcode: feeding fewer bytes after it
+    is refused alike."""
+    block = b"\x80\x04]\x94(K\x012e."  # DUP at offset 7
+    s = scanner.PickleScanner()
+    assert s.feed(block) == "fallback"
+    with pytest.raises(ValueError, match="from its start"):
+        s.feed(block[:2])
+
+
+@pytest.mark.skipif(_pickle_scan is None, reason="the compiled scanner's threads")
+def test_a_scan_being_read_cannot_be_reset():
+    """synthetic() writes without the GIL: another thread's reset() or feed() then raises
+    instead of changing the arrays under it."""
+    block = pickle.dumps([{"k": "v" * 50_000, "n": [k] * 2000} for k in range(40)], protocol=4)
+    s = _pickle_scan.scan(block)
+    stop = threading.Event()
+    errors = []
+
+    def read():
+        while not stop.is_set():
+            for i in range(len(s)):
+                if s.synthetic(i) is None:
+                    errors.append(i)
+
+    t = threading.Thread(target=read)
+    t.start()
+    refused = 0
+    try:
+        for _ in range(2000):
+            try:
+                s.reset()
+            except RuntimeError:
+                refused += 1
+                continue
+            s.feed(block)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    assert refused  # the reader was caught writing at least once
+    for i in range(len(s)):
+        assert pickle.loads(s.synthetic(i)) == pickle.loads(block)[i]

@@ -101,5 +101,7 @@ cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_
 cdef class PickleScanner:
     cdef PickleScan* s
     cdef object data
+    cdef Py_ssize_t _reading  # synthetic pickles being written (the GIL released): no reset
     # Element i's synthetic pickle (bytes), or its fallback reason (int).
     cdef object _synthetic(self, Py_ssize_t i)
+    cdef int _check_not_reading(self) except -1
