@@ -178,6 +178,73 @@ cdef enum:
     OP_NEXT_BUFFER = 0x97
     OP_READONLY_BUFFER = 0x98
 
+# What ps_feed does with each opcode: one class per way of reading its argument and applying
+# it. The classes are dense, so ps_feed dispatches through one jump table (the opcodes
+# themselves span 0x28-0x98 sparsely, which compilers test one range after another).
+cdef enum:
+    C_UNKNOWN = 0  # every byte not listed below
+    C_UNSUPPORTED  # DUP, persistent ids, the extension registry, out-of-band buffers
+    C_MEMOIZE
+    C_GETPUT1  # BINGET, BINPUT
+    C_GETPUT4  # LONG_BINGET, LONG_BINPUT
+    C_COUNT1  # a 1-byte length, then that many bytes
+    C_FIXED  # a fixed-size argument (_ARG_SIZE)
+    C_PUSH  # no argument: one new object
+    C_EMPTY_LIST
+    C_MARK
+    C_FROM_MARK
+    C_TUPLE_N  # TUPLE1-3
+    C_MERGE2  # REDUCE, NEWOBJ, STACK_GLOBAL
+    C_NEWOBJ_EX
+    C_APPEND
+    C_SETITEM
+    C_BUILD
+    C_POP
+    C_COUNT4  # a 4-byte length, then that many bytes
+    C_COUNT8  # an 8-byte length (FRAME: the frame's)
+    C_TEXT  # newline-terminated text argument(s)
+    C_PROTO
+    C_STOP
+
+cdef unsigned char _OP_CLASS[256]
+cdef unsigned char _ARG_SIZE[256]
+
+
+cdef void _classify(const unsigned char* ops, int n, unsigned char c) noexcept:
+    cdef int k
+    for k in range(n):
+        _OP_CLASS[ops[k]] = c
+
+
+memset(_OP_CLASS, C_UNKNOWN, sizeof(_OP_CLASS))
+memset(_ARG_SIZE, 0, sizeof(_ARG_SIZE))
+_classify(b"2PQ\x82\x83\x84\x97\x98", 8, C_UNSUPPORTED)
+_classify(b"\x94", 1, C_MEMOIZE)
+_classify(b"hq", 2, C_GETPUT1)
+_classify(b"jr", 2, C_GETPUT4)
+_classify(b"\x8cCU\x8a", 4, C_COUNT1)
+_classify(b"KMJG", 4, C_FIXED)
+_ARG_SIZE[OP_BININT1] = 1
+_ARG_SIZE[OP_BININT2] = 2
+_ARG_SIZE[OP_BININT] = 4
+_ARG_SIZE[OP_BINFLOAT] = 8
+_classify(b"N\x88\x89)}\x8f", 6, C_PUSH)
+_classify(b"]", 1, C_EMPTY_LIST)
+_classify(b"(", 1, C_MARK)
+_classify(b"eut\x90d\x91ol1", 9, C_FROM_MARK)
+_classify(b"\x85\x86\x87", 3, C_TUPLE_N)
+_classify(b"R\x81\x93", 3, C_MERGE2)
+_classify(b"\x92", 1, C_NEWOBJ_EX)
+_classify(b"a", 1, C_APPEND)
+_classify(b"s", 1, C_SETITEM)
+_classify(b"b", 1, C_BUILD)
+_classify(b"0", 1, C_POP)
+_classify(b"XBT\x8b", 4, C_COUNT4)
+_classify(b"\x8d\x8e\x96\x95", 4, C_COUNT8)
+_classify(b"ILFSVpgci", 9, C_TEXT)
+_classify(b"\x80", 1, C_PROTO)
+_classify(b".", 1, C_STOP)
+
 # ---------------------------------------------------------------------------------------------
 # Growing arrays (malloc'd; every failure is reported, never fatal)
 
@@ -543,7 +610,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
     when not ``final``; the same bytes as before, extended). Returns the scan's status."""
     cdef uint32_t p
     cdef uint64_t q, n, idx
-    cdef unsigned char op
+    cdef unsigned char op, c
     cdef int reason
     cdef bint built  # the opcode leaves an object on top, built as far as q
     cdef const unsigned char* nl
@@ -562,39 +629,39 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         reason = 0
         built = True
         # One dispatch per opcode: read its argument (q: where it ends), then apply it.
-        if op == OP_MEMOIZE:
+        c = _OP_CLASS[op]
+        if c == C_MEMOIZE:
             reason = _put(s, s.n_defs, p)
             if reason == 0 and _add_edit(s, p, s.defs[s.n_defs - 1].memo) < 0:
                 reason = R_NO_MEMORY
-        elif op == OP_BINGET or op == OP_BINPUT:
+        elif c == C_GETPUT1:
             q += 1
             if q > avail:
                 return _more(s, p, q, final)
             reason = _get(s, d[p + 1], p) if op == OP_BINGET else _put(s, d[p + 1], p)
-        elif op == OP_LONG_BINGET or op == OP_LONG_BINPUT:
+        elif c == C_GETPUT4:
             q += 4
             if q > avail:
                 return _more(s, p, q, final)
             idx = _le32(d + p + 1)
             reason = _get(s, idx, p) if op == OP_LONG_BINGET else _put(s, idx, p)
-        elif op in (OP_SHORT_BINUNICODE, OP_SHORT_BINBYTES, OP_SHORT_BINSTRING, OP_LONG1):
+        elif c == C_COUNT1:
             if q + 1 > avail:
                 return _more(s, p, q + 1, final)
             q += 1 + d[p + 1]
             if q > avail:
                 return _more(s, p, q, final)
             reason = _push(s, p, 0)
-        elif op in (OP_BININT1, OP_BININT2, OP_BININT, OP_BINFLOAT):
-            q += 1 if op == OP_BININT1 else 2 if op == OP_BININT2 else 4 if op == OP_BININT else 8
+        elif c == C_FIXED:
+            q += _ARG_SIZE[op]
             if q > avail:
                 return _more(s, p, q, final)
             reason = _push(s, p, 0)
-        elif op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT,
-                    OP_EMPTY_SET):
+        elif c == C_PUSH:
             reason = _push(s, p, 0)
-        elif op == OP_EMPTY_LIST:
+        elif c == C_EMPTY_LIST:
             reason = _push(s, p, F_LIST)
-        elif op == OP_MARK:
+        elif c == C_MARK:
             if _grow(<void**>&s.marks, &s.cap_marks, s.n_marks + 1, sizeof(ps_mark)) < 0:
                 reason = R_NO_MEMORY
             else:
@@ -603,29 +670,28 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 s.n_marks += 1
                 s.fence = s.height
                 built = False
-        elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS, OP_TUPLE, OP_DICT, OP_FROZENSET,
-                    OP_OBJ, OP_LIST, OP_POP_MARK):
+        elif c == C_FROM_MARK:
             reason = _from_mark(s, op)
-        elif op in (OP_TUPLE1, OP_TUPLE2, OP_TUPLE3):
+        elif c == C_TUPLE_N:
             reason = _merge(s, op - OP_TUPLE1 + 1)
-        elif op in (OP_REDUCE, OP_NEWOBJ, OP_STACK_GLOBAL):
+        elif c == C_MERGE2:
             reason = _merge(s, 2)
-        elif op == OP_NEWOBJ_EX:
+        elif c == C_NEWOBJ_EX:
             reason = _merge(s, 3)
-        elif op == OP_APPEND:
+        elif c == C_APPEND:
             reason = _into(s, 1, True)
-        elif op == OP_SETITEM:
+        elif c == C_SETITEM:
             reason = _into(s, 2, False)
-        elif op == OP_BUILD:
+        elif c == C_BUILD:
             reason = _into(s, 1, False)
-        elif op == OP_POP:
+        elif c == C_POP:
             if s.n_marks and s.height == _fence(s):
                 _pop_mark(s)
             elif s.height > _fence(s):
                 _consume(s, s.height - 1)
             else:
                 reason = R_UNDERFLOW
-        elif op in (OP_BINUNICODE, OP_BINBYTES, OP_BINSTRING, OP_LONG4):
+        elif c == C_COUNT4:
             if q + 4 > avail:
                 return _more(s, p, q + 4, final)
             n = _le32(d + p + 1)
@@ -636,7 +702,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 if q > avail:
                     return _more(s, p, q, final)
                 reason = _push(s, p, 0)
-        elif op in (OP_BINUNICODE8, OP_BINBYTES8, OP_BYTEARRAY8, OP_FRAME):
+        elif c == C_COUNT8:
             if q + 8 > avail:
                 return _more(s, p, q + 8, final)
             n = _le64(d + p + 1)
@@ -656,8 +722,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 if q > avail:
                     return _more(s, p, q, final)
                 reason = _push(s, p, 0)
-        elif op in (OP_INT, OP_LONG, OP_FLOAT, OP_STRING, OP_UNICODE, OP_PUT, OP_GET,
-                    OP_GLOBAL, OP_INST):
+        elif c == C_TEXT:
             nl = <const unsigned char*>memchr(d + q, 10, avail - q)
             if nl == NULL:
                 return _more(s, p, <uint64_t>avail + 1, final)
@@ -677,7 +742,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 reason = _from_mark(s, op)
             else:
                 reason = _push(s, p, 0)
-        elif op == OP_PROTO:
+        elif c == C_PROTO:
             q += 1
             if q > avail:
                 return _more(s, p, q, final)
@@ -685,12 +750,11 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 reason = R_PROTO
             s.proto = d[1]
             built = False
-        elif op == OP_STOP:
+        elif c == C_STOP:
             reason = _stop(s, q)
             if reason == 0:
                 return PS_DONE
-        elif op in (OP_DUP, OP_PERSID, OP_BINPERSID, OP_EXT1, OP_EXT2, OP_EXT4, OP_NEXT_BUFFER,
-                    OP_READONLY_BUFFER):
+        elif c == C_UNSUPPORTED:
             reason = R_UNSUPPORTED_OPCODE
         else:
             reason = R_UNKNOWN_OPCODE
