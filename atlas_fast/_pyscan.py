@@ -141,10 +141,15 @@ class PickleScanner:
     ``feed(data, final)`` scans ``data`` (the whole block, or with ``final=False`` a prefix of
     it, each call's data extending the last one's) and returns ``"done"``, ``"more"`` or
     ``"fallback"``. ``synthetic(i)`` is element ``i``'s synthetic pickle, or None when the
-    element must come from the whole block (``element_reason(i)`` says why).
+    element must come from the whole block (``element_reason(i)`` says why). ``reset()``
+    readies the scanner for another block.
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the scan: ready for another block's bytes."""
         self.status = "more"
         self._reason = None
         self.need = None

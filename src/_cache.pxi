@@ -13,11 +13,10 @@
 @cython.final
 @cython.auto_pickle(False)
 cdef class _Entry:
-    """A cached block: its examples, and room for what partial decoding will keep.
+    """A cached block: its examples, or only its pickle (after partial decoding).
 
-    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None),
-    ``offsets`` per-example positions in ``data`` and ``partial`` a resumable decompression
-    state (None until a core fills them); ``nbytes`` what it counts against the budget.
+    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None);
+    ``nbytes`` what it counts against the budget.
     ``live``: the cache holds it (it is then in the dict and the list); a reader's last entry
     may outlive it, emptied.
     """
@@ -26,8 +25,6 @@ cdef class _Entry:
     cdef Py_ssize_t block
     cdef list examples
     cdef object data
-    cdef object offsets
-    cdef object partial
     cdef Py_ssize_t nbytes
     cdef bint live
     cdef PyObject* newer  # borrowed: the cache's dict owns every live entry
@@ -77,7 +74,7 @@ cdef class BlockCache:
             self._reserved = blocks
 
     def partial_keys(self):
-        """``(tag, block)`` of the blocks held as their pickle and its scan (partial decoding),
+        """``(tag, block)`` of the blocks held as their pickle only (partial decoding),
         least recently used first."""
         return [key for key in self.keys() if (<_Entry>self._entries[key]).examples is None]
 
@@ -139,7 +136,7 @@ cdef class BlockCache:
         return <_Entry>found
 
     cdef _Entry _find(self, object key):
-        """The live entry of ``key``, with examples or only its pickle and scan, or None;
+        """The live entry of ``key``, with examples or only its pickle, or None;
         counts nothing."""
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         return None if found == NULL else <_Entry>found
@@ -158,7 +155,7 @@ cdef class BlockCache:
                     self._unlink(e)
                     self._push(e)
                 return e
-            self._drop(e, dropped)  # its pickle and scan: now decoded whole
+            self._drop(e, dropped)  # its pickle: now decoded whole
         e = _Entry.__new__(_Entry)
         e.key = key
         e.block = block
@@ -166,10 +163,9 @@ cdef class BlockCache:
         e.nbytes = charge
         return self._add(e, dropped)
 
-    cdef _Entry _put_partial(self, object key, Py_ssize_t block, object data, object scan,
-                             Py_ssize_t nbytes):
-        """Cache block ``key`` as its pickle bytes and their scan (partial decoding: examples
-        are unpickled one at a time from them); an entry already there wins."""
+    cdef _Entry _put_partial(self, object key, Py_ssize_t block, object data, Py_ssize_t nbytes):
+        """Cache block ``key`` as its pickle bytes (partial decoding returned one example; a
+        second read unpickles them whole); an entry already there wins."""
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef _Entry e
         if found != NULL:
@@ -178,7 +174,6 @@ cdef class BlockCache:
         e.key = key
         e.block = block
         e.data = data
-        e.offsets = scan
         e.nbytes = nbytes
         return self._add(e, [])
 
@@ -210,7 +205,7 @@ cdef class BlockCache:
 
     cdef int _drop(self, _Entry e, list dropped) except -1:
         """Unlink ``e``; what it held goes to ``dropped``, released by the caller's return."""
-        dropped.append((e, e.examples, e.data, e.offsets, e.partial))
+        dropped.append((e, e.examples, e.data))
         self._unlink(e)
         del self._entries[e.key]
         self._count -= 1
@@ -218,8 +213,6 @@ cdef class BlockCache:
         e.live = False
         e.examples = None
         e.data = None
-        e.offsets = None
-        e.partial = None
         return 0
 
 

@@ -178,6 +178,73 @@ cdef enum:
     OP_NEXT_BUFFER = 0x97
     OP_READONLY_BUFFER = 0x98
 
+# What ps_feed does with each opcode: one class per way of reading its argument and applying
+# it. The classes are dense, so ps_feed dispatches through one jump table (the opcodes
+# themselves span 0x28-0x98 sparsely, which compilers test one range after another).
+cdef enum:
+    C_UNKNOWN = 0  # every byte not listed below
+    C_UNSUPPORTED  # DUP, persistent ids, the extension registry, out-of-band buffers
+    C_MEMOIZE
+    C_GETPUT1  # BINGET, BINPUT
+    C_GETPUT4  # LONG_BINGET, LONG_BINPUT
+    C_COUNT1  # a 1-byte length, then that many bytes
+    C_FIXED  # a fixed-size argument (_ARG_SIZE)
+    C_PUSH  # no argument: one new object
+    C_EMPTY_LIST
+    C_MARK
+    C_FROM_MARK
+    C_TUPLE_N  # TUPLE1-3
+    C_MERGE2  # REDUCE, NEWOBJ, STACK_GLOBAL
+    C_NEWOBJ_EX
+    C_APPEND
+    C_SETITEM
+    C_BUILD
+    C_POP
+    C_COUNT4  # a 4-byte length, then that many bytes
+    C_COUNT8  # an 8-byte length (FRAME: the frame's)
+    C_TEXT  # newline-terminated text argument(s)
+    C_PROTO
+    C_STOP
+
+cdef unsigned char _OP_CLASS[256]
+cdef unsigned char _ARG_SIZE[256]
+
+
+cdef void _classify(const unsigned char* ops, int n, unsigned char c) noexcept:
+    cdef int k
+    for k in range(n):
+        _OP_CLASS[ops[k]] = c
+
+
+memset(_OP_CLASS, C_UNKNOWN, sizeof(_OP_CLASS))
+memset(_ARG_SIZE, 0, sizeof(_ARG_SIZE))
+_classify(b"2PQ\x82\x83\x84\x97\x98", 8, C_UNSUPPORTED)
+_classify(b"\x94", 1, C_MEMOIZE)
+_classify(b"hq", 2, C_GETPUT1)
+_classify(b"jr", 2, C_GETPUT4)
+_classify(b"\x8cCU\x8a", 4, C_COUNT1)
+_classify(b"KMJG", 4, C_FIXED)
+_ARG_SIZE[OP_BININT1] = 1
+_ARG_SIZE[OP_BININT2] = 2
+_ARG_SIZE[OP_BININT] = 4
+_ARG_SIZE[OP_BINFLOAT] = 8
+_classify(b"N\x88\x89)}\x8f", 6, C_PUSH)
+_classify(b"]", 1, C_EMPTY_LIST)
+_classify(b"(", 1, C_MARK)
+_classify(b"eut\x90d\x91ol1", 9, C_FROM_MARK)
+_classify(b"\x85\x86\x87", 3, C_TUPLE_N)
+_classify(b"R\x81\x93", 3, C_MERGE2)
+_classify(b"\x92", 1, C_NEWOBJ_EX)
+_classify(b"a", 1, C_APPEND)
+_classify(b"s", 1, C_SETITEM)
+_classify(b"b", 1, C_BUILD)
+_classify(b"0", 1, C_POP)
+_classify(b"XBT\x8b", 4, C_COUNT4)
+_classify(b"\x8d\x8e\x96\x95", 4, C_COUNT8)
+_classify(b"ILFSVpgci", 9, C_TEXT)
+_classify(b"\x80", 1, C_PROTO)
+_classify(b".", 1, C_STOP)
+
 # ---------------------------------------------------------------------------------------------
 # Growing arrays (malloc'd; every failure is reported, never fatal)
 
@@ -247,7 +314,7 @@ cdef void _free_scanning_state(PickleScan* s) noexcept nogil:
     s.open_defs = NULL
     s.memo = NULL
     s.cap_stack = s.cap_marks = s.cap_open = s.cap_memo = 0
-    s.height = s.n_marks = s.n_open = 0
+    s.height = s.n_marks = s.n_open = s.fence = 0
 
 
 cdef void ps_free(PickleScan* s) noexcept nogil:
@@ -259,6 +326,22 @@ cdef void ps_free(PickleScan* s) noexcept nogil:
     free(s.uses)
     free(s.edits)
     free(s)
+
+
+cdef void ps_reset(PickleScan* s) noexcept nogil:
+    cdef uint32_t k
+    if s.memo != NULL:
+        for k in range(s.n_defs):  # the entries set, and only those
+            if s.defs[k].memo < s.cap_memo:
+                s.memo[s.defs[k].memo] = -1
+    s.status = PS_MORE
+    s.reason = 0
+    s.proto = -1
+    s.pos = s.need = s.frame_end = 0
+    s.root_list = 0
+    s.keep = 1
+    s.n_elems = s.n_defs = s.n_uses = s.n_edits = 0
+    s.height = s.n_marks = s.n_open = s.fence = 0
 
 
 cdef size_t ps_nbytes(const PickleScan* s) noexcept nogil:
@@ -282,8 +365,15 @@ cdef int _fail(PickleScan* s, int reason) noexcept nogil:
     return PS_FALLBACK
 
 
-cdef int _more(PickleScan* s, uint64_t need, bint final) noexcept nogil:
-    """Stop before an opcode that ends at ``need``: past the data given."""
+cdef int _fail_at(PickleScan* s, uint32_t p, int reason) noexcept nogil:
+    """A fallback at the opcode at ``p``."""
+    s.pos = p
+    return _fail(s, reason)
+
+
+cdef int _more(PickleScan* s, uint32_t p, uint64_t need, bint final) noexcept nogil:
+    """Stop before the opcode at ``p``, which ends at ``need``: past the data given."""
+    s.pos = p
     if final:
         return _fail(s, R_TRUNCATED)
     if need >= PS_LIMIT:
@@ -294,7 +384,12 @@ cdef int _more(PickleScan* s, uint64_t need, bint final) noexcept nogil:
 
 cdef inline uint32_t _fence(const PickleScan* s) noexcept nogil:
     """The stack height below which the current mark hides the stack."""
-    return s.marks[s.n_marks - 1].height if s.n_marks else 0
+    return s.fence
+
+
+cdef inline void _pop_mark(PickleScan* s) noexcept nogil:
+    s.n_marks -= 1
+    s.fence = s.marks[s.n_marks - 1].height if s.n_marks else 0
 
 
 cdef inline int _push(PickleScan* s, uint32_t start, uint32_t flags) noexcept nogil:
@@ -414,7 +509,7 @@ cdef int _from_mark(PickleScan* s, unsigned char op) noexcept nogil:
     fence = s.marks[s.n_marks - 1].height
     start = s.marks[s.n_marks - 1].pos
     k = s.height - fence  # the items above the mark
-    s.n_marks -= 1
+    _pop_mark(s)
     if op == OP_APPENDS or op == OP_SETITEMS or op == OP_ADDITEMS:
         # The object the items go into is just below the mark, above the next one.
         if fence <= _fence(s):
@@ -473,6 +568,8 @@ cdef int _stop(PickleScan* s, uint64_t q) noexcept nogil:
         s.n_open -= 1
     s.pos = <uint32_t>q
     s.status = PS_DONE
+    if s.keep:
+        return 0
     _free_scanning_state(s)
     # What a cache entry keeps: no more than it holds.
     _shrink(<void**>&s.defs, &s.cap_defs, s.n_defs, sizeof(ps_def))
@@ -513,7 +610,7 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
     when not ``final``; the same bytes as before, extended). Returns the scan's status."""
     cdef uint32_t p
     cdef uint64_t q, n, idx
-    cdef unsigned char op
+    cdef unsigned char op, c
     cdef int reason
     cdef bint built  # the opcode leaves an object on top, built as far as q
     cdef const unsigned char* nl
@@ -523,94 +620,94 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         return _fail(s, R_TOO_LARGE)
     if s.cap_defs == 0 and _reserve(s, avail) < 0:
         return _fail(s, R_NO_MEMORY)
+    p = s.pos  # kept here, not in s, while scanning: stored back wherever the scan stops
     while True:
-        p = s.pos
         if p >= avail:
-            return _more(s, <uint64_t>p + 1, final)
+            return _more(s, p, <uint64_t>p + 1, final)
         op = d[p]
         q = <uint64_t>p + 1
         reason = 0
         built = True
         # One dispatch per opcode: read its argument (q: where it ends), then apply it.
-        if op == OP_MEMOIZE:
+        c = _OP_CLASS[op]
+        if c == C_MEMOIZE:
             reason = _put(s, s.n_defs, p)
             if reason == 0 and _add_edit(s, p, s.defs[s.n_defs - 1].memo) < 0:
                 reason = R_NO_MEMORY
-        elif op == OP_BINGET or op == OP_BINPUT:
+        elif c == C_GETPUT1:
             q += 1
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _get(s, d[p + 1], p) if op == OP_BINGET else _put(s, d[p + 1], p)
-        elif op == OP_LONG_BINGET or op == OP_LONG_BINPUT:
+        elif c == C_GETPUT4:
             q += 4
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             idx = _le32(d + p + 1)
             reason = _get(s, idx, p) if op == OP_LONG_BINGET else _put(s, idx, p)
-        elif op in (OP_SHORT_BINUNICODE, OP_SHORT_BINBYTES, OP_SHORT_BINSTRING, OP_LONG1):
+        elif c == C_COUNT1:
             if q + 1 > avail:
-                return _more(s, q + 1, final)
+                return _more(s, p, q + 1, final)
             q += 1 + d[p + 1]
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _push(s, p, 0)
-        elif op in (OP_BININT1, OP_BININT2, OP_BININT, OP_BINFLOAT):
-            q += 1 if op == OP_BININT1 else 2 if op == OP_BININT2 else 4 if op == OP_BININT else 8
+        elif c == C_FIXED:
+            q += _ARG_SIZE[op]
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             reason = _push(s, p, 0)
-        elif op in (OP_NONE, OP_NEWTRUE, OP_NEWFALSE, OP_EMPTY_TUPLE, OP_EMPTY_DICT,
-                    OP_EMPTY_SET):
+        elif c == C_PUSH:
             reason = _push(s, p, 0)
-        elif op == OP_EMPTY_LIST:
+        elif c == C_EMPTY_LIST:
             reason = _push(s, p, F_LIST)
-        elif op == OP_MARK:
+        elif c == C_MARK:
             if _grow(<void**>&s.marks, &s.cap_marks, s.n_marks + 1, sizeof(ps_mark)) < 0:
                 reason = R_NO_MEMORY
             else:
                 s.marks[s.n_marks].height = s.height
                 s.marks[s.n_marks].pos = p
                 s.n_marks += 1
+                s.fence = s.height
                 built = False
-        elif op in (OP_APPENDS, OP_SETITEMS, OP_ADDITEMS, OP_TUPLE, OP_DICT, OP_FROZENSET,
-                    OP_OBJ, OP_LIST, OP_POP_MARK):
+        elif c == C_FROM_MARK:
             reason = _from_mark(s, op)
-        elif op in (OP_TUPLE1, OP_TUPLE2, OP_TUPLE3):
+        elif c == C_TUPLE_N:
             reason = _merge(s, op - OP_TUPLE1 + 1)
-        elif op in (OP_REDUCE, OP_NEWOBJ, OP_STACK_GLOBAL):
+        elif c == C_MERGE2:
             reason = _merge(s, 2)
-        elif op == OP_NEWOBJ_EX:
+        elif c == C_NEWOBJ_EX:
             reason = _merge(s, 3)
-        elif op == OP_APPEND:
+        elif c == C_APPEND:
             reason = _into(s, 1, True)
-        elif op == OP_SETITEM:
+        elif c == C_SETITEM:
             reason = _into(s, 2, False)
-        elif op == OP_BUILD:
+        elif c == C_BUILD:
             reason = _into(s, 1, False)
-        elif op == OP_POP:
+        elif c == C_POP:
             if s.n_marks and s.height == _fence(s):
-                s.n_marks -= 1
+                _pop_mark(s)
             elif s.height > _fence(s):
                 _consume(s, s.height - 1)
             else:
                 reason = R_UNDERFLOW
-        elif op in (OP_BINUNICODE, OP_BINBYTES, OP_BINSTRING, OP_LONG4):
+        elif c == C_COUNT4:
             if q + 4 > avail:
-                return _more(s, q + 4, final)
+                return _more(s, p, q + 4, final)
             n = _le32(d + p + 1)
             if (op == OP_BINSTRING or op == OP_LONG4) and n > 0x7FFFFFFF:
                 reason = R_BAD_ARGUMENT  # a negative count: the unpickler refuses it
             else:
                 q += 4 + n
                 if q > avail:
-                    return _more(s, q, final)
+                    return _more(s, p, q, final)
                 reason = _push(s, p, 0)
-        elif op in (OP_BINUNICODE8, OP_BINBYTES8, OP_BYTEARRAY8, OP_FRAME):
+        elif c == C_COUNT8:
             if q + 8 > avail:
-                return _more(s, q + 8, final)
+                return _more(s, p, q + 8, final)
             n = _le64(d + p + 1)
             if n >= PS_LIMIT:
-                return _more(s, PS_LIMIT, final)  # past any block scanned
+                return _more(s, p, PS_LIMIT, final)  # past any block scanned
             q += 8
             if op == OP_FRAME:
                 built = False
@@ -623,20 +720,19 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
             else:
                 q += n
                 if q > avail:
-                    return _more(s, q, final)
+                    return _more(s, p, q, final)
                 reason = _push(s, p, 0)
-        elif op in (OP_INT, OP_LONG, OP_FLOAT, OP_STRING, OP_UNICODE, OP_PUT, OP_GET,
-                    OP_GLOBAL, OP_INST):
+        elif c == C_TEXT:
             nl = <const unsigned char*>memchr(d + q, 10, avail - q)
             if nl == NULL:
-                return _more(s, <uint64_t>avail + 1, final)
+                return _more(s, p, <uint64_t>avail + 1, final)
             if (op == OP_PUT or op == OP_GET) and _decimal(d + q, nl, &idx) < 0:
-                return _fail(s, R_BAD_ARGUMENT)
+                return _fail_at(s, p, R_BAD_ARGUMENT)
             q = <uint64_t>(nl - d) + 1
             if op == OP_GLOBAL or op == OP_INST:
                 nl = <const unsigned char*>memchr(d + q, 10, avail - q) if q < avail else NULL
                 if nl == NULL:
-                    return _more(s, <uint64_t>avail + 1, final)
+                    return _more(s, p, <uint64_t>avail + 1, final)
                 q = <uint64_t>(nl - d) + 1
             if op == OP_PUT:
                 reason = _put(s, idx, p)
@@ -646,30 +742,29 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
                 reason = _from_mark(s, op)
             else:
                 reason = _push(s, p, 0)
-        elif op == OP_PROTO:
+        elif c == C_PROTO:
             q += 1
             if q > avail:
-                return _more(s, q, final)
+                return _more(s, p, q, final)
             if p != 0 or d[1] > PS_MAX_PROTOCOL:
                 reason = R_PROTO
             s.proto = d[1]
             built = False
-        elif op == OP_STOP:
+        elif c == C_STOP:
             reason = _stop(s, q)
             if reason == 0:
                 return PS_DONE
-        elif op in (OP_DUP, OP_PERSID, OP_BINPERSID, OP_EXT1, OP_EXT2, OP_EXT4, OP_NEXT_BUFFER,
-                    OP_READONLY_BUFFER):
+        elif c == C_UNSUPPORTED:
             reason = R_UNSUPPORTED_OPCODE
         else:
             reason = R_UNKNOWN_OPCODE
         if reason:
-            return _fail(s, reason)
+            return _fail_at(s, p, reason)
         if q >= PS_LIMIT:
-            return _fail(s, R_TOO_LARGE)
-        if built and s.height > _fence(s):
+            return _fail_at(s, p, R_TOO_LARGE)
+        if built and s.height > s.fence:
             s.stack[s.height - 1].last_end = <uint32_t>q
-        s.pos = <uint32_t>q
+        p = <uint32_t>q
 
 
 # ---------------------------------------------------------------------------------------------
@@ -900,7 +995,8 @@ cdef class PickleScanner:
     ``feed(data, final)`` scans ``data`` (the whole block, or with ``final=False`` a prefix of
     it, each call's data extending the last one's) and returns ``"done"``, ``"more"`` or
     ``"fallback"``. ``synthetic(i)`` is element ``i``'s synthetic pickle, or None when the
-    element must come from the whole block (``element_reason(i)`` says why).
+    element must come from the whole block (``element_reason(i)`` says why). ``reset()``
+    readies the scanner for another block, keeping its arrays (as the reader's scratch scan).
     """
 
     def __cinit__(self):
@@ -920,12 +1016,24 @@ cdef class PickleScanner:
             if <size_t>buf.len < self.s.pos:
                 raise ValueError("feed() needs the block's bytes from its start")
             # With the GIL held: another thread's feed() or synthetic() on this object must
-            # not see the scan while it changes (once done, it never changes again).
+            # not see the scan while it changes (once done, it changes only by reset()).
+            self._check_not_reading()
             status = ps_feed(self.s, <const unsigned char*>buf.buf, <size_t>buf.len, final)
         finally:
             PyBuffer_Release(&buf)
         self.data = data
         return _STATUS[status]
+
+    def reset(self):
+        """Forget the scan: ready for another block's bytes."""
+        self._check_not_reading()
+        ps_reset(self.s)
+        self.data = None
+
+    cdef int _check_not_reading(self) except -1:
+        if self._reading:
+            raise RuntimeError("the scan is being read by another thread: it cannot change now")
+        return 0
 
     @property
     def status(self):
@@ -990,9 +1098,11 @@ cdef class PickleScanner:
         if self.s.status != PS_DONE:
             return self.s.reason if self.s.status == PS_FALLBACK else R_NOT_DONE
         PyObject_GetBuffer(self.data, &buf, PyBUF_SIMPLE)
+        self._reading += 1  # ps_synthetic releases the GIL: feed() and reset() must wait
         try:
             return ps_synthetic(self.s, <const unsigned char*>buf.buf, <uint32_t>i)
         finally:
+            self._reading -= 1
             PyBuffer_Release(&buf)
 
     def synthetic(self, Py_ssize_t i):

@@ -27,7 +27,7 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 from libc.errno cimport errno
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, getenv, malloc, realloc
 from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
@@ -40,7 +40,16 @@ from posix.unistd cimport close as c_close
 
 cimport cython
 
-from atlas_fast._pickle_scan cimport PS_DONE, PickleScanner, ps_feed
+from atlas_fast._pickle_scan cimport (
+    PS_DONE,
+    PickleScan,
+    ps_feed,
+    ps_free,
+    ps_nbytes,
+    ps_new,
+    ps_reset,
+    ps_synthetic,
+)
 from zstd cimport (
     ZSTD_CCtx,
     ZSTD_CCtx_loadDictionary_fn,
@@ -241,6 +250,32 @@ cdef object _WHOLE = object()  # _partial's answer: unpickle the whole block
 
 cdef enum:
     _SCAN_NOGIL_BYTES = 65536  # larger blocks are scanned with the GIL released
+    _SCRATCH_KEPT_BYTES = 4 << 20  # a scratch scan grown past this is freed after its scan
+
+# The scan of a random miss is used once (a block read again is unpickled whole): one scratch
+# scan, taken and given back with the GIL held, serves every miss of the process, its arrays
+# already grown and warm. A thread finding it taken scans with one of its own.
+cdef PickleScan* _scratch = NULL
+
+
+cdef PickleScan* _scratch_take() noexcept:
+    global _scratch
+    cdef PickleScan* scan = _scratch
+    _scratch = NULL
+    if scan == NULL:
+        scan = ps_new()
+        if scan == NULL:
+            return NULL
+    ps_reset(scan)
+    return scan
+
+
+cdef void _scratch_give(PickleScan* scan) noexcept:
+    global _scratch
+    if _scratch == NULL and ps_nbytes(scan) <= _SCRATCH_KEPT_BYTES:
+        _scratch = scan
+    else:
+        ps_free(scan)
 
 
 cdef inline object _item(list examples, Py_ssize_t j):
@@ -337,10 +372,10 @@ cdef class ShardCore:
 
         From the cache if it holds the block's examples. Otherwise, partial decoding: the
         block is decoded (decompressed) and scanned, and example ``j`` alone unpickled from
-        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle and scan stay in
-        the cache. The whole block is unpickled instead when it is read in order (the last
-        block read is the one before), when it is read a second time (its pickle and scan
-        are in the cache), and when the scanner falls back.
+        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle stays in the
+        cache. The whole block is unpickled instead when it is read in order (the last
+        block read is the one before), when it is read a second time (its pickle is in the
+        cache), and when the scanner falls back.
         """
         key = (self._tag, b)
         cdef _Entry e = self._cache._find(key)
@@ -369,24 +404,28 @@ cdef class ShardCore:
     cdef object _partial(self, object key, Py_ssize_t b, Py_ssize_t j, object data):
         """Example ``j`` of block ``b`` unpickled alone from the block's pickle ``data``, or
         _WHOLE: unpickle the whole block (which also decides any error)."""
-        cdef PickleScanner scan = PickleScanner.__new__(PickleScanner)
+        cdef PickleScan* scan = _scratch_take()
         cdef Py_buffer buf
         cdef int status
         cdef Py_ssize_t expected = self._block_size if b < self._n_blocks - 1 else self._last_length
-        PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
-        try:
-            # ``scan`` is this call's own until cached; ``data`` is held by the caller.
-            if buf.len > _SCAN_NOGIL_BYTES:
-                with nogil:
-                    status = ps_feed(scan.s, <const unsigned char*>buf.buf, <size_t>buf.len, True)
-            else:
-                status = ps_feed(scan.s, <const unsigned char*>buf.buf, <size_t>buf.len, True)
-        finally:
-            PyBuffer_Release(&buf)
-        if status != PS_DONE or scan.s.n_elems != expected:
+        synthetic = None
+        if scan == NULL:
             return _WHOLE
-        scan.data = data
-        synthetic = scan._synthetic(j)
+        try:
+            # ``scan`` is this call's own until given back; ``data`` is held by the caller.
+            PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+            try:
+                if buf.len > _SCAN_NOGIL_BYTES:
+                    with nogil:
+                        status = ps_feed(scan, <const unsigned char*>buf.buf, <size_t>buf.len, True)
+                else:
+                    status = ps_feed(scan, <const unsigned char*>buf.buf, <size_t>buf.len, True)
+                if status == PS_DONE and scan.n_elems == expected:
+                    synthetic = ps_synthetic(scan, <const unsigned char*>buf.buf, <uint32_t>j)
+            finally:
+                PyBuffer_Release(&buf)
+        finally:
+            _scratch_give(scan)  # before any Python code runs: loads may read here again
         if type(synthetic) is not bytes:
             return _WHOLE
         if _first_decode:
@@ -395,8 +434,8 @@ cdef class ShardCore:
             example = self._loads(synthetic)
         except Exception:
             return _WHOLE
-        # Counted as its pickle's size, as every block (the scan adds 5-15% to it).
-        self._last = self._cache._put_partial(key, b, data, scan, _data_size(data))
+        # The pickle stays (a second read of the block unpickles it whole), not its scan.
+        self._last = self._cache._put_partial(key, b, data, _data_size(data))
         return example
 
     cdef list _examples(self, Py_ssize_t b):

@@ -1,10 +1,11 @@
 """Random reads decode one example out of a block (compiled core): every example exact, in
-any order, from many threads, with blocks held as their pickle and scan in the cache."""
+any order, from many threads, with blocks held as their pickle in the cache."""
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import pickle
 import random
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_many_threads_on_one_dataset(atlas, dataset):
 
 
 def test_the_compiled_core_decodes_one_example(dataset):
-    """Which blocks are held as pickle and scan needs the core's cache (``_block_cache``):
+    """Which blocks are held as their pickle only needs the core's cache (``_block_cache``):
     the public API reports counts, not how a block is held."""
     if atlas_fast.BACKEND != "cython":
         pytest.skip("partial decoding is the compiled core's")
@@ -162,3 +163,43 @@ def test_damage_in_the_middle_of_a_block_fails_alike_on_random_reads(tmp_path, s
         cython.close()
         python.close()
     assert detected  # most such damage is seen by zstd
+
+
+def test_one_scan_leaves_nothing_for_the_next(atlas, tmp_path):
+    """The compiled core reuses one scan's arrays from a random read to the next: a block's
+    memo entries, a fallback half-way, or a block far larger than the others must not change
+    what the next block's scan finds. Blocks made by hand, read at random, never in order."""
+    from corrupt import write_blocks
+
+    keys = {"id": 0, "text": "t", "tags": ["a"], "n": 1.5}
+    big = [{f"k{m}": [m, str(m)] for m in range(k, k + 700)} for k in range(4)]
+    blocks = {
+        0: [dict(keys, id=k) for k in range(4)],  # memo entries 0.. for shared keys
+        # GET of memo index 3, never stored in this block: not a valid pickle
+        1: b"\x80\x04]\x94(h\x03K\x01K\x02K\x03e.",
+        # DUP: valid, beyond the scanner (falls back to a whole decode)
+        2: b"\x80\x04]\x94(K\x012K\x022e.",
+        3: big,  # thousands of memo entries: the arrays grow
+        4: [[k, "x", (k, "x")] for k in range(4)],
+        5: [dict(keys, id=k) for k in range(4, 8)],
+    }
+    examples = {
+        b: (pickle.loads(v) if isinstance(v, bytes) else v) for b, v in blocks.items() if b != 1
+    }
+    root = tmp_path / "hand"
+    with atlas_fast.AtlasDatasetWriter(root, 24, 4, compression_strategy=0) as w:
+        for k in range(24):
+            w.add_example(k)
+    write_blocks(
+        root / "0",
+        [v if isinstance(v, bytes) else pickle.dumps(v) for v in (blocks[b] for b in range(6))],
+    )
+    ds = atlas.AtlasDataset(root)
+    # Each read out of order (the last block read is never the one before): partial path.
+    for b, j in [(0, 2), (3, 1), (1, 0), (5, 3), (2, 1), (4, 2), (3, 0), (0, 1)]:
+        if b == 1:
+            with pytest.raises(atlas_fast.AtlasFormatError, match=r"data\.bin.*block 1"):
+                ds[b * 4 + j]
+        else:
+            assert_same(ds[b * 4 + j], examples[b][j], f"block {b} example {j}")
+        ds[20 + (b % 2)]  # block 5 between reads: never in order

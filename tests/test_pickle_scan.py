@@ -15,6 +15,7 @@ import fractions
 import io
 import os
 import pickle
+import threading
 import uuid
 
 import numpy as np
@@ -595,6 +596,17 @@ def test_damaged_blocks_never_crash(block, data):
         whole = exc
     outcomes = {name: _damaged_outcome(mod, damaged, whole) for name, mod in SCANNERS.items()}
     assert len(set(outcomes.values())) == 1, outcomes
+    for name, mod in SCANNERS.items():  # a scanner reused from one example to the next
+        fresh, reused = mod.scan(damaged), _REUSED[name]
+        reused.reset()
+        assert reused.feed(damaged) == fresh.status
+        assert (reused.reason, reused.memo_entries) == (fresh.reason, fresh.memo_entries)
+        assert [reused.synthetic(i) for i in range(len(reused))] == [
+            fresh.synthetic(i) for i in range(len(fresh))
+        ]
+
+
+_REUSED = {name: mod.PickleScanner() for name, mod in SCANNERS.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,3 +813,74 @@ def test_a_prefix_does_not_decide_an_element():
         s = mod.PickleScanner()
         assert s.feed(prefix, False) == "more" and len(s) == 0
         assert mod.scan(a).elements[0] != mod.scan(b).elements[0]
+
+
+def test_reset_leaves_nothing_of_the_last_block(scanner):
+    """A reset scanner (the compiled reader reuses one from a random read to the next) finds
+    in a block what a fresh one finds: no memo entry, element or fallback of the last block."""
+    shared = {"id": 0, "text": "t", "tags": ["a"]}
+    blocks = [
+        pickle.dumps([dict(shared, id=k) for k in range(6)], protocol=4),
+        b"\x80\x04]\x94(h\x03K\x01e.",  # GET of index 3: stored by the block before only
+        b"\x80\x04]\x94(K\x012K\x022e.",  # DUP: a fallback
+        pickle.dumps([{f"k{m}": [m] for m in range(k, k + 900)} for k in range(3)], protocol=4),
+        pickle.dumps([[k, "x", (k, "x")] for k in range(5)], protocol=2),
+        pickle.dumps(["a", "b"], protocol=5)[:-3],  # truncated
+        pickle.dumps([dict(shared, id=k) for k in range(2)], protocol=5),
+    ]
+    reused = scanner.PickleScanner()
+    for block in blocks + blocks[::-1]:
+        fresh = scanner.scan(block)
+        reused.reset()
+        assert reused.feed(block) == fresh.status
+        assert (reused.reason, len(reused)) == (fresh.reason, len(fresh))
+        assert reused.memo_entries == fresh.memo_entries
+        assert reused.gets == fresh.gets
+        for i in range(len(fresh)):
+            assert reused.synthetic(i) == fresh.synthetic(i)
+    assert scanner.scan(blocks[1]).reason == "GET of a memo index never stored"
+
+
+def test_a_fallback_keeps_the_position_of_the_opcode_it_stopped_at(scanner):
+    """Both scanners stop a fallback at the offending opcode: feeding fewer bytes after it
+    is refused alike."""
+    block = b"\x80\x04]\x94(K\x012e."  # DUP at offset 7
+    s = scanner.PickleScanner()
+    assert s.feed(block) == "fallback"
+    with pytest.raises(ValueError, match="from its start"):
+        s.feed(block[:2])
+
+
+@pytest.mark.skipif(_pickle_scan is None, reason="the compiled scanner's threads")
+def test_a_scan_being_read_cannot_be_reset():
+    """synthetic() writes without the GIL: another thread's reset() or feed() then raises
+    instead of changing the arrays under it."""
+    block = pickle.dumps([{"k": "v" * 50_000, "n": [k] * 2000} for k in range(40)], protocol=4)
+    s = _pickle_scan.scan(block)
+    stop = threading.Event()
+    errors = []
+
+    def read():
+        while not stop.is_set():
+            for i in range(len(s)):
+                if s.synthetic(i) is None:
+                    errors.append(i)
+
+    t = threading.Thread(target=read)
+    t.start()
+    refused = 0
+    try:
+        for _ in range(2000):
+            try:
+                s.reset()
+            except RuntimeError:
+                refused += 1
+                continue
+            s.feed(block)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    assert refused  # the reader was caught writing at least once
+    for i in range(len(s)):
+        assert pickle.loads(s.synthetic(i)) == pickle.loads(block)[i]

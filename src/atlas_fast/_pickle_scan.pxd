@@ -2,9 +2,10 @@
 # each top-level element's byte span and the memo entries it shares with earlier elements, so
 # that one element can be unpickled alone (see _pickle_scan.pyx for the semantics).
 #
-# A PickleScan is owned by one holder (a cache entry): ps_feed mutates it and must not run
-# concurrently with anything else on the same scan; once ps_feed has returned PS_DONE the scan
-# is immutable and ps_synthetic_* may run on it from any number of threads, without the GIL.
+# A PickleScan is owned by one holder (a PickleScanner, or the reader's scratch scan while a
+# random read holds it): ps_feed mutates it and must not run concurrently with anything else
+# on the same scan; once ps_feed has returned PS_DONE the scan does not change until reset,
+# and ps_plan/ps_synthetic may run on it from any number of threads, without the GIL.
 
 from libc.stdint cimport int32_t, uint32_t
 
@@ -48,6 +49,7 @@ ctypedef struct PickleScan:
     uint32_t need  # with PS_MORE: how many bytes of the block are needed to go on
     uint32_t frame_end  # the furthest end any FRAME declared
     int root_list  # the bottom stack slot is a list built by this pickle
+    int keep  # a scratch scan (ps_reset): its arrays outlive the scan, for the next one
     # Results, kept: arrays in position order.
     ps_span* elems
     uint32_t n_elems, cap_elems
@@ -62,6 +64,7 @@ ctypedef struct PickleScan:
     uint32_t height, cap_stack
     ps_mark* marks
     uint32_t n_marks, cap_marks
+    uint32_t fence  # the top mark's height (0 without marks): the stack below it is hidden
     int32_t* open_defs
     uint32_t n_open, cap_open
     int32_t* memo  # memo index -> def, -1 when unset
@@ -69,6 +72,9 @@ ctypedef struct PickleScan:
 
 cdef PickleScan* ps_new() noexcept nogil
 cdef void ps_free(PickleScan* s) noexcept nogil
+# Ready ``s`` for another block, keeping its arrays (and keeping them from now on, when a scan
+# ends too): a scratch scan reused from one random read to the next allocates nothing.
+cdef void ps_reset(PickleScan* s) noexcept nogil
 cdef int ps_feed(PickleScan* s, const unsigned char* data, size_t avail, bint final) noexcept nogil
 cdef size_t ps_nbytes(const PickleScan* s) noexcept nogil
 cdef const char* ps_reason(int reason) noexcept nogil
@@ -95,5 +101,7 @@ cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_
 cdef class PickleScanner:
     cdef PickleScan* s
     cdef object data
+    cdef Py_ssize_t _reading  # synthetic pickles being written (the GIL released): no reset
     # Element i's synthetic pickle (bytes), or its fallback reason (int).
     cdef object _synthetic(self, Py_ssize_t i)
+    cdef int _check_not_reading(self) except -1
