@@ -16,7 +16,14 @@ and, under strategy 2, the files the first shard leaves on disk.
 
 Unlike the reference, a dataset whose ``with`` block raised is not finished: no root
 meta.json is written (it is always the last file to appear, under a temporary name then
-renamed), so the directory never reads as a complete dataset.
+renamed), so the directory never reads as a complete dataset; shards queued on other threads
+are not started, those running are waited for, and a warning says which shard directories
+were finished and which were left unfinished.
+
+Errors name the shard directory (and the block, or the file) they happened in; whether one
+raised on another thread already does is told by its type and attributes, never its message:
+our writers mark the errors they give context to (``_with_context``), and an ``OSError``
+names its file.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import warnings
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -85,13 +93,71 @@ def _resolve_workers(workers) -> int:
     return number
 
 
-def _with_context(exc: BaseException, context: str) -> BaseException:
-    """``exc`` again, of the same type when it can be, its message prefixed with ``context``."""
-    message = f"{context}: {exc}"
+# The attribute by which an error our writers gave context to (``_with_context``) says which
+# directory its message names, so that it is not given that context twice.
+_WHERE = "_atlas_fast_where"
+
+
+def _with_context(exc: BaseException, context: str, where) -> BaseException:
+    """``exc`` again, of the same type when it can be (an ``OSError`` keeps its errno and
+    file names), its message prefixed with ``context``, which names the directory ``where``."""
     try:
-        return type(exc)(message)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.strerror is not None:
+            files = () if exc.filename is None else (exc.filename,)
+            if exc.filename2 is not None:
+                files = (exc.filename, None, exc.filename2)
+            error = type(exc)(exc.errno, f"{context}: {exc.strerror}", *files)
+        else:
+            error = type(exc)(f"{context}: {exc}")
     except Exception:
-        return RuntimeError(f"{context}: {type(exc).__name__}: {exc}")
+        error = RuntimeError(f"{context}: {type(exc).__name__}: {exc}")
+    setattr(error, _WHERE, where)
+    return error
+
+
+def _names(exc: BaseException, directory) -> bool:
+    """Whether ``exc`` names ``directory`` or a file in it already: as ``_with_context``
+    marked it, or as the file of an ``OSError``. The message text is not looked at."""
+    places = [getattr(exc, _WHERE, None)]
+    if isinstance(exc, OSError):
+        places += [exc.filename, exc.filename2]
+    top = os.path.abspath(directory)
+    for place in places:
+        if isinstance(place, (str, bytes, os.PathLike)):
+            place = os.path.abspath(os.fsdecode(place))
+            if place == top or place.startswith(top.rstrip(os.sep) + os.sep):
+                return True
+    return False
+
+
+def _raise_naming(exc: OSError, path):
+    """Raise ``exc``; as the same error naming the file ``path`` (same type and errno) when
+    it names no file, as a failed write or flush does."""
+    error = exc
+    if exc.filename is None and exc.errno is not None:
+        try:
+            error = type(exc)(exc.errno, exc.strerror, os.fspath(path))
+        except Exception:
+            error = exc
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
+@contextmanager
+def _writing(path):
+    """An ``OSError`` raised within names the file ``path`` (``_raise_naming``)."""
+    try:
+        yield
+    except OSError as exc:
+        _raise_naming(exc, path)
+
+
+def _note(exc: BaseException, text: str) -> None:
+    """Add ``text`` to what the traceback of ``exc`` shows (Python 3.11+; a no-op before)."""
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(text)
 
 
 def _pickle_block(examples: list, shard_path, number: int) -> bytes:
@@ -99,7 +165,7 @@ def _pickle_block(examples: list, shard_path, number: int) -> bytes:
     try:
         return pickle.dumps(examples)
     except Exception as exc:
-        raise _with_context(exc, f"{shard_path}: pickling block {number}") from exc
+        raise _with_context(exc, f"{shard_path}: pickling block {number}", shard_path) from exc
 
 
 def _positive_int(value, name: str) -> int:
@@ -118,7 +184,9 @@ def _check_dict_size(value) -> None:
 
 class _FinishedOnlyOnSuccess:
     """The context manager of both writers: ``close()`` when the ``with`` block succeeds;
-    ``abort()`` and a warning naming the directory when it raises."""
+    when it raises, the writer is abandoned (as ``abort()`` does) and a warning names the
+    directory and what is left in it. The ``with`` block's exception stays the one raised:
+    errors met while abandoning are added to it as notes (Python 3.11+) and to the warning."""
 
     _kind = ""  # "shard" or "dataset", for the warning
 
@@ -129,14 +197,37 @@ class _FinishedOnlyOnSuccess:
         if exc_type is None:
             self.close()
         elif not self._closed:
-            self.abort()
-            warnings.warn(
-                f"{self.path}: the {self._kind} is incomplete and has no meta.json: the with "
-                f"block raised {exc_type.__name__}. What was written so far is left for "
-                "inspection; remove the directory before writing there again.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            self._closed = True
+            try:
+                problems = self._abandon()
+                self._say_incomplete(f"the with block raised {exc_type.__name__}", problems, exc)
+            except Exception as error:  # a bug of ours must not hide the with block's error
+                _note(exc, f"atlas_fast: abandoning {self.path} failed: {error!r}")
+
+    def _abandon(self) -> list:
+        """Stop without finishing; the errors met meanwhile, as messages, raising none."""
+        raise NotImplementedError
+
+    def _left_behind(self) -> str:
+        """What the directory holds now, in a sentence for the warning."""
+        raise NotImplementedError
+
+    def _say_incomplete(self, why: str, problems: list, exc: BaseException) -> None:
+        """Warn that the writer ended unfinished (``why``), naming its directory and what is
+        left in it; ``problems`` (met while abandoning it) are added to ``exc`` as notes."""
+        message = (
+            f"{self.path}: the {self._kind} is incomplete and has no meta.json: {why}. "
+            f"{self._left_behind()}; remove the directory before writing there again."
+        )
+        for problem in problems:
+            _note(exc, f"atlas_fast: abandoning {self.path}: {problem}")
+        if problems:
+            message += " Abandoning it also failed: " + "; ".join(problems)
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        except Warning:
+            # Warnings are errors here: ``exc`` stays the one raised, the warning its note.
+            _note(exc, f"atlas_fast: {message}")
 
 
 class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
@@ -293,12 +384,15 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     def _block_error(self, exc: Exception) -> BaseException:
         # Frames come back in block order: the failing one is the next to be written.
         number = len(self._offsets) - 1
-        return _with_context(exc, f"{self.path}: compressing block {number}")
+        return _with_context(exc, f"{self.path}: compressing block {number}", self.path)
 
     def _append(self, data: bytes) -> None:
         if self._data is None:
             self._data = open(self.path / DATA_FILE, "wb")
-        self._data.write(data)
+        try:
+            self._data.write(data)
+        except OSError as exc:
+            _raise_naming(exc, self.path / DATA_FILE)
         self._offsets.append(self._offsets[-1] + len(data))
         if self.checksums:
             self._checksums.append(block_checksum(data))
@@ -329,8 +423,9 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._closed = True
         try:
             self._finish()
-        except BaseException:
-            self._release()
+        except BaseException as exc:
+            for problem in self._abandon():
+                _note(exc, f"atlas_fast: then abandoning {self.path}: {problem}")
             raise
 
     def _finish(self) -> None:
@@ -341,7 +436,8 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             if zdict is None:
                 self._strategy = CompressionStrategy.STANDARD_COMPRESSION
             else:
-                (self.path / DICT_FILE).write_bytes(zdict.as_bytes())
+                with _writing(self.path / DICT_FILE):
+                    (self.path / DICT_FILE).write_bytes(zdict.as_bytes())
             self._compression_dict = zdict
             self.compressor = self._new_compressor(zdict)
             blocks, self._blocks = self._blocks, []
@@ -354,30 +450,44 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._data = open(self.path / DATA_FILE, "wb")
         self._release()
         total = self._offsets[-1]
-        np.save(self.path / INDEX_FILE, np.array(self._offsets, dtype=index_dtype(total)))
+        with _writing(self.path / INDEX_FILE):
+            np.save(self.path / INDEX_FILE, np.array(self._offsets, dtype=index_dtype(total)))
         if self.checksums:
-            np.save(self.path / CHECKSUM_FILE, np.array(self._checksums, dtype="<u8"))
+            with _writing(self.path / CHECKSUM_FILE):
+                np.save(self.path / CHECKSUM_FILE, np.array(self._checksums, dtype="<u8"))
         self.metadata = self.metadata._replace(
             stored_examples=self.stored_examples, compression_strategy=int(self._strategy)
         )
-        dump_meta(self.path / META_FILE, self.metadata._asdict())
+        with _writing(self.path / META_FILE):
+            dump_meta(self.path / META_FILE, self.metadata._asdict())
 
     def abort(self) -> None:
         """Stop without finishing: data.bin is closed as it is and no index, dictionary or
-        meta.json is written, so the directory does not read as a shard."""
-        if self._closed:
-            return
-        self._closed = True
+        meta.json is written, so the directory does not read as a shard. An error flushing
+        data.bin is not raised: the shard is abandoned."""
+        if not self._closed:
+            self._closed = True
+            self._abandon()
+
+    def _abandon(self) -> list:
         self._pending, self._blocks = [], []
-        self._release()
+        try:
+            self._release()
+        except Exception as exc:  # flushing data.bin: it is abandoned anyway
+            return [f"{type(exc).__name__}: {exc}"]
+        return []
+
+    def _left_behind(self) -> str:
+        return "What was written so far is left for inspection"
 
     def _release(self) -> None:
         """Stop the compression threads (queued blocks are dropped) and close data.bin."""
         if self._zc is not None:
-            self._zc.close()
-            self._zc = None
+            zc, self._zc = self._zc, None
+            zc.close()
         if self._data is not None:
-            self._data.close()
+            with _writing(self.path / DATA_FILE):
+                self._data.close()
 
 
 # The class above, whatever a test double patched in as ``AtlasDatasetShardWriter`` is.
@@ -423,9 +533,14 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     test double) are made and closed in the reference's order: strategy 2's first shard is
     closed before the next shard writer is made.
 
-    If the ``with`` block raises, the dataset is not finished: no root meta.json is written,
-    a ``RuntimeWarning`` names the directory, and the shards written so far stay on disk for
-    inspection (readers refuse the directory: its meta.json is missing).
+    If the ``with`` block raises (or ``close()`` does), the dataset is not finished: no root
+    meta.json is written; the shard being filled is abandoned, shards queued on other threads
+    are abandoned before they start, those being finished there are waited for (no thread is
+    left running); a ``RuntimeWarning`` names the directory and which shard directories in it
+    were finished and which were left unfinished (no meta.json). They stay on disk for
+    inspection (readers refuse the directory: its meta.json is missing). The exception
+    raised stays the one raised; errors of other shards met meanwhile are added to it as
+    notes (Python 3.11+) and to the warning.
     """
 
     VERSION = VERSION
@@ -468,8 +583,12 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._first = None  # (first shard writer, future of its close()) meanwhile
         self._ahead: list = []  # _ReadAhead of each shard after the first
         self._ahead_bytes = 0  # pickled bytes in self._ahead
+        # Whether current_shard is being filled, by this thread only (not yet handed to
+        # close() here or on the pool): what abandoning the dataset aborts.
+        self._filling = False
         self.path.mkdir(parents=True)
         self.current_shard = self._new_shard()
+        self._filling = True
 
     def _new_shard(self):
         """The next shard writer, created through the module attribute (so a patch of
@@ -510,6 +629,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 self._finish_shard()
                 if self._first is None:
                     self.current_shard = self._new_shard()
+                    self._filling = True
             if self._first is not None:
                 self._read_ahead(example)
                 return
@@ -526,6 +646,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             if first_of_shared:
                 if self._may_read_ahead(shard):
                     self._first = (shard, self._pool().submit(shard.close))
+                    self._filling = False
                     return
             elif self._may_finish_elsewhere(shard):
                 self._collect(wait=False)
@@ -541,8 +662,10 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                     self.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
                 ):
                     self._finishing.append((shard, self._pool().submit(shard.close)))
+                    self._filling = False
                     return
                 # Every other thread is busy with a shard: this one finishes this shard itself.
+        self._filling = False
         shard.close()
         if first_of_shared:
             self._share_first_dictionary(Path(shard.path))
@@ -615,6 +738,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 self._finishing.append((shard, future))
             else:
                 self.current_shard = shard
+                self._filling = True
                 self._replay(shard, part, self.block_size, close=False)
 
     @staticmethod
@@ -635,28 +759,29 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             raise
 
     def _collect(self, wait: bool) -> None:
-        """Take the shards finished on other threads (all of them if ``wait``); the first
-        error is raised here, naming the shard."""
+        """Take the shards finished on other threads (all of them, in order, if ``wait``);
+        the first error is raised here, naming the shard, the shards after it left queued
+        (for ``_abandon``)."""
         still = deque()
-        error = None
         while self._finishing:
             shard, future = self._finishing.popleft()
             if not wait and not future.done():
                 still.append((shard, future))
                 continue
             exc = future.exception()
-            if exc is not None and error is None:
-                error = self._shard_error(shard, exc)
+            if exc is not None:
+                still.extend(self._finishing)
+                self._finishing = still
+                raise self._shard_error(shard, exc)
         self._finishing = still
-        if error is not None:
-            raise error
 
     @staticmethod
     def _shard_error(shard, exc: BaseException) -> BaseException:
-        """``exc``, raised closing ``shard`` on another thread, naming the shard."""
-        if str(shard.path) in str(exc):
+        """``exc``, raised closing ``shard`` on another thread: itself when it names the shard
+        (``_names``: by its type and attributes), else the same error with the shard named."""
+        if _names(exc, shard.path):
             return exc
-        error = _with_context(exc, f"{shard.path}: finishing the shard")
+        error = _with_context(exc, f"{shard.path}: finishing the shard", shard.path)
         error.__cause__ = exc
         return error
 
@@ -695,8 +820,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 self._end_read_ahead()
             self._finish_shard(last=True)
             self._collect(wait=True)
-        finally:
-            self._stop_finisher()
+        except BaseException as exc:
+            problems = self._abandon()
+            self._say_incomplete(f"closing it raised {type(exc).__name__}", problems, exc)
+            raise
+        self._stop_finisher()
         count = len(self.shard_sizes)
         width = len(str(count - 1))
         for number in range(count):
@@ -710,24 +838,81 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
 
     def abort(self) -> None:
         """Stop without finishing: the shard being written is abandoned (when its writer has
-        an ``abort()``), and no root meta.json is written, so the directory does not read as
-        a dataset."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._first is None:
-            abort = getattr(self.current_shard, "abort", None)
-            if abort is not None:
+        an ``abort()``), so are the shards queued on other threads that have not started,
+        those being finished there are waited for, and no root meta.json is written, so the
+        directory does not read as a dataset. Errors of those shards are not raised: the
+        dataset is abandoned."""
+        if not self._closed:
+            self._closed = True
+            self._abandon()
+
+    def _abandon(self) -> list:
+        # The shards read ahead have no writer yet: they are dropped.
+        self._ahead, self._ahead_bytes = [], 0
+        problems = []
+        if self._filling:
+            self._filling = False
+            problems += self._abort_shard(self.current_shard)
+        handed = list(self._finishing)
+        self._finishing.clear()
+        if self._first is not None:
+            handed.insert(0, self._first)
+            self._first = None
+        for _, future in handed:
+            future.cancel()  # only those not started
+        self._stop_finisher()  # waits for those running
+        for shard, future in handed:
+            if future.cancelled():
+                problems += self._abort_shard(shard)
+            else:
+                exc = future.exception()
+                if exc is not None:
+                    error = self._shard_error(shard, exc)
+                    problems.append(f"{type(error).__name__}: {error}")
+        return problems
+
+    @staticmethod
+    def _abort_shard(shard) -> list:
+        """Abandon ``shard`` (when its writer has an ``abort()``); its error, as a message."""
+        abort = getattr(shard, "abort", None)
+        if abort is not None:
+            try:
                 abort()
-        # else the first shard is closing on the pool (waited for below) and the shards read
-        # ahead have no writer yet: they are dropped.
-        self._first, self._ahead = None, []
-        self._stop_finisher()
+            except Exception as exc:
+                return [f"{shard.path}: abandoning the shard: {type(exc).__name__}: {exc}"]
+        return []
+
+    def _left_behind(self) -> str:
+        finished, unfinished = [], []
+        try:
+            for entry in self.path.iterdir():
+                if entry.name.isdigit() and entry.is_dir():
+                    done = (entry / META_FILE).is_file()
+                    (finished if done else unfinished).append(int(entry.name))
+        except OSError as exc:
+            return f"What is left in it could not be listed ({exc})"
+        parts = []
+        if finished:
+            parts.append(f"finished (with their meta.json): {_ranges(finished)}")
+        if unfinished:
+            parts.append(f"unfinished (no meta.json): {_ranges(unfinished)}")
+        return "Shard directories left in it for inspection: " + ("; ".join(parts) or "none")
 
     def _stop_finisher(self) -> None:
-        """Wait for the shards still finishing on other threads and stop those threads. Runs
-        after close() collected them, or on a failure, when their errors no longer matter."""
+        """Stop the threads finishing shards, once those running are done (those queued
+        were collected by close() or cancelled by _abandon())."""
         if self._finisher is not None:
-            self._finisher.shutdown(wait=True)
+            self._finisher.shutdown(wait=True, cancel_futures=True)
             self._finisher = None
         self._finishing.clear()
+
+
+def _ranges(numbers: list) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    runs: list = []  # [first, last] of each run of consecutive numbers
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

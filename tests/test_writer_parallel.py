@@ -3,8 +3,10 @@ raised where the caller can see them."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zstandard
@@ -373,6 +375,12 @@ def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
     training = GatedTraining(monkeypatch)
     root = tmp_path / "ds"
     with (
+        pytest.warns(
+            RuntimeWarning,
+            match=r"ds: the dataset is incomplete and has no meta\.json: "
+            # shard 1, given to the pool, is abandoned too if it had not started
+            r"closing it raised ZstdError\. .*unfinished \(no meta\.json\): (1-)?2;",
+        ),
         pytest.raises(zstandard.ZstdError, match=r"ds/2: compressing block 1: injected"),
         AtlasDatasetWriter(root, 40, 4, workers=2) as w,
     ):
@@ -382,4 +390,226 @@ def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
         finally:
             training.gate.set()
     assert training.added_when_opened is None
+    assert not (root / "meta.json").exists()
+
+
+class ClosedCompressors:
+    """Records every block compressor the shard writers make (the backend's, wrapped) and
+    whether it was closed: a compressor with workers > 1 runs threads until it is (native
+    ones in the compiled backend, which ``threading`` does not list)."""
+
+    def __init__(self, monkeypatch):
+        self.made = []
+        real = atlas_fast._backend.core.block_compressor
+
+        def make(*args, **kwargs):
+            compressor = Recorded(real(*args, **kwargs))
+            self.made.append(compressor)
+            return compressor
+
+        monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", make)
+
+    def open(self):
+        return [c for c in self.made if not c.closed]
+
+
+class Recorded:
+    def __init__(self, real):
+        self.real = real
+        self.closed = False
+
+    def submit(self, block):
+        return self.real.submit(block)
+
+    def finish(self):
+        return self.real.finish()
+
+    def close(self):
+        self.closed = True
+        self.real.close()
+
+
+def spans(numbers) -> str:
+    """``[0, 1, 2, 5]`` as the warning lists shards: ``"0-2, 5"``."""
+    out = []
+    for n in sorted(numbers):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+
+def no_thread_left(before, compressors) -> bool:
+    """No Python thread started since ``before`` is alive, and every block compressor made
+    was closed."""
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+    assert compressors.open() == []
+    return True
+
+
+def shard_dirs(root):
+    return {int(p.name): sorted(q.name for q in p.iterdir()) for p in root.iterdir() if p.is_dir()}
+
+
+@pytest.mark.parametrize("strategy", list(CompressionStrategy))
+def test_a_with_block_that_raises_after_many_examples(atlas, tmp_path, monkeypatch, strategy):
+    """workers=2: the with block's exception is the one raised; no root meta.json; every
+    shard directory is either a whole shard (its examples readable) or has no meta.json, as
+    the warning lists them; no thread is left running."""
+    compressors = ClosedCompressors(monkeypatch)
+    before = set(threading.enumerate())
+    root = tmp_path / "ds"
+    boom = KeyError("boom")
+    data = examples(1000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError) as info:
+            with AtlasDatasetWriter(root, 40, 4, compression_strategy=strategy, workers=2) as w:
+                for x in data:
+                    w.add_example(x)
+                raise boom
+    assert info.value is boom
+    assert no_thread_left(before, compressors)
+    assert bool(compressors.made) == (strategy != 0)
+    assert not (root / "meta.json").exists()
+    [warning] = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert warning.startswith(f"{root}: the dataset is incomplete and has no meta.json: the with")
+    finished = sorted(n for n, names in shard_dirs(root).items() if "meta.json" in names)
+    unfinished = sorted(n for n, names in shard_dirs(root).items() if "meta.json" not in names)
+    assert set(finished) | set(unfinished) <= set(range(25))
+    # The last shard was being filled; strategy 2 may still read it ahead (no directory yet).
+    assert 24 in unfinished or (strategy == 2 and 24 not in finished)
+    if unfinished:
+        assert f"unfinished (no meta.json): {spans(unfinished)};" in warning
+    assert finished and f"finished (with their meta.json): {spans(finished)}" in warning
+    # Strategy 2's dictionary, once the first shard finished and the read-ahead ended.
+    zdict = root / "zstd_dict.bin"
+    zdict = zdict.read_bytes() if zdict.exists() else None
+    for n in finished:
+        shard = atlas.AtlasDatasetShard(root / str(n), compression_dict_bytes=zdict)
+        assert list(shard) == data[40 * n : 40 * n + 40]
+
+
+class ReleasingPool(ThreadPoolExecutor):
+    """The dataset writer's pool, whose shutdown opens ``release`` before it waits for the
+    threads: at that moment the writer has already cancelled what had not started."""
+
+    release = threading.Event()
+
+    def shutdown(self, *args, **kwargs):
+        ReleasingPool.release.set()
+        super().shutdown(*args, **kwargs)
+
+
+def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monkeypatch):
+    """Strategy 2, workers=2: while the first shard trains (held until the test lets it),
+    ten shards are read ahead; once it is done they are given to the pool (two threads), the
+    eleventh is filled here. The with block raises while the pool's two threads are closing
+    shards 1 and 2 (held until the writer waits for them): those finish, shards 3-10 never
+    start, 11 is abandoned. Patches private names to hold things: ``_train_dictionary``,
+    ``atlas_fast.writer.ThreadPoolExecutor``, and ``READ_AHEAD_BYTES`` to end the read-ahead
+    at a known block."""
+    compressors = ClosedCompressors(monkeypatch)
+    before = set(threading.enumerate())
+    data = [f"example {i:05d}" for i in range(40 * 12)]
+    blocks = [pickle.dumps(data[i : i + 4]) for i in range(40, len(data), 4)]
+    # The read-ahead ends with the first block of shard 11.
+    monkeypatch.setattr(atlas_fast.writer, "READ_AHEAD_BYTES", sum(map(len, blocks[:101])))
+    monkeypatch.setattr(atlas_fast.writer, "ThreadPoolExecutor", ReleasingPool)
+    ReleasingPool.release = threading.Event()
+    trained = threading.Event()
+    real_train = AtlasDatasetShardWriter._train_dictionary
+
+    def train(shard):
+        trained.wait(60)  # the timeout only ends the wait should the test never open it
+        return real_train(shard)
+
+    monkeypatch.setattr(AtlasDatasetShardWriter, "_train_dictionary", train)
+    entered = []
+    condition = threading.Condition()
+    real_close = AtlasDatasetShardWriter.close
+
+    def close(shard):
+        if shard.path.name != "0" and threading.current_thread().name.startswith("atlas-fast"):
+            with condition:
+                entered.append(shard.path.name)
+                condition.notify_all()
+            # The timeout only ends the wait should the writer never release it.
+            ReleasingPool.release.wait(60)
+        real_close(shard)
+
+    monkeypatch.setattr(AtlasDatasetShardWriter, "close", close)
+    root = tmp_path / "ds"
+    boom = KeyError("boom")
+    with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
+        with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
+            for i, x in enumerate(data[: 40 * 11 + 4]):
+                if i == 40 * 11 + 3:
+                    trained.set()  # the next example ends the read-ahead
+                w.add_example(x)
+            with condition:
+                assert condition.wait_for(lambda: len(entered) == 2, timeout=60)
+            assert not ReleasingPool.release.is_set()
+            raise boom
+    assert info.value is boom
+    assert no_thread_left(before, compressors)
+    assert len(compressors.made) == 4  # shards 0-2 and 11 (3-10 never compressed a block)
+    assert sorted(entered) == ["1", "2"]  # the shards after them never started closing
+    assert not (root / "meta.json").exists()
+    dirs = shard_dirs(root)
+    assert sorted(dirs) == list(range(12))
+    for n in (0, 1, 2):
+        assert "meta.json" in dirs[n]
+    for n in range(3, 11):
+        assert dirs[n] == []  # never given a block
+    assert "meta.json" not in dirs[11]
+    [warning] = [str(c.message) for c in caught]
+    assert warning == (
+        f"{root}: the dataset is incomplete and has no meta.json: the with block raised "
+        "KeyError. Shard directories left in it for inspection: finished (with their "
+        "meta.json): 0-2; unfinished (no meta.json): 3-11; remove the directory before "
+        "writing there again."
+    )
+
+
+def test_errors_met_while_abandoning_are_noted_not_raised(tmp_path, monkeypatch):
+    """Strategy 3, workers=2: shards 0 and 1 train on the pool and fail once the writer,
+    abandoning the dataset, waits for them. The with block's exception stays the one raised;
+    their errors are in the warning and noted on it (Python 3.11+). Patches the private
+    ``_train_dictionary`` (the shard writer's training) and ``ThreadPoolExecutor``."""
+    monkeypatch.setattr(atlas_fast.writer, "ThreadPoolExecutor", ReleasingPool)
+    ReleasingPool.release = threading.Event()
+    entered = []
+    condition = threading.Condition()
+
+    def train(shard):
+        with condition:
+            entered.append(shard.path.name)
+            condition.notify_all()
+        ReleasingPool.release.wait(60)  # the timeout only ends the wait
+        raise RuntimeError(f"injected training failure in {shard.path}")
+
+    monkeypatch.setattr(AtlasDatasetShardWriter, "_train_dictionary", train)
+    root = tmp_path / "ds"
+    boom = KeyError("boom")
+    with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
+        with AtlasDatasetWriter(root, 40, 4, compression_strategy=3, workers=2) as w:
+            for x in examples(81):
+                w.add_example(x)
+            with condition:
+                assert condition.wait_for(lambda: len(entered) == 2, timeout=60)
+            raise boom
+    assert info.value is boom
+    failures = [
+        f"RuntimeError: {root / n}: finishing the shard: injected training failure in {root / n}"
+        for n in ("0", "1")
+    ]
+    [warning] = [str(c.message) for c in caught]
+    assert warning.endswith(
+        "unfinished (no meta.json): 0-2; remove the directory before writing there again. "
+        "Abandoning it also failed: " + "; ".join(failures)
+    )
+    if hasattr(boom, "add_note"):
+        assert boom.__notes__ == [f"atlas_fast: abandoning {root}: {f}" for f in failures]
     assert not (root / "meta.json").exists()

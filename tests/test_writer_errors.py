@@ -1,0 +1,260 @@
+"""Errors in a shard name the shard directory and the problem, once, whichever thread met them.
+
+A shard closed on another thread (``workers=2``; under strategy 3 every full shard is) raises
+its error on the calling thread: as it is when it already names the shard (our writers mark
+the errors they give context to; an ``OSError`` names its file), otherwise as the same type
+with ``<shard>: finishing the shard: `` before its message. What the message says is never
+looked at: an error whose message happens to hold a path is treated as any other.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import atlas_fast._backend
+import atlas_fast.writer
+from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
+from atlas_fast._pycompress import PoolCompressor
+
+# Strategy 3 finishes every full shard on the pool when workers > 1; workers=1 on this thread.
+WORKERS = [1, 2]
+
+
+def write_failing(root, examples, workers, strategy=3, shard_size=10, block_size=4):
+    """Write ``examples`` to ``root``; the error the writer raises (its warning silenced:
+    tests/test_writer_dropin.py and test_writer_parallel.py pin it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(Exception) as info:  # each test checks what it is
+            with AtlasDatasetWriter(
+                root, shard_size, block_size, compression_strategy=strategy, workers=workers
+            ) as w:
+                for x in examples:
+                    w.add_example(x)
+    assert not (root / "meta.json").exists()
+    return info.value
+
+
+def names_once(error, place) -> bool:
+    return str(error).count(str(place)) == 1
+
+
+def real_shards_with(monkeypatch, shard_name, prepare):
+    """Shard writers are ours; ``prepare(path)`` runs on shard ``shard_name``'s directory as
+    soon as it is made."""
+    real = atlas_fast.writer.AtlasDatasetShardWriter
+
+    def factory(**kwargs):
+        shard = real(**kwargs)
+        if kwargs["path"].name == shard_name:
+            prepare(kwargs["path"])
+        return shard
+
+    monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", factory)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("size", [10, 20_000])  # the flush at close fails, or the write itself
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_full_disk_names_the_file(tmp_path, monkeypatch, workers, size):
+    """data.bin of shard 1 is /dev/full: every write to it fails with ENOSPC, and a failed
+    write names no file of its own."""
+    real_shards_with(monkeypatch, "1", lambda path: (path / "data.bin").symlink_to("/dev/full"))
+    root = tmp_path / "ds"
+    examples = [bytes([i % 251]) + os.urandom(size) for i in range(30)]
+    error = write_failing(root, examples, workers)
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    assert error.filename == str(root / "1" / "data.bin")
+    assert names_once(error, root / "1")
+    assert (root / "0" / "meta.json").is_file()
+    assert not (root / "1" / "meta.json").exists()
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_file_that_cannot_be_opened_names_itself(tmp_path, monkeypatch, workers):
+    """As open() refuses a file without write permission (the tests may run as root, whom
+    permissions do not stop, so numpy's save is made to refuse it)."""
+    real_save = np.save
+
+    def save(file, array, *args, **kwargs):
+        if os.path.basename(os.path.dirname(file)) == "1":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+        return real_save(file, array, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", save)
+    root = tmp_path / "ds"
+    error = write_failing(root, [f"example {i}" for i in range(30)], workers)
+    assert type(error) is PermissionError and error.errno == errno.EACCES
+    assert error.filename == str(root / "1" / "index.npy")
+    assert names_once(error, root / "1")
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_an_example_that_does_not_pickle_names_its_shard_and_block(tmp_path, workers):
+    """Example 9 is in shard 0's last block, pickled when the shard is finished: on the pool
+    with workers=2."""
+    examples = [threading.Lock() if i == 9 else f"example {i}" for i in range(30)]
+    error = write_failing(tmp_path / "ds", examples, workers)
+    assert type(error) is TypeError
+    assert str(error).startswith(f"{tmp_path / 'ds' / '0'}: pickling block 2: cannot pickle")
+    assert names_once(error, tmp_path / "ds" / "0")
+
+
+POISON = b"\x00POISON\x00"
+
+
+class FailingCompressor:
+    """The writer's block compressor, failing on a block that holds POISON."""
+
+    def __init__(self, level, zdict, workers, checksum=False):
+        self.real = PoolCompressor(level, zdict, 1, checksum)
+
+    def submit(self, block):
+        if POISON in block:
+            raise RuntimeError("zstd: injected failure")
+        return self.real.submit(block)
+
+    def finish(self):
+        return self.real.finish()
+
+    def close(self):
+        self.real.close()
+
+
+@pytest.mark.parametrize("strategy", [1, 3])  # compressed as it is added, or at close
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_compression_failure_names_its_shard_and_block(tmp_path, monkeypatch, workers, strategy):
+    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", FailingCompressor)
+    examples = [POISON if i == 25 else f"example {i}" for i in range(40)]
+    error = write_failing(tmp_path / "ds", examples, workers, strategy=strategy)
+    assert type(error) is RuntimeError
+    shard = tmp_path / "ds" / "2"
+    assert str(error) == f"{shard}: compressing block 1: zstd: injected failure"
+
+
+class FailingShardWriter:
+    """A shard writer double (the reference's keywords only) whose close() raises ``error``
+    made by ``make(path)``."""
+
+    make = staticmethod(lambda path: ValueError("disk on fire"))
+
+    def __init__(self, **kwargs):
+        self.path = kwargs["path"]
+        self.path.mkdir()
+        self.examples = []
+
+    def add_example(self, example):
+        self.examples.append(example)
+
+    def __len__(self):
+        return len(self.examples)
+
+    def close(self):
+        raise type(self).make(self.path)
+
+
+class NeedsTwoArguments(Exception):
+    def __init__(self, what, where):
+        super().__init__(f"{what} at {where}")
+
+
+MADE = {
+    "plain": lambda path: ValueError("disk on fire"),
+    "path in the message": lambda path: ValueError(f"disk on fire at {path}"),
+    "file in the message": lambda path: ValueError(f"disk on fire at {path / 'data.bin'}"),
+    "os error without a file": lambda path: OSError(errno.ENOSPC, "No space left on device"),
+}
+
+
+@pytest.mark.parametrize("made", list(MADE))
+def test_an_error_of_a_shard_writer_double_names_the_shard(tmp_path, monkeypatch, made):
+    """Closed on the pool, the double's error is raised here as the same type, the shard
+    named before its message (an OSError keeps its errno): whether the message holds a path
+    changes nothing."""
+    make = MADE[made]
+    monkeypatch.setattr(FailingShardWriter, "make", staticmethod(make))
+    monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", FailingShardWriter)
+    root = tmp_path / "ds"
+    error = write_failing(root, range(30), workers=2)
+    shard = root / "0"
+    original = make(shard)
+    assert type(error) is type(original)
+    if isinstance(original, OSError):
+        assert error.errno == original.errno
+        assert str(error) == f"[Errno {original.errno}] {shard}: finishing the shard: " + (
+            original.strerror
+        )
+    else:
+        assert str(error) == f"{shard}: finishing the shard: {original}"
+    assert type(error.__cause__) is type(original) and str(error.__cause__) == str(original)
+
+
+def test_an_error_that_cannot_be_rebuilt_names_its_type(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        FailingShardWriter, "make", staticmethod(lambda path: NeedsTwoArguments("fire", path))
+    )
+    monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", FailingShardWriter)
+    root = tmp_path / "ds"
+    error = write_failing(root, range(30), workers=2)
+    assert type(error) is RuntimeError
+    assert (
+        str(error) == f"{root / '0'}: finishing the shard: NeedsTwoArguments: fire at {root / '0'}"
+    )
+    assert type(error.__cause__) is NeedsTwoArguments
+
+
+def test_a_double_closed_on_this_thread_raises_its_own_error(tmp_path, monkeypatch):
+    """workers=1 closes each shard on the calling thread: its error is raised as it is, as
+    the reference does."""
+    made = []
+    monkeypatch.setattr(
+        FailingShardWriter,
+        "make",
+        staticmethod(lambda path: made.append(ValueError(f"disk on fire at {path}")) or made[-1]),
+    )
+    monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", FailingShardWriter)
+    error = write_failing(tmp_path / "ds", range(30), workers=1)
+    assert error is made[0]
+
+
+def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
+    """Strategy 2 with workers=2 compresses the shards read ahead on the pool, each as it is
+    given its blocks: the block that fails is named once."""
+    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", FailingCompressor)
+    examples = [POISON if i == 85 else f"example {i}" for i in range(230)]
+    error = write_failing(
+        tmp_path / "ds",
+        examples,
+        2,
+        strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+        shard_size=40,
+    )
+    assert type(error) is RuntimeError
+    assert str(error) == f"{tmp_path / 'ds' / '2'}: compressing block 1: zstd: injected failure"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_shard_writer_that_cannot_flush_while_abandoned_keeps_the_with_blocks_error(tmp_path):
+    """Blocks small enough to wait in data.bin's buffer fail only when it is closed: while
+    the shard is abandoned, that error is the warning's (and a note), not the one raised."""
+    path = tmp_path / "s"
+    boom = KeyError("boom")
+    with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
+        with AtlasDatasetShardWriter(path, 1, 1, workers=1) as w:
+            (path / "data.bin").symlink_to("/dev/full")
+            for i in range(5):
+                w.add_example(i)
+            raise boom
+    assert info.value is boom
+    failure = f"OSError: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: '{path / 'data.bin'}'"
+    [warning] = [str(c.message) for c in caught]
+    assert warning.endswith(f"Abandoning it also failed: {failure}")
+    if hasattr(boom, "add_note"):
+        assert boom.__notes__ == [f"atlas_fast: abandoning {path}: {failure}"]
+    assert not (path / "meta.json").exists()
