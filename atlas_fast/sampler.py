@@ -78,6 +78,39 @@ def block_lengths(dataset) -> np.ndarray:
     return lengths
 
 
+class _StreamReader:
+    """One worker's share of an epoch order (pieces: position ranges, each within one window),
+    read in order from position ``start`` of the share."""
+
+    def __init__(self, sampler, epoch: int, pieces: list, start: int):
+        self._sampler = sampler
+        self._epoch = epoch
+        self._pieces = pieces
+        k = 0
+        while k < len(pieces) and start >= pieces[k][1] - pieces[k][0]:
+            start -= pieces[k][1] - pieces[k][0]
+            k += 1
+        self._next = k  # the next piece to generate
+        self._offset = start  # into it
+        self._buffer = np.zeros(0, dtype=np.int64)
+
+    def read(self, count: int) -> list:
+        """The next ``count`` indices, as arrays."""
+        out = []
+        while count:
+            if not len(self._buffer):
+                lo, hi = self._pieces[self._next]
+                self._next += 1
+                lo += self._offset
+                self._offset = 0
+                self._buffer = np.concatenate(list(self._sampler._windows(self._epoch, lo, hi)))
+            part = self._buffer[:count]
+            self._buffer = self._buffer[count:]
+            out.append(part)
+            count -= len(part)
+        return out
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
@@ -106,6 +139,14 @@ class BlockShuffleSampler(*_sampler_bases()):
     the same length: the order is padded by repeating its start, or its end is dropped with
     ``drop_last``. Contiguous slices keep each rank reading mostly whole blocks.
 
+    With ``batch_size`` and ``num_workers`` (the DataLoader's, when ``num_workers > 1``) the
+    windows are dealt to the workers: a DataLoader hands batch ``t`` to worker ``t %
+    num_workers``, so batch ``t`` is drawn from the windows of worker ``t % num_workers`` alone
+    (windows ``w, w + num_workers, ...`` of this rank's order) and each worker decodes only its
+    own blocks; without it every worker decodes most blocks of every window. The batches a
+    worker gets are those of a window shuffle of its windows; every index still appears once
+    per epoch. Values other than the DataLoader's cost speed, never an index.
+
     ``state_dict()`` records ``(seed, epoch, yielded)``: how many indices this rank has
     yielded in the epoch; ``load_state_dict`` makes the next iteration continue from there.
     Behind a DataLoader the sampler runs ahead of training (prefetching), so on resume prefer
@@ -123,7 +164,15 @@ class BlockShuffleSampler(*_sampler_bases()):
         num_replicas=None,
         rank=None,
         drop_last=False,
+        batch_size=None,
+        num_workers=None,
     ):
+        if (batch_size is None) != (num_workers is None):
+            raise ValueError("batch_size and num_workers go together (the DataLoader's)")
+        self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
+        self.num_workers = (
+            None if num_workers is None else _check_int("num_workers", num_workers, 0)
+        )
         if window_blocks is not None:
             window_blocks = _check_int("window_blocks", window_blocks, 1)
         self.window_blocks = window_blocks
@@ -196,8 +245,23 @@ class BlockShuffleSampler(*_sampler_bases()):
             start += count
             k += 1
 
+    def _rank_ranges(self):
+        """This rank's share of the epoch order: ranges ``(lo, hi)`` of positions in one pass
+        (more than one when the share wraps around to pad)."""
+        n = self.num_examples
+        p = self.rank * self.num_samples
+        end = (self.rank + 1) * self.num_samples
+        while p < end:
+            lo = p % n
+            hi = min(n, lo + end - p)
+            yield lo, hi
+            p += hi - lo
+
     def _rank_chunks(self, epoch: int, skip: int):
         """This rank's indices of ``epoch`` after the first ``skip``, in chunks."""
+        if self.num_workers is not None and self.num_workers > 1:
+            yield from self._dealt_chunks(epoch, skip)
+            return
         n = self.num_examples
         p = self.rank * self.num_samples + skip
         end = (self.rank + 1) * self.num_samples
@@ -206,6 +270,83 @@ class BlockShuffleSampler(*_sampler_bases()):
             hi = min(n, lo + end - p)
             yield from self._windows(epoch, lo, hi)
             p += hi - lo
+
+    # -- windows dealt to DataLoader workers ---------------------------------------------------
+
+    def _streams(self, epoch: int) -> list:
+        """Each worker's pieces of this rank's order: ``(lo, hi)`` position ranges, each within
+        one window, in order; window ``k`` of the share (a window cut by the share's ends
+        counts as one) goes to worker ``k % num_workers``."""
+        _, ends, _ = self._plan(epoch)
+        nb = len(ends)
+        w = nb if self.window_blocks is None else self.window_blocks
+        window_ends = ends[w - 1 :: w]
+        if nb % w:
+            window_ends = np.append(window_ends, ends[-1])
+        streams = [[] for _ in range(self.num_workers)]
+        k = 0
+        for lo, hi in self._rank_ranges():
+            first = int(np.searchsorted(window_ends, lo, side="right"))
+            last = int(np.searchsorted(window_ends, hi - 1, side="right"))
+            for j in range(first, last + 1):
+                a = max(lo, int(window_ends[j - 1]) if j else 0)
+                b = min(hi, int(window_ends[j]))
+                streams[k % self.num_workers].append((a, b))
+                k += 1
+        return streams
+
+    def _deals(self, lengths: list):
+        """The dealing of streams of ``lengths`` into batches: per batch, the ``(stream,
+        count)`` takes that fill it, batch ``t`` first from stream ``t % len(lengths)``, then
+        (once that one is spent) from the next streams, so that every batch but the last is
+        whole and batch boundaries stay where the DataLoader cuts them."""
+        left = list(lengths)
+        total = sum(left)
+        workers = len(left)
+        t = 0
+        while total:
+            need = min(self.batch_size, total)
+            takes = []
+            for step in range(workers):
+                if not need:
+                    break
+                w = (t + step) % workers
+                count = min(need, left[w])
+                if count:
+                    takes.append((w, count))
+                    left[w] -= count
+                    need -= count
+                    total -= count
+            yield takes
+            t += 1
+
+    def _dealt_chunks(self, epoch: int, skip: int):
+        """This rank's indices of ``epoch`` dealt to the workers, after the first ``skip``."""
+        streams = self._streams(epoch)
+        deals = self._deals([sum(b - a for a, b in pieces) for pieces in streams])
+        taken = [0] * len(streams)  # positions of each stream before the first batch read
+        for takes in deals:
+            size = sum(count for _, count in takes)
+            if skip < size:
+                break
+            for w, count in takes:
+                taken[w] += count
+            skip -= size
+        else:
+            return
+        readers = [_StreamReader(self, epoch, streams[w], taken[w]) for w in range(len(streams))]
+        while True:
+            for w, count in takes:
+                chunks = readers[w].read(count)
+                for chunk in chunks:
+                    if skip >= len(chunk):  # the first batch's indices already yielded
+                        skip -= len(chunk)
+                        continue
+                    yield chunk[skip:]
+                    skip = 0
+            takes = next(deals, None)
+            if takes is None:
+                return
 
     def __iter__(self):
         epoch = self.epoch
@@ -245,6 +386,8 @@ class BlockShuffleSampler(*_sampler_bases()):
             "rank": self.rank,
             "drop_last": self.drop_last,
             "num_examples": self.num_examples,
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -254,7 +397,15 @@ class BlockShuffleSampler(*_sampler_bases()):
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
-        for key in ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples"):
+        for key in (
+            "window_blocks",
+            "num_replicas",
+            "rank",
+            "drop_last",
+            "num_examples",
+            "batch_size",
+            "num_workers",
+        ):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the state has {key}={state[key]!r}, "

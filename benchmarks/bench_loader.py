@@ -15,7 +15,8 @@ blocks of 64. Patterns (issue 11), every object at its DEFAULT settings:
   the same DataLoader (``shuffle=True``), and against a sequential pass (``shuffle=False``) of
   the same dataset; beside them, the same DataLoader over a plain in-memory list of the
   examples: what the loader itself allows (worker start-up, batch transport), a ceiling no
-  reader can pass;
+  reader can pass; with 2 workers also ``BlockShuffleSampler(ds, batch_size=256,
+  num_workers=2)`` (windows dealt per worker: the one setting beyond the defaults);
 - (b) ``AtlasDataset(path, cache_bytes=1 GiB)`` (at least the decoded dataset), uniform random
   ``ds[i]`` after one warm sequential pass, against the pickle-per-example floor
   (``pickle.loads`` of each example's own bytes, from memory); ``ds.cache_info()`` when the
@@ -165,6 +166,17 @@ def block_shuffle(ds):
     return BlockShuffleSampler(ds)
 
 
+def dealt_shuffle(num_workers):
+    """The sampler told the DataLoader's batch size and workers: windows dealt per worker."""
+
+    def make(ds):
+        from atlas_fast import BlockShuffleSampler
+
+        return BlockShuffleSampler(ds, batch_size=BATCH, num_workers=num_workers)
+
+    return make
+
+
 def x(values, key, base_values, base_key, name, target=None):
     a, b = values.get(key), base_values.get(base_key)
     return ratio(name, a / b if (a and b) else None, target)
@@ -179,7 +191,7 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
     n = len(examples)
     table.section(f"(a) {name}: {n:,} examples, DataLoader(batch_size={BATCH}) ({path})")
     atlas = [c for c in cons if c.atlas]
-    kinds = ("sampler", "random", "sequential")
+    kinds = ("sampler", "dealt", "random", "sequential")
     for nw in (0, 2):
         fns = {("ceiling", "memory"): memory_pass(examples, nw)}
         cpu = {}
@@ -190,6 +202,11 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
             )
             cpu[("sequential", c.key)] = []
             fns[("sequential", c.key)] = loader_pass(c, path, nw, cpu[("sequential", c.key)])
+            if nw > 1:
+                cpu[("dealt", c.key)] = []
+                fns[("dealt", c.key)] = loader_pass(
+                    c, path, nw, cpu[("dealt", c.key)], sampler=dealt_shuffle(nw)
+                )
         for c in cons:
             cpu[("random", c.key)] = []
             fns[("random", c.key)] = loader_pass(
@@ -235,6 +252,28 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
                 rates["sampler"],
                 ratios=epoch_ratios,
             )
+            if rates["dealt"]:
+                table.add(
+                    name,
+                    f"BlockShuffleSampler(ds, batch_size=, num_workers=) epoch, {label}",
+                    rates["dealt"],
+                    ratios=[
+                        x(
+                            rates["dealt"],
+                            CYTHON,
+                            rates["random"],
+                            REFERENCE,
+                            "cython x ref random",
+                        ),
+                        x(
+                            rates["dealt"],
+                            PYTHON,
+                            rates["random"],
+                            REFERENCE,
+                            "python x ref random",
+                        ),
+                    ],
+                )
             table.add(
                 name,
                 f"uniform random (shuffle=True), {label}",

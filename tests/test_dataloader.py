@@ -62,6 +62,44 @@ def test_dataloader_fork_workers(atlas, root, expected):
         assert _epoch(loader) == [expected[i] for i in order]
 
 
+def _worker_misses(batch):
+    """collate_fn: the batch, which worker read it and how many blocks it had decoded."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return info.id, info.dataset.cache_info().misses, list(batch)
+
+
+@pytest.mark.parametrize("dealt", [False, True])
+def test_windows_dealt_to_workers_are_decoded_once(atlas, root, expected, dealt):
+    """With the DataLoader's batch_size and num_workers given to the sampler, each worker
+    decodes only its own windows' blocks: about one decode per block in all (the plain order
+    has both workers decode most blocks), and the examples come in the sampler's order."""
+    ds = atlas.AtlasDataset(root)  # room for every block: a block is decoded once per worker
+    kw = dict(batch_size=5, num_workers=2) if dealt else {}
+    sampler = BlockShuffleSampler(ds, window_blocks=2, seed=4, **kw)
+    loader = DataLoader(
+        ds,
+        batch_size=5,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=_worker_misses,
+    )
+    order = sampler.epoch_indices()
+    got, misses = [], {}
+    for t, (worker, seen, batch) in enumerate(loader):
+        assert worker == t % 2  # the DataLoader hands batches out in turn
+        misses[worker] = seen
+        got += batch
+    assert got == [expected[i] for i in order]
+    blocks = len({i // 8 for i in range(N)})
+    if dealt:
+        assert sum(misses.values()) <= blocks + 4
+    else:
+        assert sum(misses.values()) >= blocks * 3 // 2
+
+
 def test_dataloader_spawn_workers(atlas, root, expected):
     ds = atlas.AtlasDataset(root)
     ds[5]  # read before pickling to the workers
