@@ -255,7 +255,7 @@ def bench_epochs(table, cons, name, path, sizes, reps, main) -> None:
             if rates["dealt"]:
                 table.add(
                     name,
-                    f"BlockShuffleSampler(ds, batch_size=, num_workers=) epoch, {label}",
+                    f"BlockShuffleSampler dealt per worker, {label}",
                     rates["dealt"],
                     ratios=[
                         x(
