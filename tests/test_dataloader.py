@@ -76,7 +76,7 @@ def test_windows_dealt_to_workers_are_decoded_once(atlas, root, expected, dealt)
     decodes only its own windows' blocks: about one decode per block in all (the plain order
     has both workers decode most blocks), and the examples come in the sampler's order."""
     ds = atlas.AtlasDataset(root)  # room for every block: a block is decoded once per worker
-    kw = dict(batch_size=5, num_workers=2) if dealt else {}
+    kw = {"batch_size": 5, "num_workers": 2} if dealt else {}
     sampler = BlockShuffleSampler(ds, window_blocks=2, seed=4, **kw)
     loader = DataLoader(
         ds,

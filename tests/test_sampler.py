@@ -237,6 +237,10 @@ def test_works_without_torch(root, tmp_path):
     assert "no torch ok" in out.stdout
 
 
+def _blocks_in(batches) -> set:
+    return {b for batch in batches for b in _blocks_of(batch)}
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("batch", [1, 5, 16])
 @pytest.mark.parametrize(("replicas", "rank"), [(1, 0), (3, 2)])
@@ -244,7 +248,7 @@ def test_windows_dealt_to_dataloader_workers(ds, workers, batch, replicas, rank)
     """batch_size/num_workers: batch t comes from worker t % num_workers's windows alone (as a
     DataLoader hands it out), so the workers share almost no block; the same indices as the
     plain order, every epoch, and any resume point continues it exactly."""
-    kw = dict(window_blocks=2, seed=5, num_replicas=replicas, rank=rank)
+    kw = {"window_blocks": 2, "seed": 5, "num_replicas": replicas, "rank": rank}
     dealt = BlockShuffleSampler(ds, batch_size=batch, num_workers=workers, **kw)
     plain = BlockShuffleSampler(ds, **kw)
     for epoch in (0, 1):
@@ -254,14 +258,14 @@ def test_windows_dealt_to_dataloader_workers(ds, workers, batch, replicas, rank)
         assert sorted(order) == sorted(plain) and len(order) == len(dealt)
         assert order != list(plain)
         batches = [order[t : t + batch] for t in range(0, len(order), batch)]
-        per_worker = [set(_blocks_of(sum(batches[w::workers], []))) for w in range(workers)]
+        per_worker = [_blocks_in(batches[w::workers]) for w in range(workers)]
         blocks = set(_blocks_of(order))
         pairs = [(a, b) for k, a in enumerate(per_worker) for b in per_worker[k + 1 :]]
         # Only where a worker's windows have run out and its batches come from another's (the
         # last two windows of a worker at most).
         assert all(len(a & b) <= 2 * 2 for a, b in pairs), [len(a & b) for a, b in pairs]
         plain_batches = [list(plain)[t : t + batch] for t in range(0, len(order), batch)]
-        plain_shared = [set(_blocks_of(sum(plain_batches[w::workers], []))) for w in range(2)]
+        plain_shared = [_blocks_in(plain_batches[w::workers]) for w in range(2)]
         if batch < 8:  # a window of 2 blocks spans several batches: plain shares most blocks
             assert len(plain_shared[0] & plain_shared[1]) > len(blocks) // 3
         for k in (1, batch, 3 * batch + 1, len(order) - 1, len(order)):
