@@ -277,13 +277,15 @@ class BlockShuffleSampler(*_sampler_bases()):
         """Each worker's pieces of this rank's order: ``(lo, hi)`` position ranges, each within
         one window, in order; window ``k`` of the share (a window cut by the share's ends
         counts as one) goes to worker ``k % num_workers``."""
+        streams = [[] for _ in range(self.num_workers)]
         _, ends, _ = self._plan(epoch)
         nb = len(ends)
+        if not nb:
+            return streams
         w = nb if self.window_blocks is None else self.window_blocks
         window_ends = ends[w - 1 :: w]
         if nb % w:
             window_ends = np.append(window_ends, ends[-1])
-        streams = [[] for _ in range(self.num_workers)]
         k = 0
         for lo, hi in self._rank_ranges():
             first = int(np.searchsorted(window_ends, lo, side="right"))

@@ -276,6 +276,19 @@ def test_windows_dealt_to_dataloader_workers(ds, workers, batch, replicas, rank)
         assert dealt.epoch_indices().tolist() == order
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_dealing_a_whole_epoch_window_or_an_empty_dataset(atlas, ds, tmp_path, window):
+    """One window for the whole epoch (window_blocks=None) goes to one worker's windows, the
+    others' batches are filled from it: every index once; an empty dataset: nothing."""
+    order = list(BlockShuffleSampler(ds, window_blocks=window, batch_size=7, num_workers=2))
+    assert sorted(order) == list(range(N))
+    empty = write_dataset(tmp_path / "empty", 0, 64, 8)
+    sampler = BlockShuffleSampler(
+        atlas.AtlasDataset(empty), window_blocks=window, batch_size=7, num_workers=2
+    )
+    assert list(sampler) == [] and len(sampler) == 0
+
+
 def test_dealing_needs_both_and_is_checked_on_resume(ds):
     with pytest.raises(ValueError, match="together"):
         BlockShuffleSampler(ds, batch_size=8)
