@@ -82,9 +82,10 @@ class _StreamReader:
     """One worker's share of an epoch order (pieces: position ranges, each within one window),
     read in order from position ``start`` of the share."""
 
-    def __init__(self, sampler, epoch: int, pieces: list, start: int):
+    def __init__(self, sampler, epoch: int, layout, pieces: list, start: int):
         self._sampler = sampler
         self._epoch = epoch
+        self._layout = layout
         self._pieces = pieces
         k = 0
         while k < len(pieces) and start >= pieces[k][1] - pieces[k][0]:
@@ -103,12 +104,20 @@ class _StreamReader:
                 self._next += 1
                 lo += self._offset
                 self._offset = 0
-                self._buffer = np.concatenate(list(self._sampler._windows(self._epoch, lo, hi)))
+                chunks = self._sampler._windows(self._epoch, lo, hi, self._layout)
+                self._buffer = np.concatenate(list(chunks))
             part = self._buffer[:count]
             self._buffer = self._buffer[count:]
             out.append(part)
             count -= len(part)
         return out
+
+
+def _dealing(batch_size, num_workers):
+    """What a dealt order depends on: ``(batch_size, num_workers)``, or None when not dealt."""
+    if batch_size is None or num_workers is None or num_workers <= 1:
+        return None
+    return (batch_size, num_workers)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -218,16 +227,23 @@ class BlockShuffleSampler(*_sampler_bases()):
         ends = np.cumsum(self._lengths[perm])
         return perm, ends, seeds[1]
 
-    def _windows(self, epoch: int, lo: int, hi: int):
-        """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks."""
-        if lo >= hi:
-            return
+    def _layout(self, epoch: int):
+        """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
+        positions in the epoch)."""
         perm, ends, key_seed = self._plan(epoch)
         nb = len(perm)
-        w = nb if self.window_blocks is None else self.window_blocks
+        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
         window_ends = ends[w - 1 :: w]
         if nb % w:
             window_ends = np.append(window_ends, ends[-1])
+        return perm, key_seed, w, window_ends
+
+    def _windows(self, epoch: int, lo: int, hi: int, layout=None):
+        """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks;
+        ``layout``: the epoch's ``_layout``, when the caller has it already."""
+        if lo >= hi:
+            return
+        perm, key_seed, w, window_ends = self._layout(epoch) if layout is None else layout
         k = int(np.searchsorted(window_ends, lo, side="right"))
         start = int(window_ends[k - 1]) if k else 0
         # One key per position: key p is output p of the stream, whatever the rank.
@@ -259,7 +275,7 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     def _rank_chunks(self, epoch: int, skip: int):
         """This rank's indices of ``epoch`` after the first ``skip``, in chunks."""
-        if self.num_workers is not None and self.num_workers > 1:
+        if _dealing(self.batch_size, self.num_workers):
             yield from self._dealt_chunks(epoch, skip)
             return
         n = self.num_examples
@@ -273,19 +289,14 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     # -- windows dealt to DataLoader workers ---------------------------------------------------
 
-    def _streams(self, epoch: int) -> list:
+    def _streams(self, layout) -> list:
         """Each worker's pieces of this rank's order: ``(lo, hi)`` position ranges, each within
         one window, in order; window ``k`` of the share (a window cut by the share's ends
         counts as one) goes to worker ``k % num_workers``."""
         streams = [[] for _ in range(self.num_workers)]
-        _, ends, _ = self._plan(epoch)
-        nb = len(ends)
-        if not nb:
+        window_ends = layout[3]
+        if not len(window_ends):
             return streams
-        w = nb if self.window_blocks is None else self.window_blocks
-        window_ends = ends[w - 1 :: w]
-        if nb % w:
-            window_ends = np.append(window_ends, ends[-1])
         k = 0
         for lo, hi in self._rank_ranges():
             first = int(np.searchsorted(window_ends, lo, side="right"))
@@ -324,7 +335,8 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     def _dealt_chunks(self, epoch: int, skip: int):
         """This rank's indices of ``epoch`` dealt to the workers, after the first ``skip``."""
-        streams = self._streams(epoch)
+        layout = self._layout(epoch)  # once: each window's order is cut from it
+        streams = self._streams(layout)
         deals = self._deals([sum(b - a for a, b in pieces) for pieces in streams])
         taken = [0] * len(streams)  # positions of each stream before the first batch read
         for takes in deals:
@@ -336,7 +348,9 @@ class BlockShuffleSampler(*_sampler_bases()):
             skip -= size
         else:
             return
-        readers = [_StreamReader(self, epoch, streams[w], taken[w]) for w in range(len(streams))]
+        readers = [
+            _StreamReader(self, epoch, layout, streams[w], taken[w]) for w in range(len(streams))
+        ]
         while True:
             for w, count in takes:
                 chunks = readers[w].read(count)
@@ -399,20 +413,27 @@ class BlockShuffleSampler(*_sampler_bases()):
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
-        for key in (
-            "window_blocks",
-            "num_replicas",
-            "rank",
-            "drop_last",
-            "num_examples",
-            "batch_size",
-            "num_workers",
-        ):
+        for key in ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the state has {key}={state[key]!r}, "
                     f"this sampler {getattr(self, key)!r}"
                 )
+        # What the order depends on: the dealing (a state without these keys was not dealt).
+        theirs = _dealing(state.get("batch_size"), state.get("num_workers"))
+        ours = _dealing(self.batch_size, self.num_workers)
+        if theirs != ours:
+            raise ValueError(
+                "cannot resume: the state's order is "
+                + (
+                    f"dealt to {theirs[1]} workers in batches of {theirs[0]}"
+                    if theirs
+                    else "not dealt"
+                )
+                + ", this sampler's "
+                + (f"dealt to {ours[1]} workers in batches of {ours[0]}" if ours else "not dealt")
+                + " (batch_size, num_workers)"
+            )
         epoch = _check_int("epoch", state["epoch"], 0)
         yielded = _check_int("yielded", state["yielded"], 0)
         if yielded > self.num_samples:

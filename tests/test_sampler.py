@@ -297,5 +297,20 @@ def test_dealing_needs_both_and_is_checked_on_resume(ds):
     one = BlockShuffleSampler(ds, seed=2, batch_size=8, num_workers=1)
     assert list(one) == list(BlockShuffleSampler(ds, seed=2))  # one worker: nothing to deal
     state = BlockShuffleSampler(ds, batch_size=8, num_workers=2).state_dict()
-    with pytest.raises(ValueError, match="num_workers=2"):
+    with pytest.raises(
+        ValueError, match="dealt to 2 workers in batches of 8, this sampler's dealt to 3"
+    ):
         BlockShuffleSampler(ds, batch_size=8, num_workers=3).load_state_dict(state)
+    # A state from before dealing existed (no such keys) is a plain order's: refused by a
+    # dealt sampler, taken by a plain one; one worker deals nothing, whatever the batch size.
+    old = {
+        k: v
+        for k, v in BlockShuffleSampler(ds).state_dict().items()
+        if k not in ("batch_size", "num_workers")
+    }
+    with pytest.raises(ValueError, match="not dealt, this sampler's dealt"):
+        BlockShuffleSampler(ds, batch_size=8, num_workers=2).load_state_dict(old)
+    BlockShuffleSampler(ds).load_state_dict(old)
+    BlockShuffleSampler(ds).load_state_dict(
+        BlockShuffleSampler(ds, batch_size=8, num_workers=1).state_dict()
+    )
