@@ -140,22 +140,29 @@ _CLAIMS_WATCH = None
 
 
 class _Claims:
-    """Which part a run writes next: its own parts in order while it has some left, then the
-    last unclaimed part of the run with the most bytes left (work stealing), so a run that
-    starts late or has more to do (run 0 trains the strategy-2 dictionary) is helped by the
-    others. Each run takes its own parts from the front and thieves take from the back, so
-    every run's own parts stay one contiguous range; the order of the dataset is the order of
-    the parts whoever writes them (see ``write_run``)."""
+    """Which part a run writes next: its own parts in order while it has some left; then it
+    steals from the run with the most bytes left the back half of what that run has not
+    claimed (at least its last part), which becomes its own range (work stealing), so a run
+    that starts late or has more to do (run 0 trains the strategy-2 dictionary) is helped by
+    the others, down to the last part. Each run takes its own parts from the front and
+    thieves take from the back, so every run's range stays contiguous and what a run steals
+    is consecutive parts (written into the same shards); the order of the dataset is the
+    order of the parts whoever writes them (see ``write_run``)."""
 
     def __init__(self, job: WriteJob):
         self.run = job.run
         self.sizes = [max(p.nbytes, 1) for p in job.parts]
+        self.counts = [getattr(p, "examples", None) for p in job.parts]
+        self._before = list(itertools.accumulate(self.sizes, initial=0))  # bytes before part i
         shared = _SHARED_CLAIMS
         if shared is None or len(job.ranges) == 1:
             self.table = [x for r in job.ranges for x in r]
             self.lock = None
         else:
             self.table, self.lock = shared, shared.get_lock()
+
+    def _bytes(self, start: int, stop: int) -> int:
+        return self._before[stop] - self._before[start] if stop > start else 0
 
     # The slot after the pairs of a shared table: the last part of run 0's range that run 0
     # may still need for its first shard, from which it trains the strategy-2 dictionary;
@@ -164,35 +171,40 @@ class _Claims:
 
     def keep_for_first_shard(self, examples_per_byte: float, missing: int) -> None:
         """Run 0, before its first shard is closed: keep its next parts that may still hold
-        the ``missing`` examples that shard lacks, estimated from what it has read (with a
+        the ``missing`` examples that shard lacks after the parts it has claimed (a part's
+        own count when the source gives it, else an estimate from what it has read with a
         margin of two), so that the shard holds what a serial run's first shard holds while
-        the others still take the rest of run 0's range (``missing`` < 0: nothing to keep)."""
+        the others still take the rest of run 0's range (``missing`` <= 0: nothing to keep)."""
         if len(self.table) % 2 == 0:
             return  # not shared: nobody to keep parts from
         with self._locked():
             table = self.table
             until = -1
-            if missing >= 0:
-                until = table[1] - 1
-                if examples_per_byte > 0:
-                    need, k = 2 * missing, table[0]
-                    while k < table[1] and need > 0:
-                        need -= self.sizes[k] * examples_per_byte
-                        k += 1
-                    until = k - 1
+            if missing > 0:
+                need, k = missing, table[0]
+                while k < table[1] and need > 0:
+                    if self.counts[k] is not None:
+                        need -= self.counts[k]
+                    elif examples_per_byte > 0:
+                        need -= self.sizes[k] * examples_per_byte / 2
+                    else:  # nothing read yet to estimate from: keep them all
+                        k = table[1]
+                        break
+                    k += 1
+                until = k - 1
             table[len(table) - 1] = until
 
     def first_shard_settled(self) -> None:
         """Run 0's first shard holds its last example (it is being closed, the dictionary
         not trained yet): the others may take from all of run 0's range."""
-        self.keep_for_first_shard(0.0, -1)
+        self.keep_for_first_shard(0.0, 0)
 
     def next(self, held=None):
         """The index of the next part to write, or None when none is left.
 
         ``held``: the bytes of parts this run has read but cannot compress yet (a run > 0
         awaiting the strategy-2 dictionary), or None. Such a run, once its own parts are
-        read, takes another run's part only while half of what it would then hold stays
+        read, takes other runs' parts only while half of what it would then hold stays
         within what is left unclaimed after it: what it holds is compressed by this process
         alone once the dictionary is there, what is left by whoever takes it, so the runs
         still end together (compressing costs less than reading and compressing)."""
@@ -222,24 +234,33 @@ class _Claims:
         if start < stop:
             table[2 * k] = start + 1
             return start
-        victim, most, unclaimed = None, 0, 0
         kept = table[len(table) - 1] if len(table) % 2 else -1
+        victim, most, low, unclaimed = None, 0, 0, 0
         for j in range(len(table) // 2):
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
             # run 0 trains the strategy-2 dictionary, starts there.
-            left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
-            unclaimed += left
-            if j == 0 and table[1] - 1 <= kept:
-                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
+            first, end = max(table[2 * j], 1), table[2 * j + 1]
+            unclaimed += self._bytes(first, end)
+            if j == 0:  # not what run 0 may still need for its first shard
+                first = max(first, kept + 1)
+            left = self._bytes(first, end)
             if left > most:
-                victim, most = j, left
+                victim, most, low = j, left, first
         if victim is None:
             return None
-        index = table[2 * victim + 1] - 1
-        if held is not None and (held + self.sizes[index]) / 2 > unclaimed - self.sizes[index]:
-            return None
-        table[2 * victim + 1] = index
-        return index
+        end = table[2 * victim + 1]
+        limit = most / 2  # the back half, or the last part
+        if held is not None:
+            allowed = (2 * unclaimed - held) / 3  # (held + taken) / 2 <= unclaimed - taken
+            if self.sizes[end - 1] > allowed:
+                return None
+            limit = min(limit, allowed)
+        cut = end - 1
+        while cut > low and self._bytes(cut - 1, end) <= limit:
+            cut -= 1
+        table[2 * victim + 1] = cut
+        table[2 * k], table[2 * k + 1] = cut + 1, end
+        return cut
 
 
 @dataclass(frozen=True)
@@ -414,6 +435,14 @@ def write_run(job: WriteJob, emit) -> tuple:
             dump_meta(w.path / META_FILE, w.metadata._asdict())
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
+    def first_shard_open():
+        return not shard_dirs or (len(shard_dirs) == 1 and writer is not None)
+
+    def read_rate():
+        """Examples per input byte of the parts read so far (0.0: none read)."""
+        read = sum(job.parts[i].nbytes for i, _ in counts)
+        return sum(n for _, n in counts) / read if read else 0.0
+
     progress = _Emitter(emit)
     shard_size = opts["shard_size"]
     claims = _Claims(job)
@@ -446,6 +475,11 @@ def write_run(job: WriteJob, emit) -> tuple:
             groups.append((index, []))
         previous = index
         part = job.parts[index]
+        if job.first and not known and part.examples is not None and first_shard_open():
+            # The source says how many examples this part holds: the others need not wait
+            # for its end to know which of the next parts the first shard may yet need.
+            done = 0 if writer is None else writer.stored_examples
+            claims.keep_for_first_shard(read_rate(), shard_size - done - part.examples)
         count = 0
         for example in part.read():
             if writer is None:
@@ -462,9 +496,7 @@ def write_run(job: WriteJob, emit) -> tuple:
             held += claims.sizes[index]
         if job.first and not known and writer is not None and len(shard_dirs) == 1:
             # Still in the first shard: tell the others which parts it may yet need.
-            read = sum(job.parts[i].nbytes for i, _ in counts)
-            done = writer.stored_examples
-            claims.keep_for_first_shard(done / read if read else 0.0, shard_size - done)
+            claims.keep_for_first_shard(read_rate(), shard_size - writer.stored_examples)
     if writer is not None:
         close_shard(writer, last=True)
     elif deferred:

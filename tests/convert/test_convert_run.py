@@ -337,36 +337,51 @@ def test_split_runs_properties(sizes, n):
     assert all(runs)
 
 
+def _shared_claims(parts, ranges, runs=2):
+    claims = [_Claims(WriteJob(parts, ranges, k, f"r{k}", "d", {}, 1)) for k in range(runs)]
+    for c in claims[1:]:
+        c.table = claims[0].table  # one table for all runs, as the worker processes share it
+    return claims
+
+
 def test_claims_take_own_parts_then_steal_from_the_back():
     parts = [Part(str(i), size, iter) for i, size in enumerate([10, 10, 10, 10, 50, 10])]
-    ranges = ((0, 2), (2, 6))
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
-    # One table for both runs, as the worker processes share it.
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
-    run1.table = run0.table
+    run0, run1 = _shared_claims(parts, ((0, 2), (2, 6)))
     assert [run0.next(), run0.next()] == [0, 1]  # its own parts, in order
     assert run1.next() == 2
-    assert run0.next() == 5  # then the last unclaimed part of the other run
+    assert run0.next() == 5  # then the back half (by bytes) of the other run's, at least a part
     assert run0.next() == 4
     assert run1.next() == 3
     assert run0.next() is None and run1.next() is None
     # Nobody takes part 0 from run 0, even when it has not begun.
-    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, 1))
-    run1.table = run0.table
+    run0, run1 = _shared_claims(parts, ((0, 1), (1, 6)))
     assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
     assert run0.next() == 0
-    # A run holding parts it cannot compress yet (awaiting the strategy-2 dictionary) takes
-    # another run's part only while half of what it would hold stays within what is left.
-    parts = [Part(str(i), size, iter) for i, size in enumerate([10] * 8)]
-    run0 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 1, "r1", "d", {}, 1))
-    run1.table = run0.table
+
+
+def test_stolen_parts_become_the_thiefs_range():
+    """A thief takes the back half of the victim's unclaimed parts as its own range: it writes
+    them in order (into the same shards), and they can be stolen back from its end."""
+    parts = [Part(str(i), 10, iter) for i in range(8)]
+    run0, run1 = _shared_claims(parts, ((0, 2), (2, 8)))
+    assert [run0.next(), run0.next()] == [0, 1]
+    assert run0.next() == 5  # 5, 6, 7: the back half of parts 2-7
+    assert run0.table[:4] == [6, 8, 2, 5]
+    assert [run1.next(), run1.next(), run1.next()] == [2, 3, 4]
+    assert run1.next() == 7  # the back half of what run 0 has left (6, 7)
+    assert [run0.next(), run0.next(), run1.next()] == [6, None, None]
+
+
+def test_a_run_awaiting_the_dictionary_steals_what_it_can_compress_in_time():
+    """A run holding parts it cannot compress yet (awaiting the strategy-2 dictionary) takes
+    other runs' parts only while half of what it would hold stays within what is left."""
+    parts = [Part(str(i), 10, iter) for i in range(8)]
+    run0, run1 = _shared_claims(parts, ((0, 6), (6, 8)))
     assert [run0.next(), run1.next(), run1.next(held=10)] == [0, 6, 7]  # its own: always
-    # Holding 20 bytes, unclaimed 50 (parts 1-5): (20 + 10) / 2 <= 50 - 10.
-    assert run1.next(held=20) == 5
-    assert run1.next(held=30) == 4  # (30 + 10) / 2 <= 30
-    assert run1.next(held=40) is None  # (40 + 10) / 2 > 20
+    # Holding 20 bytes, unclaimed 50 (parts 1-5): half of them, (20 + 20) / 2 <= 50 - 20.
+    assert run1.next(held=20) == 4
+    assert run1.next(held=30) == 5  # its own range now
+    assert run1.next(held=40) is None  # unclaimed 30: (40 + 10) / 2 > 30 - 10
     assert run1.next() == 3  # once it has the dictionary
     assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
 
@@ -410,6 +425,57 @@ def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
     assert [run0.next(), run0.next()] == [1, None]
 
 
+def test_parts_that_know_their_examples_are_kept_exactly():
+    """Parts whose source gives their examples (row groups, record batches): run 0 keeps
+    exactly the ones its first shard needs, before it has read anything to estimate from."""
+    import threading
+
+    parts = [Part(str(i), 10, iter, 100) for i in range(6)]
+    run0, run1 = _shared_claims(parts, ((0, 4), (4, 6)))
+    shared = [*run0.table, _Claims._KEEP_ALL]
+    lock = threading.Lock()
+    for c in (run0, run1):
+        c.table, c.lock = shared, lock
+    assert run0.next() == 0
+    run0.keep_for_first_shard(0.0, 250 - 100)  # a shard of 250: parts 1 and 2 (half of it)
+    assert [run1.next(), run1.next(), run1.next(), run1.next()] == [4, 5, 3, None]
+    run0.keep_for_first_shard(0.0, 250 - 300)  # part 0 alone would complete it: none kept
+    assert run1.next() == 2
+
+
+def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
+    """A run that steals several consecutive parts at once writes them into the same shards;
+    every group is committed in part order."""
+    import multiprocessing
+
+    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast.convert import _jsonl, _run
+
+    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
+    parts = _jsonl.sources(tmp_path / "src")[0].parts
+    ranges = ((0, 6), (6, 8))
+    table = multiprocessing.get_context("spawn").Array("q", [0, 6, 6, 8])
+    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
+    options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
+    options["compression_strategy"] = 1
+    (tmp_path / "dict").mkdir()
+    results = {}
+    for run in (1, 0):  # run 1 first: it takes its own parts, then steals from run 0's
+        job = WriteJob(
+            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
+        )
+        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    assert [first for first, _ in results[1][0]] == [6, 4, 3, 2, 1]  # 4-5 stolen at once
+    assert [first for first, _ in results[0][0]] == [0]
+    assert [len(dirs) for _, dirs in results[1][0]] == [2, 2, 1, 1, 1]
+    groups = sorted(g for groups, _ in results.values() for g in groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    commit_staged_shards(tmp_path / "out", staged, compression_strategy=1)
+    assert read_back(atlas, tmp_path / "out") == docs
+    sizes = json.loads((tmp_path / "out" / "meta.json").read_text())["shard_sizes"]
+    assert sizes == [30, 30, 30, 30, 50, 10, 50, 10]
+
+
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
     n=st.integers(min_value=1, max_value=4),
@@ -429,15 +495,19 @@ def test_claims_hand_out_every_part_once(sizes, n, order, helds):
     taken = [[] for _ in claims]
     # Some claims with bytes held (runs awaiting the dictionary), then every run until done.
     steps = [(k % len(claims), h) for k, h in zip(order, helds + [None] * len(order))]
-    for k, held in steps + [(k, None) for k in range(len(claims)) for _ in parts]:
+    for k, held in steps + [(k, None) for _ in parts for k in range(len(claims))]:
+        table = list(claims[0].table)
         index = claims[k].next(held)
         if index is not None:
+            # Its own range's first part, or the first of the back of another run's range.
+            first, stop = table[2 * k : 2 * k + 2]
+            stolen = [j for j in range(len(claims)) if table[2 * j + 1] > index >= table[2 * j]]
+            assert index == first < stop or (first >= stop and stolen and stolen != [k])
             taken[k].append(index)
     assert sorted(i for t in taken for i in t) == list(range(len(parts)))
     assert 0 in taken[0]  # part 0 is never stolen from run 0
-    for k, t in enumerate(taken):  # a run's own parts first, in order, then stolen ones
-        own = [i for i in t if ranges[k][0] <= i < ranges[k][1]]
-        assert t[: len(own)] == own == list(range(*ranges[k]))[: len(own)]
+    for k, t in enumerate(taken):  # a run begins with its own parts, in order, if any are left
+        assert not t or not ranges[k][0] <= t[0] < ranges[k][1] or t[0] == ranges[k][0]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
