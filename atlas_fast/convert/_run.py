@@ -385,15 +385,25 @@ class _SpilledShard:
 
         block = _pickle_block(self.examples, self.shard, len(self.lengths))
         self.examples = []
-        self.file.write(block)
+        self._write(block)
         self.lengths.append(len(block))
         self.nbytes += len(block)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"{self.spill}: cannot spill the blocks read while the strategy-2 dictionary "
+                f"is trained ({exc.strerror or exc}; TMPDIR chooses where they go)",
+            ) from exc
 
     def close(self) -> None:
         if self.examples:
             self._flush()
-        self.file.write(self.lengths.tobytes())
-        self.file.write(_SPILL_FOOTER.pack(len(self.lengths), self.stored_examples))
+        self._write(self.lengths.tobytes())
+        self._write(_SPILL_FOOTER.pack(len(self.lengths), self.stored_examples))
         self.file.close()
 
 
@@ -730,6 +740,7 @@ class _Workers:
         import multiprocessing
 
         self.cores = cores
+        self._spill_root = None
 
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
@@ -834,7 +845,25 @@ class _Workers:
             else:
                 raise payload
 
+    def spill_dir(self, name: str) -> str:
+        """A new directory for the blocks runs spill (``_SpilledShard``), removed with the
+        pool (once its processes have ended): in the temporary directory (``TMPDIR``), local
+        space rather than the destination's file system, which may be a network one; spilled
+        blocks live about as long as the dictionary's training."""
+        if self._spill_root is None:
+            self._spill_root = tempfile.mkdtemp(prefix="atlas-fast-convert-spill-")
+        path = os.path.join(self._spill_root, name)
+        os.mkdir(path)
+        return path
+
     def close(self, *, kill: bool) -> None:
+        try:
+            self._close(kill=kill)
+        finally:
+            if self._spill_root is not None:
+                shutil.rmtree(self._spill_root, ignore_errors=True)
+
+    def _close(self, *, kill: bool) -> None:
         for inbox, p in zip(self.inboxes, self.processes):
             if kill:
                 p.terminate()
@@ -1039,9 +1068,7 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     strategy = CompressionStrategy(options["compression_strategy"])
     spill_dir = None
     if len(runs) > 1 and strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        # Local temporary space (TMPDIR), not the destination's file system, which may be a
-        # network one: blocks spilled there live for the dictionary's training or so.
-        spill_dir = tempfile.mkdtemp(prefix="atlas-fast-convert-spill-")
+        spill_dir = pool.spill_dir(work.name)
     tasks = [
         (
             write_run,
@@ -1057,8 +1084,6 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
         results = pool.run(tasks, bar, ranges)
     finally:
         bar.close()
-        if spill_dir is not None:
-            shutil.rmtree(spill_dir, ignore_errors=True)
     # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
     groups = sorted(g for run_groups, _ in results for g in run_groups)
     staged = [d for _, dirs in groups for d in dirs]

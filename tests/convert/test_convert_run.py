@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import tempfile
 import time
 from functools import partial
 
@@ -466,14 +467,19 @@ def test_shards_spilled_while_the_dictionary_trains(tmp_path, monkeypatch, atlas
 
     def recording(spill, shard, make_writer):
         with open(log, "a") as f:
-            f.write(f"{shard}\n")
+            f.write(f"{spill}\n")
         return compress(spill, shard, make_writer)
 
     monkeypatch.setattr(writer.AtlasDatasetShardWriter, "_train_dictionary", slow_training)
     monkeypatch.setattr(_run, "_compress_spilled", recording)
     monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")  # the patches reach the worker
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # TMPDIR, as it were
+    (tmp_path / "tmp").mkdir()
     convert(tmp_path / "src", tmp_path / "two", "jsonl", workers=2, **options)
-    assert log.read_text().count("\n") >= 2  # run 1's parts: 400 examples, two shards or more
+    spilled = log.read_text().splitlines()
+    assert len(spilled) >= 2  # run 1's parts: 400 examples, two shards or more
+    assert all(path.startswith(str(tmp_path / "tmp")) for path in spilled)
+    assert not any((tmp_path / "tmp").iterdir())  # removed with the worker processes
     assert (tmp_path / "two" / "zstd_dict.bin").read_bytes() == (
         tmp_path / "one" / "zstd_dict.bin"
     ).read_bytes()
