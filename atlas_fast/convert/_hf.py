@@ -65,11 +65,17 @@ class _Stream:
             except pa.ArrowInvalid:
                 self._map.seek(0)
                 reader = pa.ipc.open_file(self._map)
-                self.batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                self.batches = self.file_batches(0, reader.num_record_batches, reader)
                 self.is_stream = False
+                self._reader = reader
             self.schema = reader.schema
         except (pa.ArrowException, OSError) as exc:
             raise SourceError(f"{path}: not a readable Arrow file ({exc})") from None
+
+    @staticmethod
+    def file_batches(start: int, stop: int, reader):
+        for i in range(start, stop):
+            yield reader.get_batch(i)
 
     def record_batch_offsets(self):
         """A stream's record batches ``(offset of its message, batch)``, read message by
@@ -185,6 +191,8 @@ def _read(path: str, batches, first_row: int, offset=None):
     try:
         if batches is None:
             selected = stream.batches
+        elif not stream.is_stream:  # a file: its batches by number
+            selected = stream.file_batches(*batches, stream._reader)
         elif offset is not None:
             selected = itertools.islice(stream.batches_from(offset), batches[1] - batches[0])
         else:
