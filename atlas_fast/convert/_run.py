@@ -218,9 +218,13 @@ class _Claims:
             return self._next()
 
     def spilled(self, number: int) -> None:
-        """This run's shard ``number`` (the one after its last spilled one) is spilled."""
+        """This run's shard ``number`` is spilled: the one after its last spilled one, or,
+        when none is left to take, any later one (the shards between are not spilled)."""
         with self._locked():
-            self.table[2 * self.runs + 2 * self.run + 2] = number + 1
+            slot = 2 * self.runs + 2 * self.run + 1
+            if self.table[slot] == self.table[slot + 1]:
+                self.table[slot] = number
+            self.table[slot + 1] = number + 1
 
     def next_spilled(self):
         """``(run, shard number)`` of a spilled shard to compress (this run's own first),
@@ -339,6 +343,15 @@ def _await_dict(dict_dir: Path):
 def _writer_classes():
     from ..writer import AtlasDatasetShardWriter
 
+    class AwaitingDictShardWriter(AtlasDatasetShardWriter):
+        """A strategy-3 shard whose dictionary is not trained but awaited: the one run 0
+        publishes from the source's first shard (the rule of ``AtlasDatasetWriter``)."""
+
+        dict_dir: Path
+
+        def _train_dictionary(self):
+            return _await_dict(self.dict_dir)
+
     class PublishingShardWriter(AtlasDatasetShardWriter):
         """Run 0's first shard under strategy 2: it publishes the dictionary it trains as
         soon as it is trained, so that the others compress with it while this shard still
@@ -351,7 +364,7 @@ def _writer_classes():
             _publish(self.dict_dir, None if zdict is None else zdict.as_bytes())
             return zdict
 
-    return AtlasDatasetShardWriter, PublishingShardWriter
+    return AtlasDatasetShardWriter, AwaitingDictShardWriter, PublishingShardWriter
 
 
 # A run > 0 spills at most this many bytes of pickled blocks while it waits for the
@@ -439,17 +452,18 @@ def write_run(job: WriteJob, emit) -> tuple:
     and ``(part index, examples)`` for every part written.
 
     Strategy 2: run 0 trains the dictionary from its first shard (``PublishingShardWriter``);
-    until it is published, the others read on and spill the blocks of the shards they fill
-    (``_SpilledShard``), which any run compresses once it knows the dictionary, before it
-    claims another part. Every shard holds the examples it would hold had its run written
-    it at once, and the same bytes."""
+    until it is published, the others read on: the blocks of their own parts (their share)
+    wait in memory for them to compress (``AwaitingDictShardWriter``), those of parts taken
+    from other runs go to spill files (``_SpilledShard``) that any run compresses once it
+    knows the dictionary, before it claims another part. Every shard holds the examples it
+    would hold had its run written it at once, and the same bytes."""
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
 
     opts = job.options
     run_dir, dict_dir = Path(job.run_dir), Path(job.dict_dir)
-    shard_writer, publishing_writer = _writer_classes()
+    shard_writer, awaiting_writer, publishing_writer = _writer_classes()
     strategy = CompressionStrategy(opts["compression_strategy"])
     shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
     zdict = None  # the shared dictionary, once known
@@ -501,9 +515,17 @@ def write_run(job: WriteJob, emit) -> tuple:
                     path, publishing_writer, CompressionStrategy.DICTIONARY_COMPRESSION
                 )
             return make_writer(path)
+        own = job.ranges[job.run]
+        if job.spill_dir is None or own[0] <= groups[-1][0] < own[1]:
+            # Its own parts (its share): their blocks wait in memory, for this run to
+            # compress once the dictionary is published.
+            return make_writer(path, awaiting_writer, CompressionStrategy.DICTIONARY_COMPRESSION)
+        # Parts taken from another run beyond its share: spilled, for whoever is free.
         number = len(shard_dirs) - 1
         spill = Path(job.spill_dir) / f"{job.run}-{number}"
         return _SpilledShard(spill, path, number, opts["block_size"])
+
+    deferred: list = []  # closed shards awaiting the dictionary in this run's memory
 
     def close_shard(w):
         nonlocal known, spilled
@@ -511,6 +533,8 @@ def write_run(job: WriteJob, emit) -> tuple:
             w.close()
             spilled += w.nbytes
             claims.spilled(w.number)
+        elif isinstance(w, awaiting_writer):
+            deferred.append(w)  # compressed once the dictionary is published
         elif job.first and not known:  # the first shard: it trains the dictionary
             # Its examples are the dictionary's sample: with them settled the others may
             # take any part of run 0's range, while it trains.
@@ -521,8 +545,9 @@ def write_run(job: WriteJob, emit) -> tuple:
             w.close()
 
     def settle(w):
-        """Close run 0's first shard (strategy 3, publishing its dictionary as soon as it is
-        trained: ``PublishingShardWriter``): the dictionary leaves the shard, which becomes
+        """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
+        publishes it as soon as it is trained: ``PublishingShardWriter``; the others await
+        it: ``AwaitingDictShardWriter``): the dictionary leaves the shard, which becomes
         strategy 2."""
         nonlocal zdict
         w.close()
@@ -564,6 +589,11 @@ def write_run(job: WriteJob, emit) -> tuple:
     while True:
         if not known and not job.first:
             learn_dict(spilled >= SPILL_LIMIT)
+        if known and deferred:
+            for w in deferred:  # what only this run can compress, first
+                settle(w)
+            deferred.clear()
+            continue
         if known and job.spill_dir is not None and compress_spilled():
             continue
         index = claims.next()
