@@ -27,7 +27,7 @@ __all__ = [
 
 # A file larger than this is cut into parts of about this many bytes (whole lines, row groups
 # or record batches), so --workers can share one big file.
-PART_BYTES = 16 << 20
+PART_BYTES = 4 << 20
 
 _COMPRESSED = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 JSON_LINES_SUFFIXES = tuple(

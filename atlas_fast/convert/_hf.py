@@ -5,8 +5,9 @@ values ``datasets`` gives with no format set, except that features that ``datase
 on access (``Image``, ``Audio``) stay in their stored form, ``{"bytes": ..., "path": ...}``.
 A ``DatasetDict`` directory (``dataset_dict.json``) gives one Atlas dataset per split, under
 DST/<split>. A ``Dataset`` directory (``state.json``) is read in the order of its data files;
-a directory of ``.arrow`` files (or one file) in sorted order. Files larger than 16 MB are cut
-into parts of whole record batches, so ``--workers`` can share them.
+a directory of ``.arrow`` files (or one file) in sorted order. Files larger than 4 MB are cut
+into parts of whole record batches (a part of a stream starts at its first batch's message),
+so ``--workers`` can share them. Each part knows its rows.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class _Stream:
     def __init__(self, path: Path):
         pa = pyarrow("hf", "converting Hugging Face datasets")
         self.path = path
+        self.is_stream = True
         try:
             self._map = pa.memory_map(str(path))
             try:
@@ -63,9 +65,53 @@ class _Stream:
             except pa.ArrowInvalid:
                 self._map.seek(0)
                 reader = pa.ipc.open_file(self._map)
-                self.batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                self.batches = self.file_batches(0, reader.num_record_batches, reader)
+                self.is_stream = False
+                self._reader = reader
+            self.schema = reader.schema
         except (pa.ArrowException, OSError) as exc:
             raise SourceError(f"{path}: not a readable Arrow file ({exc})") from None
+
+    @staticmethod
+    def file_batches(start: int, stop: int, reader):
+        for i in range(start, stop):
+            yield reader.get_batch(i)
+
+    def record_batch_offsets(self):
+        """A stream's record batches ``(offset of its message, batch)``, read message by
+        message from the schema's end, or None when it has dictionary batches (a batch
+        then needs the dictionaries before it: it is read from the start)."""
+        pa = pyarrow("hf", "converting Hugging Face datasets")
+        if not self.is_stream:
+            return None
+        source = self._map
+        source.seek(0)
+        pa.ipc.read_message(source)  # the schema
+        found = []
+        while True:
+            offset = source.tell()
+            try:
+                message = pa.ipc.read_message(source)
+                if message.type != "record batch":
+                    return None
+                found.append((offset, pa.ipc.read_record_batch(message, self.schema)))
+            except EOFError:  # the end-of-stream marker, or the end of the file
+                return found
+            except (pa.ArrowException, OSError) as exc:
+                raise SourceError(
+                    f"{self.path}: record batch {len(found)}: cannot read ({exc})"
+                ) from None
+
+    def batches_from(self, offset: int):
+        """A stream's record batches from the message at ``offset`` (see above)."""
+        pa = pyarrow("hf", "converting Hugging Face datasets")
+        self._map.seek(offset)
+        while True:
+            try:
+                message = pa.ipc.read_message(self._map)
+            except EOFError:
+                return
+            yield pa.ipc.read_record_batch(message, self.schema)
 
     def close(self):
         self._map.close()
@@ -74,9 +120,17 @@ class _Stream:
 def _parts(path: Path) -> list:
     pa = pyarrow("hf", "converting Hugging Face datasets")
     stream = _Stream(path)
-    sizes, counts = [], []
+    sizes, counts, offsets = [], [], None
     try:
-        for batch in stream.batches:
+        found = stream.record_batch_offsets()
+        if found is not None:
+            offsets = [offset for offset, _ in found]
+            batches = (batch for _, batch in found)
+        else:
+            stream.close()
+            stream = _Stream(path)
+            batches = stream.batches
+        for batch in batches:
             sizes.append(batch.nbytes)
             counts.append(batch.num_rows)
     except (pa.ArrowException, OSError) as exc:
@@ -86,13 +140,20 @@ def _parts(path: Path) -> list:
     size = path.stat().st_size
     ranges = group_ranges(sizes)
     if len(ranges) <= 1:
-        return [Part(str(path), size, partial(_read, str(path), None, 0))]
+        return [Part(str(path), size, partial(_read, str(path), None, 0), sum(counts))]
     total = sum(sizes) or 1
     return [
         Part(
             f"{path} (record batches {start}-{stop - 1})",
             size * sum(sizes[start:stop]) // total,
-            partial(_read, str(path), (start, stop), sum(counts[:start])),
+            partial(
+                _read,
+                str(path),
+                (start, stop),
+                sum(counts[:start]),
+                None if offsets is None else offsets[start],
+            ),
+            sum(counts[start:stop]),
         )
         for start, stop in ranges
     ]
@@ -121,14 +182,21 @@ def sources(src) -> list:
     return [_source(src)]
 
 
-def _read(path: str, batches, first_row: int):
+def _read(path: str, batches, first_row: int, offset=None):
+    """Rows of the record batches ``batches`` (``(start, stop)``, None: all) of an Arrow
+    file; ``offset``: where the message of a stream's batch ``start`` begins, if known."""
     import itertools
 
     stream = _Stream(Path(path))
     try:
-        selected = stream.batches
-        if batches is not None:
-            selected = itertools.islice(selected, *batches)
+        if batches is None:
+            selected = stream.batches
+        elif not stream.is_stream:  # a file: its batches by number
+            selected = stream.file_batches(*batches, stream._reader)
+        elif offset is not None:
+            selected = itertools.islice(stream.batches_from(offset), batches[1] - batches[0])
+        else:
+            selected = itertools.islice(stream.batches, *batches)
         yield from rows(selected, lambda done: f"{path}: row {first_row + done}")
     finally:
         stream.close()

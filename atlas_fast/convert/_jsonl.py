@@ -2,8 +2,8 @@
 
 Every non-blank line becomes one example: the value ``json.loads`` gives for it (usually a
 dict). A directory is searched recursively; its files are read in sorted order of their paths.
-A file is one part; an uncompressed file larger than 16 MB is cut into parts of whole lines
-of about 16 MB, so ``--workers`` can share it.
+A file is one part; an uncompressed file larger than 4 MB is cut into parts of whole lines
+of about 4 MB (byte ranges that start at a line), so ``--workers`` can share it.
 """
 
 from __future__ import annotations

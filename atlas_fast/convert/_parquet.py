@@ -3,8 +3,9 @@
 Each row becomes one example: a dict of its columns as ``pyarrow``'s ``to_pylist`` gives them
 (strings, ints, floats, bools, None, bytes for binary, lists, dicts for structs, datetime and
 Decimal values). A directory is searched recursively for ``*.parquet`` files, read in sorted
-order of their paths. A file is one part, or, when it is larger than 16 MB and holds several
-row groups, one part per run of row groups, so ``--workers`` can share it.
+order of their paths. A file is one part, or, when it is larger than 4 MB and holds several
+row groups, one part per run of row groups of about 4 MB, so ``--workers`` can share it (a row
+group is not cut: decoding it is much of reading it). Each part knows its rows.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def sources(src) -> list:
         counts = [g.num_rows for g in groups]
         ranges = group_ranges(stored)
         if len(ranges) <= 1:
-            parts.append(Part(str(path), size, partial(_read, str(path), None, 0)))
+            read = partial(_read, str(path), None, 0)
+            parts.append(Part(str(path), size, read, sum(counts)))
             continue
         total = sum(stored) or 1
         for start, stop in ranges:
@@ -55,7 +57,7 @@ def sources(src) -> list:
             nbytes = size * sum(stored[start:stop]) // total
             first_row = sum(counts[:start])
             read = partial(_read, str(path), (start, stop), first_row)
-            parts.append(Part(label, nbytes, read))
+            parts.append(Part(label, nbytes, read, sum(counts[start:stop])))
     return [Source(parts)]
 
 

@@ -13,6 +13,7 @@ removes the staging directory and leaves DST as it was.
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
 import itertools
@@ -21,6 +22,7 @@ import pickle
 import queue
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -125,14 +127,17 @@ class WriteJob:
     # shared out among its runs, so that it uses ``workers`` cores in total (see
     # ``_convert_source``): 1 whenever there is more than one run.
     threads: int = 1
+    # Strategy 2 with several runs: where runs > 0 write the pickled blocks of the shards
+    # they fill before the dictionary is published (see _SpilledShard); None: not needed.
+    spill_dir: str | None = None
 
     @property
     def first(self) -> bool:
         return self.run == 0
 
 
-# The claim table of the worker processes (a shared array of ``[start, stop)`` pairs, one per
-# run) in each process, set by the pool; None: one process, nobody to share parts with.
+# The claim table of the worker processes (a shared array, see _Claims.layout) in each
+# process, set by the pool; None: one process, nobody to share parts with.
 _SHARED_CLAIMS = None
 # Who may have died holding the claim table's lock: a callable giving what went wrong, or None
 # (set by the pool in the parent; a child checks that its parent lives).
@@ -140,72 +145,107 @@ _CLAIMS_WATCH = None
 
 
 class _Claims:
-    """Which part a run writes next: its own parts in order while it has some left, then the
-    last unclaimed part of the run with the most bytes left (work stealing), so a run that
-    starts late or has more to do (run 0 trains the strategy-2 dictionary) is helped by the
-    others. Each run takes its own parts from the front and thieves take from the back, so
-    every run's own parts stay one contiguous range; the order of the dataset is the order of
-    the parts whoever writes them (see ``write_run``)."""
+    """Which part a run writes next: its own parts in order while it has some left; then it
+    steals from the run with the most bytes left the back half of what that run has not
+    claimed (at least its last part), which becomes its own range (work stealing), so a run
+    that starts late or has more to do (run 0 trains the strategy-2 dictionary) is helped by
+    the others, down to the last part. Each run takes its own parts from the front and
+    thieves take from the back, so every run's range stays contiguous and what a run steals
+    is consecutive parts (written into the same shards); the order of the dataset is the
+    order of the parts whoever writes them (see ``write_run``).
+
+    And which spilled shard a run compresses next (strategy 2): the shards runs > 0 fill
+    before the dictionary is published are written uncompressed to spill files, for
+    whichever run is free once it is (``next_spilled``)."""
+
+    # The slot after the part ranges: the last part of run 0's range that run 0 may still
+    # need for its first shard, from which it trains the strategy-2 dictionary; the others
+    # do not take parts up to it. Starts at _KEEP_ALL; -1 once that shard is closed.
+    _KEEP_ALL = 1 << 62
+
+    @staticmethod
+    def layout(ranges) -> list:
+        """A new table: the ``[start, stop)`` of each run's unclaimed parts, the keep slot,
+        then each run's ``[first, end)`` spilled shards not yet taken (shard numbers)."""
+        return [x for r in ranges for x in r] + [_Claims._KEEP_ALL] + [0, 0] * len(ranges)
 
     def __init__(self, job: WriteJob):
         self.run = job.run
+        self.runs = len(job.ranges)
         self.sizes = [max(p.nbytes, 1) for p in job.parts]
+        self.counts = [getattr(p, "examples", None) for p in job.parts]
+        self._before = list(itertools.accumulate(self.sizes, initial=0))  # bytes before part i
         shared = _SHARED_CLAIMS
-        if shared is None or len(job.ranges) == 1:
-            self.table = [x for r in job.ranges for x in r]
-            self.lock = None
+        if shared is None or self.runs == 1:
+            self.table, self.lock = _Claims.layout(job.ranges), None
         else:
             self.table, self.lock = shared, shared.get_lock()
 
-    # The slot after the pairs of a shared table: the last part of run 0's range that run 0
-    # may still need for its first shard, from which it trains the strategy-2 dictionary;
-    # the others do not take parts up to it. Starts at _KEEP_ALL; -1 once that shard is closed.
-    _KEEP_ALL = 1 << 62
+    def _bytes(self, start: int, stop: int) -> int:
+        return self._before[stop] - self._before[start] if stop > start else 0
 
     def keep_for_first_shard(self, examples_per_byte: float, missing: int) -> None:
         """Run 0, before its first shard is closed: keep its next parts that may still hold
-        the ``missing`` examples that shard lacks, estimated from what it has read (with a
+        the ``missing`` examples that shard lacks after the parts it has claimed (a part's
+        own count when the source gives it, else an estimate from what it has read with a
         margin of two), so that the shard holds what a serial run's first shard holds while
-        the others still take the rest of run 0's range (``missing`` < 0: nothing to keep)."""
-        if len(self.table) % 2 == 0:
-            return  # not shared: nobody to keep parts from
+        the others still take the rest of run 0's range (``missing`` <= 0: nothing to keep)."""
         with self._locked():
             table = self.table
             until = -1
-            if missing >= 0:
-                until = table[1] - 1
-                if examples_per_byte > 0:
-                    need, k = 2 * missing, table[0]
-                    while k < table[1] and need > 0:
-                        need -= self.sizes[k] * examples_per_byte
-                        k += 1
-                    until = k - 1
-            table[len(table) - 1] = until
+            if missing > 0:
+                need, k = missing, table[0]
+                while k < table[1] and need > 0:
+                    if self.counts[k] is not None:
+                        need -= self.counts[k]
+                    elif examples_per_byte > 0:
+                        need -= self.sizes[k] * examples_per_byte / 2
+                    else:  # nothing read yet to estimate from: keep them all
+                        k = table[1]
+                        break
+                    k += 1
+                until = k - 1
+            table[2 * self.runs] = until
 
     def first_shard_settled(self) -> None:
         """Run 0's first shard holds its last example (it is being closed, the dictionary
         not trained yet): the others may take from all of run 0's range."""
-        self.keep_for_first_shard(0.0, -1)
+        self.keep_for_first_shard(0.0, 0)
 
-    def next(self, held=None):
-        """The index of the next part to write, or None when none is left.
-
-        ``held``: the bytes of parts this run has read but cannot compress yet (a run > 0
-        awaiting the strategy-2 dictionary), or None. Such a run, once its own parts are
-        read, takes another run's part only while half of what it would then hold stays
-        within what is left unclaimed after it: what it holds is compressed by this process
-        alone once the dictionary is there, what is left by whoever takes it, so the runs
-        still end together (compressing costs less than reading and compressing)."""
-        if self.lock is None:
-            return self._next(held)
+    def next(self):
+        """The index of the next part to write, or None when none is left."""
         with self._locked():
-            return self._next(held)
+            return self._next()
+
+    def spilled(self, number: int) -> None:
+        """This run's shard ``number`` is spilled: the one after its last spilled one, or,
+        when none is left to take, any later one (the shards between are not spilled)."""
+        with self._locked():
+            slot = 2 * self.runs + 2 * self.run + 1
+            if self.table[slot] == self.table[slot + 1]:
+                self.table[slot] = number
+            self.table[slot + 1] = number + 1
+
+    def next_spilled(self):
+        """``(run, shard number)`` of a spilled shard to compress (this run's own first),
+        taken off the table; None when there is none."""
+        with self._locked():
+            base = 2 * self.runs + 1
+            for j in [self.run, *(j for j in range(self.runs) if j != self.run)]:
+                first, end = self.table[base + 2 * j], self.table[base + 2 * j + 1]
+                if first < end:
+                    self.table[base + 2 * j] = first + 1
+                    return j, first
+            return None
 
     @contextlib.contextmanager
     def _locked(self):
         """The table's lock, shared by the processes: a process killed while holding it (by
         the OOM killer, say) would leave the others waiting forever, so waiting checks, every
         second, that nobody died."""
+        if self.lock is None:
+            yield
+            return
         while not self.lock.acquire(timeout=1.0):
             watch = _CLAIMS_WATCH
             problem = watch() if watch is not None else None
@@ -216,30 +256,31 @@ class _Claims:
         finally:
             self.lock.release()
 
-    def _next(self, held):
+    def _next(self):
         table, k = self.table, self.run
         start, stop = table[2 * k], table[2 * k + 1]
         if start < stop:
             table[2 * k] = start + 1
             return start
-        victim, most, unclaimed = None, 0, 0
-        kept = table[len(table) - 1] if len(table) % 2 else -1
-        for j in range(len(table) // 2):
+        kept = table[2 * self.runs]
+        victim, most, low = None, 0, 0
+        for j in range(self.runs):
             # Part 0 is run 0's, whenever it gets to it: the source's first shard, from which
-            # run 0 trains the strategy-2 dictionary, starts there.
-            left = sum(self.sizes[max(table[2 * j], 1) : table[2 * j + 1]])
-            unclaimed += left
-            if j == 0 and table[1] - 1 <= kept:
-                continue  # run 0 may still need it for its first shard (keep_for_first_shard)
+            # run 0 trains the strategy-2 dictionary, starts there; nor is what run 0 may
+            # still need for that shard taken.
+            first, end = max(table[2 * j], 1, kept + 1 if j == 0 else 0), table[2 * j + 1]
+            left = self._bytes(first, end)
             if left > most:
-                victim, most = j, left
+                victim, most, low = j, left, first
         if victim is None:
             return None
-        index = table[2 * victim + 1] - 1
-        if held is not None and (held + self.sizes[index]) / 2 > unclaimed - self.sizes[index]:
-            return None
-        table[2 * victim + 1] = index
-        return index
+        end = table[2 * victim + 1]
+        cut = end - 1  # the back half, or the last part
+        while cut > low and self._bytes(cut - 1, end) <= most / 2:
+            cut -= 1
+        table[2 * victim + 1] = cut
+        table[2 * k], table[2 * k + 1] = cut + 1, end
+        return cut
 
 
 @dataclass(frozen=True)
@@ -326,12 +367,96 @@ def _writer_classes():
     return AtlasDatasetShardWriter, AwaitingDictShardWriter, PublishingShardWriter
 
 
+# A run > 0 spills at most this many bytes of pickled blocks while it waits for the
+# strategy-2 dictionary; then it waits without reading on.
+SPILL_LIMIT = 1 << 30
+_SPILL_FOOTER = struct.Struct("<QQ")  # blocks, examples
+
+
+class _SpilledShard:
+    """A shard a run > 0 fills before the strategy-2 dictionary is published: its blocks,
+    pickled as its writer pickles them, go to a spill file (then their lengths and a footer)
+    instead of waiting in this process's memory, so that whichever run is free once the
+    dictionary is there compresses them into the shard (``_compress_spilled``)."""
+
+    def __init__(self, spill: Path, shard: Path, number: int, block_size: int):
+        self.spill, self.shard, self.number, self.block_size = spill, shard, number, block_size
+        self.file = open(spill, "wb")
+        self.lengths = array.array("Q")
+        self.examples: list = []  # of the block being filled
+        self.stored_examples = 0
+        self.nbytes = 0
+
+    def add_example(self, example) -> None:
+        self.examples.append(example)
+        self.stored_examples += 1
+        if len(self.examples) == self.block_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        from ..writer import _pickle_block
+
+        block = _pickle_block(self.examples, self.shard, len(self.lengths))
+        self.examples = []
+        self._write(block)
+        self.lengths.append(len(block))
+        self.nbytes += len(block)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"{self.spill}: cannot spill the blocks read while the strategy-2 dictionary "
+                f"is trained ({exc.strerror or exc}; TMPDIR chooses where they go)",
+            ) from exc
+
+    def close(self) -> None:
+        if self.examples:
+            self._flush()
+        self._write(self.lengths.tobytes())
+        self._write(_SPILL_FOOTER.pack(len(self.lengths), self.stored_examples))
+        self.file.close()
+
+
+def _compress_spilled(spill: Path, shard: Path, make_writer) -> None:
+    """Write the shard a run spilled (``_SpilledShard``) with ``make_writer(shard)``'s
+    writer (the shared dictionary known), then remove the spill file."""
+    with open(spill, "rb") as f:
+        f.seek(-_SPILL_FOOTER.size, os.SEEK_END)
+        blocks, examples = _SPILL_FOOTER.unpack(f.read(_SPILL_FOOTER.size))
+        lengths = array.array("Q")
+        f.seek(-_SPILL_FOOTER.size - 8 * blocks, os.SEEK_END)
+        lengths.frombytes(f.read(8 * blocks))
+        f.seek(0)
+        w = make_writer(shard)
+        try:
+            left = examples
+            for length in lengths:
+                count = min(left, w.metadata.block_size)
+                w._add_pickled_block(f.read(length), count)
+                left -= count
+            w.close()
+        except BaseException:
+            w.abort()
+            raise
+    spill.unlink()
+
+
 def write_run(job: WriteJob, emit) -> tuple:
     """Write the parts this run claims (``_Claims``) into shards ``run_dir/0, 1, ...`` of
     ``shard_size`` examples. Consecutive parts share shards; a part that does not follow the
-    one before (a stolen one) starts a new group of shards. Returns (groups, counts): groups
-    ``(first part index, shard dirs)`` whose parts are consecutive from that index, and
-    ``(part index, examples)`` for every part written."""
+    one before (a stolen range) starts a new group of shards. Returns (groups, counts):
+    groups ``(first part index, shard dirs)`` whose parts are consecutive from that index,
+    and ``(part index, examples)`` for every part written.
+
+    Strategy 2: run 0 trains the dictionary from its first shard (``PublishingShardWriter``);
+    until it is published, the others read on: the blocks of their own parts (their share)
+    wait in memory for them to compress (``AwaitingDictShardWriter``), those of parts taken
+    from other runs go to spill files (``_SpilledShard``) that any run compresses once it
+    knows the dictionary, before it claims another part. Every shard holds the examples it
+    would hold had its run written it at once, and the same bytes."""
     import zstandard
 
     from .._format import META_FILE, CompressionStrategy, dump_meta
@@ -347,18 +472,25 @@ def write_run(job: WriteJob, emit) -> tuple:
     groups: list = []  # (first part index, shard dirs of the group)
     counts: list = []
     writer = None
+    spilled = 0  # bytes this run has spilled
 
-    def open_shard():
-        path = run_dir / str(len(shard_dirs))
-        shard_dirs.append(str(path))
-        groups[-1][1].append(str(path))
-        cls, chosen = shard_writer, strategy
-        if shared and not known:
-            cls = publishing_writer if job.first else awaiting_writer
-            chosen = CompressionStrategy.DICTIONARY_COMPRESSION
-        elif shared and zdict is None:
-            chosen = CompressionStrategy.STANDARD_COMPRESSION
-        w = cls(
+    def learn_dict(wait: bool) -> None:
+        """A run > 0: the published dictionary, once it is (``wait``: waits for it)."""
+        nonlocal zdict, known
+        data = _shared_dict(dict_dir)
+        if data is ... and wait:
+            data = _await_dict(dict_dir)
+            data = None if data is None else data.as_bytes()
+        if data is not ...:
+            zdict = None if data is None else zstandard.ZstdCompressionDict(data)
+            known = True
+
+    def make_writer(path, cls=None, chosen=None):
+        if chosen is None:
+            chosen = strategy
+            if shared and zdict is None:
+                chosen = CompressionStrategy.STANDARD_COMPRESSION
+        w = (cls or shard_writer)(
             path,
             opts["block_size"],
             compression_strategy=chosen,
@@ -371,36 +503,52 @@ def write_run(job: WriteJob, emit) -> tuple:
         w.dict_dir = dict_dir
         return w
 
-    deferred: list = []  # shards of a run > 0 awaiting the dictionary, in order
+    def open_shard():
+        path = run_dir / str(len(shard_dirs))
+        shard_dirs.append(str(path))
+        groups[-1][1].append(str(path))
+        if not known and not job.first:
+            learn_dict(False)
+        if known or job.first:
+            if not known:  # run 0's first shard: strategy 3, publishing its dictionary
+                return make_writer(
+                    path, publishing_writer, CompressionStrategy.DICTIONARY_COMPRESSION
+                )
+            return make_writer(path)
+        own = job.ranges[job.run]
+        if job.spill_dir is None or own[0] <= groups[-1][0] < own[1]:
+            # Its own parts (its share): their blocks wait in memory, for this run to
+            # compress once the dictionary is published.
+            return make_writer(path, awaiting_writer, CompressionStrategy.DICTIONARY_COMPRESSION)
+        # Parts taken from another run beyond its share: spilled, for whoever is free.
+        number = len(shard_dirs) - 1
+        spill = Path(job.spill_dir) / f"{job.run}-{number}"
+        return _SpilledShard(spill, path, number, opts["block_size"])
 
-    def close_shard(w, *, last=False):
-        nonlocal known
-        if known:
+    deferred: list = []  # closed shards awaiting the dictionary in this run's memory
+
+    def close_shard(w):
+        nonlocal known, spilled
+        if isinstance(w, _SpilledShard):
             w.close()
-            return
-        if job.first:  # the first shard trains it and publishes it
+            spilled += w.nbytes
+            claims.spilled(w.number)
+        elif isinstance(w, awaiting_writer):
+            deferred.append(w)  # compressed once the dictionary is published
+        elif job.first and not known:  # the first shard: it trains the dictionary
             # Its examples are the dictionary's sample: with them settled the others may
             # take any part of run 0's range, while it trains.
             claims.first_shard_settled()
             settle(w)
             known = True
-            return
-        # Keep reading while run 0 trains the dictionary: these shards (strategy 3 awaiting
-        # it) are closed, and their blocks compressed, once it is published or at the end.
-        deferred.append(w)
-        if last or _shared_dict(dict_dir) is not ...:
-            for waiting in deferred:
-                # The blocks read while the dictionary was being trained are compressed now,
-                # all at once, on this run's share of the cores (the other runs are writing
-                # on theirs, or have finished: then work stealing has left nothing to share).
-                settle(waiting)
-            deferred.clear()
-            known = True
+        else:
+            w.close()
 
     def settle(w):
         """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
-        publishes it to the source's dict dir once trained: ``PublishingShardWriter``): the
-        dictionary leaves the shard and it becomes strategy 2."""
+        publishes it as soon as it is trained: ``PublishingShardWriter``; the others await
+        it: ``AwaitingDictShardWriter``): the dictionary leaves the shard, which becomes
+        strategy 2."""
         nonlocal zdict
         w.close()
         data = None
@@ -414,30 +562,49 @@ def write_run(job: WriteJob, emit) -> tuple:
             dump_meta(w.path / META_FILE, w.metadata._asdict())
         zdict = None if data is None else zstandard.ZstdCompressionDict(data)
 
+    def compress_spilled() -> bool:
+        """Compress a spilled shard, if there is one to take (the dictionary known)."""
+        taken = claims.next_spilled()
+        if taken is None:
+            return False
+        k, number = taken
+        spill = Path(job.spill_dir) / f"{k}-{number}"
+        _compress_spilled(spill, run_dir.parent / str(k) / str(number), make_writer)
+        return True
+
+    def first_shard_open():
+        return not shard_dirs or (len(shard_dirs) == 1 and writer is not None)
+
+    def read_rate():
+        """Examples per input byte of the parts read so far (0.0: none read)."""
+        read = sum(job.parts[i].nbytes for i, _ in counts)
+        return sum(n for _, n in counts) / read if read else 0.0
+
     progress = _Emitter(emit)
     shard_size = opts["shard_size"]
     claims = _Claims(job)
     if job.first and known:
         claims.first_shard_settled()  # no dictionary to train: nothing to guard
     previous = None
-    held = 0  # bytes of the parts a run > 0 read before it had the strategy-2 dictionary
     while True:
-        # A run > 0 takes few other runs' parts before it has the strategy-2 dictionary
-        # (``_Claims.next``): what it reads until then waits in memory to be compressed, by
-        # this process alone, once the dictionary is there; the parts it leaves are shared
-        # out after (read and compressed by whoever takes them), so the processes end
-        # together.
-        index = claims.next(None if known or job.first else held)
-        if index is None and not known and not job.first:
-            # Its own parts are read: compress them once the dictionary is published, then
-            # take parts from the others.
-            if writer is not None or deferred:
-                close_shard(writer if writer is not None else deferred.pop(), last=True)
-                writer = None
-            else:  # nothing read: nothing to compress
-                zdict, known = _await_dict(dict_dir), True
-            index = claims.next()
+        if not known and not job.first:
+            learn_dict(spilled >= SPILL_LIMIT)
+        if known and deferred:
+            for w in deferred:  # what only this run can compress, first
+                settle(w)
+            deferred.clear()
+            continue
+        if known and job.spill_dir is not None and compress_spilled():
+            continue
+        index = claims.next()
         if index is None:
+            if writer is not None:
+                close_shard(writer)
+                writer = None
+                continue  # a spilled shard to compress, maybe
+            if not known and not job.first:
+                learn_dict(True)  # nothing left to read: the spilled shards are left
+                continue
             break
         if previous is None or index != previous + 1:
             if writer is not None:  # the group before ends with a short shard
@@ -446,6 +613,11 @@ def write_run(job: WriteJob, emit) -> tuple:
             groups.append((index, []))
         previous = index
         part = job.parts[index]
+        if job.first and not known and part.examples is not None and first_shard_open():
+            # The source says how many examples this part holds: the others need not wait
+            # for its end to know which of the next parts the first shard may yet need.
+            done = 0 if writer is None else writer.stored_examples
+            claims.keep_for_first_shard(read_rate(), shard_size - done - part.examples)
         count = 0
         for example in part.read():
             if writer is None:
@@ -458,17 +630,9 @@ def write_run(job: WriteJob, emit) -> tuple:
                 writer = None
         counts.append((index, count))
         progress.flush(part.nbytes)
-        if not known:
-            held += claims.sizes[index]
         if job.first and not known and writer is not None and len(shard_dirs) == 1:
             # Still in the first shard: tell the others which parts it may yet need.
-            read = sum(job.parts[i].nbytes for i, _ in counts)
-            done = writer.stored_examples
-            claims.keep_for_first_shard(done / read if read else 0.0, shard_size - done)
-    if writer is not None:
-        close_shard(writer, last=True)
-    elif deferred:
-        close_shard(deferred.pop(), last=True)  # settles it and those before it
+            claims.keep_for_first_shard(read_rate(), shard_size - writer.stored_examples)
     if job.first and not known:  # no example at all in run 0
         _publish(dict_dir, None)
     if job.first:
@@ -606,11 +770,12 @@ class _Workers:
         import multiprocessing
 
         self.cores = cores
+        self._spill_root = None
 
         ctx = multiprocessing.get_context(_start_method())
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
-        self.claims = ctx.Array("q", 2 * n + 1)  # see _Claims: n pairs, then a part index
+        self.claims = ctx.Array("q", len(_Claims.layout([(0, 0)] * n)))  # see _Claims
         self.processes = [
             ctx.Process(
                 target=_child,
@@ -654,8 +819,8 @@ class _Workers:
         """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results.
         ``claims``: the ``(start, stop)`` ranges of parts each run starts with."""
         global _SHARED_CLAIMS, _CLAIMS_WATCH
-        table = [x for r in claims for x in r]
-        self.claims[:] = table + [_Claims._KEEP_ALL] * (len(self.claims) - len(table))
+        table = _Claims.layout(claims)
+        self.claims[: len(table)] = table
         results = [None] * len(tasks)
         pending = set()
         for k, task in enumerate(tasks[1:], 1):
@@ -710,7 +875,25 @@ class _Workers:
             else:
                 raise payload
 
+    def spill_dir(self, name: str) -> str:
+        """A new directory for the blocks runs spill (``_SpilledShard``), removed with the
+        pool (once its processes have ended): in the temporary directory (``TMPDIR``), local
+        space rather than the destination's file system, which may be a network one; spilled
+        blocks live about as long as the dictionary's training."""
+        if self._spill_root is None:
+            self._spill_root = tempfile.mkdtemp(prefix="atlas-fast-convert-spill-")
+        path = os.path.join(self._spill_root, name)
+        os.mkdir(path)
+        return path
+
     def close(self, *, kill: bool) -> None:
+        try:
+            self._close(kill=kill)
+        finally:
+            if self._spill_root is not None:
+                shutil.rmtree(self._spill_root, ignore_errors=True)
+
+    def _close(self, *, kill: bool) -> None:
         for inbox, p in zip(self.inboxes, self.processes):
             if kill:
                 p.terminate()
@@ -912,10 +1095,16 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     # of one part). The output does not depend on it (the writers' files are byte-identical
     # whatever their threads), only the time does.
     threads = max(1, pool.cores // len(runs))
+    strategy = CompressionStrategy(options["compression_strategy"])
+    spill_dir = None
+    if len(runs) > 1 and strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        spill_dir = pool.spill_dir(work.name)
     tasks = [
         (
             write_run,
-            WriteJob(parts, ranges, k, str(work / str(k)), str(dict_dir), options, threads),
+            WriteJob(
+                parts, ranges, k, str(work / str(k)), str(dict_dir), options, threads, spill_dir
+            ),
         )
         for k in range(len(runs))
     ]
@@ -932,7 +1121,6 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     if sorted(written) != list(range(len(parts))):  # every part exactly once
         raise RuntimeError(f"parts written: {sorted(written)}, expected {len(parts)} of them")
     counts = [written[i] for i in range(len(parts))]
-    strategy = CompressionStrategy(options["compression_strategy"])
     shared = None
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         shared = _shared_dict(dict_dir)

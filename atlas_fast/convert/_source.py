@@ -33,6 +33,9 @@ class Part:
     label: str  # what the progress bar and error messages call it (usually a path)
     nbytes: int  # input bytes this part reads, for progress and the summary
     read: Callable[[], Iterator[Any]]
+    # How many examples ``read`` yields, when the source says so without reading them (the
+    # rows of Parquet row groups or Arrow record batches); None: not known before reading.
+    examples: int | None = None
 
 
 @dataclass(frozen=True)

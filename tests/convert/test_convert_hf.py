@@ -87,6 +87,60 @@ def test_arrow_files_and_batch_ranges(tmp_path, atlas, monkeypatch):
     assert read_back(atlas, tmp_path / "two") == records
 
 
+def _batch_parts(path, monkeypatch):
+    from atlas_fast.convert import _files, _hf
+
+    monkeypatch.setattr(_files, "PART_BYTES", 1)  # a part per record batch
+    (source,) = _hf.sources(path)
+    return source.parts
+
+
+@pytest.mark.parametrize("layout", ["stream", "file", "dictionary"])
+def test_each_part_reads_its_own_record_batches(tmp_path, atlas, monkeypatch, layout):
+    """A part of an Arrow stream starts at its first batch's message (no reading through the
+    batches before it); a stream with dictionary batches, which a batch needs, is read from
+    its start, and an Arrow file by batch number. Each part knows its rows; shared by two
+    workers, the examples are the serial run's, in order."""
+    pa = pytest.importorskip("pyarrow")
+    rows = [{"id": i, "text": f"row {i}", "kind": ["a", "b", "c"][i % 3]} for i in range(1000)]
+    table = pa.Table.from_pylist(rows)
+    if layout == "dictionary":
+        table = table.set_column(2, "kind", pa.compute.dictionary_encode(table["kind"]))
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink:
+        new = pa.ipc.new_file if layout == "file" else pa.ipc.new_stream
+        with new(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=64):
+                writer.write_batch(batch)
+    parts = _batch_parts(path, monkeypatch)
+    assert len(parts) == 16
+    assert [p.examples for p in parts] == [64] * 15 + [40]
+    offsets = [p.read.args[3] for p in parts]
+    assert (None in offsets) == (layout != "stream")
+    got = [list(p.read()) for p in parts]
+    assert [len(g) for g in got] == [p.examples for p in parts]
+    assert [r for g in got for r in g] == rows
+    options = {"shard_size": 150, "block_size": 10}
+    convert(path, tmp_path / "two", "hf", workers=2, **options)
+    assert read_back(atlas, tmp_path / "two") == rows
+
+
+def test_a_damaged_batch_in_a_later_part_is_named(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    table = pa.Table.from_pylist([{"id": i, "text": f"row {i}"} for i in range(1000)])
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=100):
+            writer.write_batch(batch)
+    data = path.read_bytes()
+    path.write_bytes(data[: 2 * len(data) // 3])  # cut inside batch 6
+    with pytest.raises(SourceError, match=rf"^{path}: record batch 6: cannot read"):
+        _batch_parts(path, monkeypatch)
+    with pytest.raises(SourceError, match=rf"^{path}: "):
+        convert(path, tmp_path / "out", "hf", workers=2)
+    assert_absent(tmp_path / "out")
+
+
 def test_missing_data_file_and_corrupt_arrow(tmp_path):
     _dataset(_records(100)).save_to_disk(str(tmp_path / "hf"), num_shards=2)
     files = sorted(tmp_path.joinpath("hf").glob("*.arrow"))

@@ -81,6 +81,47 @@ def test_big_files_split_by_row_groups(tmp_path, atlas, monkeypatch):
     assert read_back(atlas, tmp_path / "two") == expected
 
 
+def test_row_groups_shared_by_two_workers_keep_the_serial_result(tmp_path, atlas, monkeypatch):
+    """A file of several row groups cut into parts that know their rows: with strategy 2 the
+    others may take every part after the one that completes run 0's first shard at once
+    (no estimate, no margin), and the dataset, dictionary included, is a serial run's."""
+    from atlas_fast.convert import _files, _parquet
+
+    docs = documents(1200)
+    table = pa.Table.from_pylist([{"id": d["id"], "text": d["text"]} for d in docs])
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=100)
+    monkeypatch.setattr(_files, "PART_BYTES", 1)  # a part per row group
+    (source,) = _parquet.sources(tmp_path / "big.parquet")
+    assert len(source.parts) == 12
+    assert [p.examples for p in source.parts] == [100] * 12
+    assert [len(list(p.read())) for p in source.parts] == [100] * 12
+    options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
+    convert_parquet(tmp_path / "big.parquet", tmp_path / "serial", workers=1, **options)
+    expected = table.to_pylist()
+    assert read_back(atlas, tmp_path / "serial") == expected
+    serial_dict = (tmp_path / "serial" / "zstd_dict.bin").read_bytes()
+    for k in range(3):  # whatever the timing
+        out = tmp_path / f"two{k}"
+        convert_parquet(tmp_path / "big.parquet", out, workers=2, **options)
+        assert read_back(atlas, out) == expected
+        assert (out / "zstd_dict.bin").read_bytes() == serial_dict
+
+
+def test_a_bad_row_group_in_a_later_part_is_named(tmp_path, monkeypatch):
+    from atlas_fast.convert import _files
+
+    bad = tmp_path / "big.parquet"
+    pq.write_table(_table(_rows(2000)), bad, compression="none", row_group_size=250)
+    data = bytearray(bad.read_bytes())
+    middle = 2 * len(data) // 3  # in a row group of the second half
+    data[middle : middle + 3000] = b"\xff" * 3000
+    bad.write_bytes(bytes(data))
+    monkeypatch.setattr(_files, "PART_BYTES", 1)
+    with pytest.raises(SourceError, match=rf"^{bad}: "):
+        convert(bad, tmp_path / "out", "parquet", workers=2)
+    assert_absent(tmp_path / "out")
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "page"])
 def test_corrupt_file_is_named(tmp_path, damage):
     src = tmp_path / "src"

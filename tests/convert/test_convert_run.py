@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import tempfile
 import time
 from functools import partial
 
@@ -337,38 +338,61 @@ def test_split_runs_properties(sizes, n):
     assert all(runs)
 
 
+def _shared_claims(parts, ranges, *, settled=True):
+    """Claims of each run on one table, as the worker processes share it (``settled``: run 0's
+    first shard is closed, nothing of its range is kept)."""
+    import threading
+
+    claims = [_Claims(WriteJob(parts, ranges, k, f"r{k}", "d", {}, 1)) for k in range(len(ranges))]
+    lock = threading.Lock()
+    for c in claims:
+        c.table, c.lock = claims[0].table, lock
+    if settled:
+        claims[0].first_shard_settled()
+    return claims
+
+
 def test_claims_take_own_parts_then_steal_from_the_back():
     parts = [Part(str(i), size, iter) for i, size in enumerate([10, 10, 10, 10, 50, 10])]
-    ranges = ((0, 2), (2, 6))
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
-    # One table for both runs, as the worker processes share it.
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
-    run1.table = run0.table
+    run0, run1 = _shared_claims(parts, ((0, 2), (2, 6)))
     assert [run0.next(), run0.next()] == [0, 1]  # its own parts, in order
     assert run1.next() == 2
-    assert run0.next() == 5  # then the last unclaimed part of the other run
+    assert run0.next() == 5  # then the back half (by bytes) of the other run's, at least a part
     assert run0.next() == 4
     assert run1.next() == 3
     assert run0.next() is None and run1.next() is None
     # Nobody takes part 0 from run 0, even when it has not begun.
-    run0 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ((0, 1), (1, 6)), 1, "r1", "d", {}, 1))
-    run1.table = run0.table
+    run0, run1 = _shared_claims(parts, ((0, 1), (1, 6)))
     assert [run1.next() for _ in range(6)] == [1, 2, 3, 4, 5, None]
     assert run0.next() == 0
-    # A run holding parts it cannot compress yet (awaiting the strategy-2 dictionary) takes
-    # another run's part only while half of what it would hold stays within what is left.
-    parts = [Part(str(i), size, iter) for i, size in enumerate([10] * 8)]
-    run0 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ((0, 6), (6, 8)), 1, "r1", "d", {}, 1))
-    run1.table = run0.table
-    assert [run0.next(), run1.next(), run1.next(held=10)] == [0, 6, 7]  # its own: always
-    # Holding 20 bytes, unclaimed 50 (parts 1-5): (20 + 10) / 2 <= 50 - 10.
-    assert run1.next(held=20) == 5
-    assert run1.next(held=30) == 4  # (30 + 10) / 2 <= 30
-    assert run1.next(held=40) is None  # (40 + 10) / 2 > 20
-    assert run1.next() == 3  # once it has the dictionary
-    assert [run0.next(), run0.next(), run0.next()] == [1, 2, None]
+
+
+def test_stolen_parts_become_the_thiefs_range():
+    """A thief takes the back half of the victim's unclaimed parts as its own range: it writes
+    them in order (into the same shards), and they can be stolen back from its end."""
+    parts = [Part(str(i), 10, iter) for i in range(8)]
+    run0, run1 = _shared_claims(parts, ((0, 2), (2, 8)))
+    assert [run0.next(), run0.next()] == [0, 1]
+    assert run0.next() == 5  # 5, 6, 7: the back half of parts 2-7
+    assert run0.table[:4] == [6, 8, 2, 5]
+    assert [run1.next(), run1.next(), run1.next()] == [2, 3, 4]
+    assert run1.next() == 7  # the back half of what run 0 has left (6, 7)
+    assert [run0.next(), run0.next(), run1.next()] == [6, None, None]
+
+
+def test_spilled_shards_go_to_whoever_asks_own_first():
+    parts = [Part(str(i), 10, iter) for i in range(4)]
+    run0, run1 = _shared_claims(parts, ((0, 2), (2, 4)))
+    assert run0.next_spilled() is None
+    run1.spilled(0)
+    run1.spilled(1)
+    assert run0.next_spilled() == (1, 0)
+    run0.spilled(0)  # (run 0 spills nothing in a conversion; the table does not care)
+    assert run1.next_spilled() == (1, 1)
+    assert run1.next_spilled() == (0, 0)
+    assert run0.next_spilled() is None and run1.next_spilled() is None
+    run1.spilled(2)
+    assert run0.next_spilled() == (1, 2)
 
 
 def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
@@ -385,20 +409,92 @@ def test_two_workers_train_the_dictionary_a_serial_run_trains(tmp_path, atlas):
         assert read_back(atlas, out) == docs
 
 
+@pytest.mark.parametrize("checksums", [False, True])
+def test_a_spilled_shard_is_the_shard_its_writer_writes(tmp_path, checksums):
+    """A shard filled before the dictionary is known, spilled and compressed later (by any
+    run), is byte for byte the shard a strategy-2 writer with that dictionary writes."""
+    import zstandard
+
+    from atlas_fast.convert._run import _compress_spilled, _SpilledShard
+    from atlas_fast.writer import AtlasDatasetShardWriter
+
+    docs = documents(95)
+    zdict = zstandard.train_dictionary(2048, [json.dumps(d).encode() for d in docs * 3])
+
+    def make_writer(path):
+        return AtlasDatasetShardWriter(
+            path, 10, compression_strategy=2, compression_dict=zdict, checksums=checksums
+        )
+
+    spilled = _SpilledShard(tmp_path / "spill", tmp_path / "spilled", 0, 10)
+    direct = make_writer(tmp_path / "direct")
+    for doc in docs:
+        spilled.add_example(doc)
+        direct.add_example(doc)
+    spilled.close()
+    direct.close()
+    assert not (tmp_path / "spilled").exists()  # nothing there until it is compressed
+    _compress_spilled(tmp_path / "spill", tmp_path / "spilled", make_writer)
+    assert not (tmp_path / "spill").exists()
+    names = sorted(f.name for f in (tmp_path / "direct").iterdir())
+    assert sorted(f.name for f in (tmp_path / "spilled").iterdir()) == names
+    for name in names:
+        assert (tmp_path / "spilled" / name).read_bytes() == (
+            tmp_path / "direct" / name
+        ).read_bytes()
+
+
+def test_shards_spilled_while_the_dictionary_trains(tmp_path, monkeypatch, atlas):
+    """While run 0 trains the strategy-2 dictionary (slowly, here), run 1 reads on: its own
+    parts wait in its memory, those it takes from run 0 are spilled, for whichever run is
+    free once the dictionary is published: the serial run's examples and dictionary."""
+    from atlas_fast import writer
+    from atlas_fast.convert import _run
+
+    if not hasattr(os, "fork"):
+        pytest.skip("the patches reach a forked worker only")
+    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=100)
+    options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
+    convert(tmp_path / "src", tmp_path / "one", "jsonl", workers=1, **options)
+    train = writer.AtlasDatasetShardWriter._train_dictionary
+
+    def slow_training(self):
+        time.sleep(1.0)  # so that run 1 has read its parts before the dictionary exists
+        return train(self)
+
+    log = tmp_path / "compressed"
+    compress = _run._compress_spilled
+
+    def recording(spill, shard, make_writer):
+        with open(log, "a") as f:
+            f.write(f"{spill}\n")
+        return compress(spill, shard, make_writer)
+
+    monkeypatch.setattr(writer.AtlasDatasetShardWriter, "_train_dictionary", slow_training)
+    monkeypatch.setattr(_run, "_compress_spilled", recording)
+    monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")  # the patches reach the worker
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # TMPDIR, as it were
+    (tmp_path / "tmp").mkdir()
+    convert(tmp_path / "src", tmp_path / "two", "jsonl", workers=2, **options)
+    spilled = log.read_text().splitlines()
+    # Run 1 holds its own parts (files 4-7) in memory and spills what it takes from run 0's
+    # beyond what run 0's first shard needs (file 3 at least).
+    assert spilled and all(os.path.basename(path).startswith("1-") for path in spilled)
+    assert all(path.startswith(str(tmp_path / "tmp")) for path in spilled)
+    assert not any((tmp_path / "tmp").iterdir())  # removed with the worker processes
+    assert (tmp_path / "two" / "zstd_dict.bin").read_bytes() == (
+        tmp_path / "one" / "zstd_dict.bin"
+    ).read_bytes()
+    assert read_back(atlas, tmp_path / "two") == docs
+    assert _meta(tmp_path / "two")["compression_strategy"] == 2
+
+
 def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
-    """With the slot of a shared table, the others take from run 0's range only the parts run
+    """With the keep slot of a shared table, the others take from run 0's range only the parts run
     0 does not expect to need for its first shard (the strategy-2 dictionary's sample): all of
     them before it has read one, those past twice its estimate after, any once it is closed."""
-    import threading
-
     parts = [Part(str(i), 10, iter) for i in range(6)]
-    ranges = ((0, 4), (4, 6))
-    run0 = _Claims(WriteJob(parts, ranges, 0, "r0", "d", {}, 1))
-    run1 = _Claims(WriteJob(parts, ranges, 1, "r1", "d", {}, 1))
-    shared = [*run0.table, _Claims._KEEP_ALL]  # as the pool sets it
-    lock = threading.Lock()
-    for c in (run0, run1):
-        c.table, c.lock = shared, lock
+    run0, run1 = _shared_claims(parts, ((0, 4), (4, 6)), settled=False)
     assert run0.next() == 0
     assert [run1.next(), run1.next()] == [4, 5]
     assert run1.next() is None  # run 0 has read nothing yet: all of its range is kept
@@ -410,34 +506,82 @@ def test_parts_run_0_may_need_for_its_first_shard_are_kept_from_the_others():
     assert [run0.next(), run0.next()] == [1, None]
 
 
+def test_parts_that_know_their_examples_are_kept_exactly():
+    """Parts whose source gives their examples (row groups, record batches): run 0 keeps
+    exactly the ones its first shard needs, before it has read anything to estimate from."""
+    parts = [Part(str(i), 10, iter, 100) for i in range(6)]
+    run0, run1 = _shared_claims(parts, ((0, 4), (4, 6)), settled=False)
+    assert run0.next() == 0
+    run0.keep_for_first_shard(0.0, 250 - 100)  # a shard of 250: parts 1 and 2 (half of it)
+    assert [run1.next(), run1.next(), run1.next(), run1.next()] == [4, 5, 3, None]
+    run0.keep_for_first_shard(0.0, 250 - 300)  # part 0 alone would complete it: none kept
+    assert run1.next() == 2
+
+
+def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
+    """A run that steals several consecutive parts at once writes them into the same shards;
+    every group is committed in part order."""
+    import multiprocessing
+
+    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast.convert import _jsonl, _run
+
+    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
+    parts = _jsonl.sources(tmp_path / "src")[0].parts
+    ranges = ((0, 6), (6, 8))
+    layout = _Claims.layout(((0, 6), (6, 8)))
+    layout[4] = -1  # nothing kept for run 0's first shard (strategy 1)
+    table = multiprocessing.get_context("spawn").Array("q", layout)
+    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
+    options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
+    options["compression_strategy"] = 1
+    (tmp_path / "dict").mkdir()
+    results = {}
+    for run in (1, 0):  # run 1 first: it takes its own parts, then steals from run 0's
+        job = WriteJob(
+            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
+        )
+        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    assert [first for first, _ in results[1][0]] == [6, 4, 3, 2, 1]  # 4-5 stolen at once
+    assert [first for first, _ in results[0][0]] == [0]
+    assert [len(dirs) for _, dirs in results[1][0]] == [2, 2, 1, 1, 1]
+    groups = sorted(g for groups, _ in results.values() for g in groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    commit_staged_shards(tmp_path / "out", staged, compression_strategy=1)
+    assert read_back(atlas, tmp_path / "out") == docs
+    sizes = json.loads((tmp_path / "out" / "meta.json").read_text())["shard_sizes"]
+    assert sizes == [30, 30, 30, 30, 50, 10, 50, 10]
+
+
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=20),
     n=st.integers(min_value=1, max_value=4),
     order=st.lists(st.integers(min_value=0, max_value=3), max_size=60),
-    helds=st.lists(st.one_of(st.none(), st.integers(min_value=0, max_value=500)), max_size=60),
 )
-def test_claims_hand_out_every_part_once(sizes, n, order, helds):
+def test_claims_hand_out_every_part_once(sizes, n, order):
     parts = [Part(str(i), size, iter) for i, size in enumerate(sizes)]
     runs = split_runs(parts, n)
     ranges, start = [], 0
     for run in runs:
         ranges.append((start, start + len(run)))
         start += len(run)
-    claims = [_Claims(WriteJob(parts, tuple(ranges), k, "r", "d", {}, 1)) for k in range(len(runs))]
-    for c in claims[1:]:
-        c.table = claims[0].table
+    claims = _shared_claims(parts, tuple(ranges))
     taken = [[] for _ in claims]
-    # Some claims with bytes held (runs awaiting the dictionary), then every run until done.
-    steps = [(k % len(claims), h) for k, h in zip(order, helds + [None] * len(order))]
-    for k, held in steps + [(k, None) for k in range(len(claims)) for _ in parts]:
-        index = claims[k].next(held)
+    # Some claims in any order, then every run in turn until done.
+    steps = [k % len(claims) for k in order]
+    for k in steps + [k for _ in parts for k in range(len(claims))]:
+        table = list(claims[0].table)
+        index = claims[k].next()
         if index is not None:
+            # Its own range's first part, or the first of the back of another run's range.
+            first, stop = table[2 * k : 2 * k + 2]
+            stolen = [j for j in range(len(claims)) if table[2 * j + 1] > index >= table[2 * j]]
+            assert index == first < stop or (first >= stop and stolen and stolen != [k])
             taken[k].append(index)
     assert sorted(i for t in taken for i in t) == list(range(len(parts)))
     assert 0 in taken[0]  # part 0 is never stolen from run 0
-    for k, t in enumerate(taken):  # a run's own parts first, in order, then stolen ones
-        own = [i for i in t if ranges[k][0] <= i < ranges[k][1]]
-        assert t[: len(own)] == own == list(range(*ranges[k]))[: len(own)]
+    for k, t in enumerate(taken):  # a run begins with its own parts, in order, if any are left
+        assert not t or not ranges[k][0] <= t[0] < ranges[k][1] or t[0] == ranges[k][0]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -467,7 +611,9 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
     parts = _jsonl.sources(tmp_path / "src")[0].parts
     ranges = ((0, 3), (3, 6))
-    table = multiprocessing.get_context("spawn").Array("q", [0, 3, 3, 6])
+    layout = _Claims.layout(((0, 3), (3, 6)))
+    layout[4] = -1  # nothing kept for run 0's first shard (strategy 1)
+    table = multiprocessing.get_context("spawn").Array("q", layout)
     monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
     options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
     options["compression_strategy"] = 1
@@ -496,7 +642,7 @@ def test_a_process_dying_with_the_claim_lock_ends_the_wait(monkeypatch):
     from atlas_fast.convert import _run
 
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-    table = ctx.Array("q", 5)  # two runs, then the slot
+    table = ctx.Array("q", len(_Claims.layout(((0, 2), (2, 4)))))
     parts = [Part(str(i), 10, iter) for i in range(4)]
     claims = _Claims(WriteJob(parts, ((0, 2), (2, 4)), 1, "r1", "d", {}, 1))
     claims.table, claims.lock = table, table.get_lock()
