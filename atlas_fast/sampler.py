@@ -120,6 +120,10 @@ def _dealing(batch_size, num_workers):
     return (batch_size, num_workers)
 
 
+def _said(dealing) -> str:
+    return f"dealt to {dealing[1]} workers in batches of {dealing[0]}" if dealing else "not dealt"
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
@@ -261,11 +265,12 @@ class BlockShuffleSampler(*_sampler_bases()):
             start += count
             k += 1
 
-    def _rank_ranges(self):
-        """This rank's share of the epoch order: ranges ``(lo, hi)`` of positions in one pass
-        (more than one when the share wraps around to pad)."""
+    def _rank_ranges(self, skip: int = 0):
+        """This rank's share of the epoch order after its first ``skip`` positions: ranges
+        ``(lo, hi)`` of positions in one pass (more than one when the share wraps around to
+        pad: padded positions past n repeat the order from its start)."""
         n = self.num_examples
-        p = self.rank * self.num_samples
+        p = self.rank * self.num_samples + skip
         end = (self.rank + 1) * self.num_samples
         while p < end:
             lo = p % n
@@ -278,14 +283,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         if _dealing(self.batch_size, self.num_workers):
             yield from self._dealt_chunks(epoch, skip)
             return
-        n = self.num_examples
-        p = self.rank * self.num_samples + skip
-        end = (self.rank + 1) * self.num_samples
-        while p < end:  # padded positions past n repeat the order from its start
-            lo = p % n
-            hi = min(n, lo + end - p)
+        for lo, hi in self._rank_ranges(skip):
             yield from self._windows(epoch, lo, hi)
-            p += hi - lo
 
     # -- windows dealt to DataLoader workers ---------------------------------------------------
 
@@ -424,15 +423,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         ours = _dealing(self.batch_size, self.num_workers)
         if theirs != ours:
             raise ValueError(
-                "cannot resume: the state's order is "
-                + (
-                    f"dealt to {theirs[1]} workers in batches of {theirs[0]}"
-                    if theirs
-                    else "not dealt"
-                )
-                + ", this sampler's "
-                + (f"dealt to {ours[1]} workers in batches of {ours[0]}" if ours else "not dealt")
-                + " (batch_size, num_workers)"
+                f"cannot resume: the state's order is {_said(theirs)}, this sampler's "
+                f"{_said(ours)} (batch_size, num_workers)"
             )
         epoch = _check_int("epoch", state["epoch"], 0)
         yielded = _check_int("yielded", state["yielded"], 0)
