@@ -518,18 +518,16 @@ def test_parts_that_know_their_examples_are_kept_exactly():
     assert run1.next() == 2
 
 
-def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
-    """A run that steals several consecutive parts at once writes them into the same shards;
-    every group is committed in part order."""
+def _write_run_1_then_0(tmp_path, monkeypatch, ranges) -> dict:
+    """Runs 1 then 0 of a strategy-1 conversion of the JSON lines under tmp_path/src, split
+    into ``ranges`` of parts, over a claim table of their own (nothing kept for run 0's first
+    shard), shards of 50 in blocks of 10: ``{run: write_run's result}``."""
     import multiprocessing
 
-    from atlas_fast._commit import commit_staged_shards
     from atlas_fast.convert import _jsonl, _run
 
-    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
     parts = _jsonl.sources(tmp_path / "src")[0].parts
-    ranges = ((0, 6), (6, 8))
-    layout = _Claims.layout(((0, 6), (6, 8)))
+    layout = _Claims.layout(ranges)
     layout[4] = -1  # nothing kept for run 0's first shard (strategy 1)
     table = multiprocessing.get_context("spawn").Array("q", layout)
     monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
@@ -537,11 +535,23 @@ def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
     options["compression_strategy"] = 1
     (tmp_path / "dict").mkdir()
     results = {}
-    for run in (1, 0):  # run 1 first: it takes its own parts, then steals from run 0's
+    for run in (1, 0):
         job = WriteJob(
             parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
         )
         results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    return results
+
+
+def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
+    """A run that steals several consecutive parts at once writes them into the same shards;
+    every group is committed in part order."""
+
+    from atlas_fast._commit import commit_staged_shards
+
+    docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
+    # run 1 first: it takes its own parts, then steals from run 0's
+    results = _write_run_1_then_0(tmp_path, monkeypatch, ((0, 6), (6, 8)))
     assert [first for first, _ in results[1][0]] == [6, 4, 3, 2, 1]  # 4-5 stolen at once
     assert [first for first, _ in results[0][0]] == [0]
     assert [len(dirs) for _, dirs in results[1][0]] == [2, 2, 1, 1, 1]
@@ -603,27 +613,11 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     """Run 1 writes before run 0 has begun, so it takes its own parts and then every part of
     run 0's but the first (each stolen one a group of its own): committed in part order,
     the examples are the source's, in order, whoever wrote them."""
-    import multiprocessing
 
     from atlas_fast._commit import commit_staged_shards
-    from atlas_fast.convert import _jsonl, _run
 
     docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
-    parts = _jsonl.sources(tmp_path / "src")[0].parts
-    ranges = ((0, 3), (3, 6))
-    layout = _Claims.layout(((0, 3), (3, 6)))
-    layout[4] = -1  # nothing kept for run 0's first shard (strategy 1)
-    table = multiprocessing.get_context("spawn").Array("q", layout)
-    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
-    options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
-    options["compression_strategy"] = 1
-    (tmp_path / "dict").mkdir()
-    results = {}
-    for run in (1, 0):
-        job = WriteJob(
-            parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
-        )
-        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+    results = _write_run_1_then_0(tmp_path, monkeypatch, ((0, 3), (3, 6)))
     assert [first for first, _ in results[1][0]] == [3, 2, 1]
     assert [first for first, _ in results[0][0]] == [0]
     groups = sorted(g for groups, _ in results.values() for g in groups)
