@@ -247,14 +247,18 @@ class BlockCompressorProtocol(Protocol):
     """The writer's compression of pickled blocks: the frames are those of
     ``zstandard.ZstdCompressor(level=level, dict_data=ZstdCompressionDict(zdict),
     write_checksum=checksum).compress(block)``, byte for byte, whatever the backend and the number
-    of workers. Called from one thread at a time; an error is raised by the call that would return
-    the failing block's frame."""
+    of workers; with ``level=None`` the blocks themselves. Called from one thread at a time; an
+    error is raised by the call that would return the failing block's frame.
+
+    Made with ``out`` (a file descriptor open for writing), it writes the frames there in block
+    order (on whichever of its threads is free) and returns their sizes instead of the frames; a
+    failed write is an ``OSError`` with its errno, and no later frame is written."""
 
     def submit(self, block: bytes) -> list:
-        """Queue a block; the frames finished since the last call, in block order."""
+        """Queue a block; the frames (or sizes) finished since the last call, in block order."""
 
     def finish(self) -> list:
-        """The frames of every block still queued, in block order."""
+        """The frames (or sizes) of every block still queued, in block order."""
 
     def close(self) -> None:
         """Stop the threads; blocks still queued are dropped. Idempotent."""
@@ -271,5 +275,10 @@ class CoreModule(Protocol):
     def zstd_library(self) -> dict: ...
 
     def block_compressor(
-        self, level: int, zdict: bytes | None, workers: int, checksum: bool = False
+        self,
+        level: int | None,
+        zdict: bytes | None,
+        workers: int,
+        checksum: bool = False,
+        out: int | None = None,
     ) -> BlockCompressorProtocol: ...

@@ -7,11 +7,15 @@ python-zstandard compresses with (so the frames never depend on the backend).
 order; ``finish()`` the rest; ``close()`` stops the threads. With ``workers > 1`` a thread pool
 compresses (python-zstandard releases the GIL), at most ``2 * workers`` blocks in flight, one
 ``ZstdCompressor`` per task at a time; with ``workers == 1`` each block is compressed on the
-calling thread as it is submitted.
+calling thread as it is submitted. ``level=None`` keeps the blocks as they are. With ``out`` (a
+file descriptor), the frames are written to it in order on the calling thread and their
+sizes returned instead.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import queue
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +35,20 @@ def zstandard_version_number() -> int:
 
 
 class PoolCompressor:
-    def __init__(self, level: int, zdict, workers: int, checksum: bool = False) -> None:
+    def __init__(
+        self, level: int | None, zdict, workers: int, checksum: bool = False, out=None
+    ) -> None:
+        if out is not None and (not isinstance(out, int) or out < 0):
+            raise ValueError(f"out must be a file descriptor, not {out!r}")
+        self._out = out
+        self._failed = False  # with out: a write failed, no later frame is written
+        self._workers = workers
+        self._pool = None
+        self._in_flight: deque = deque()
+        if level is None:
+            self._compressor = None  # blocks are kept as they are: nothing to run on threads
+            return
+
         def new():
             if zdict is None:
                 return zstandard.ZstdCompressor(level=level, write_checksum=checksum)
@@ -42,9 +59,6 @@ class PoolCompressor:
             )
 
         self._compressor = new()
-        self._workers = workers
-        self._pool = None
-        self._in_flight: deque = deque()
         if workers > 1:
             self._idle = queue.SimpleQueue()
             self._idle.put(self._compressor)
@@ -63,7 +77,8 @@ class PoolCompressor:
 
     def submit(self, block: bytes) -> list:
         if self._pool is None:
-            return [self._compressor.compress(block)]
+            frame = block if self._compressor is None else self._compressor.compress(block)
+            return [self._written(frame)]
         self._in_flight.append(self._pool.submit(self._task, block))
         return self._drain(IN_FLIGHT_PER_WORKER * self._workers)
 
@@ -73,9 +88,32 @@ class PoolCompressor:
     def _drain(self, keep: int) -> list:
         out = []
         while len(self._in_flight) > keep:
-            out.append(self._in_flight[0].result())
-            self._in_flight.popleft()
+            future = self._in_flight.popleft()  # a block whose error is raised is gone too
+            try:
+                frame = future.result()
+            except BaseException:
+                self._failed = True
+                raise
+            out.append(self._written(frame))
         return out
+
+    def _written(self, frame: bytes):
+        """``frame``, or with ``out`` its size once written there (an ``OSError`` if not)."""
+        if self._out is None:
+            return frame
+        if self._failed:
+            raise OSError(errno.EIO, "not written: an earlier block failed")
+        view = memoryview(frame)
+        try:
+            while view:
+                written = os.write(self._out, view)
+                if written == 0:
+                    raise OSError(errno.EIO, "the file took no bytes")
+                view = view[written:]
+        except OSError:
+            self._failed = True
+            raise
+        return len(frame)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -74,9 +74,11 @@ def zstd_library() -> dict:
     }
 
 
-def block_compressor(level: int, zdict, workers: int, checksum: bool = False) -> PoolCompressor:
+def block_compressor(
+    level: int | None, zdict, workers: int, checksum: bool = False, out: int | None = None
+) -> PoolCompressor:
     """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
-    return PoolCompressor(level, zdict, workers, checksum)
+    return PoolCompressor(level, zdict, workers, checksum, out)
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:

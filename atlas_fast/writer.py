@@ -28,6 +28,7 @@ names its file.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import pickle
@@ -353,49 +354,63 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     def _store(self, block: bytes) -> None:
         """Compress (per the strategy) and append a pickled block, in the order given."""
         self._submitted += 1
-        if self.compressor is None:
-            self._append(block)
-            return
         if self._zc is None:
-            zdict = self._compression_dict
-            self._zc = _backend.core.block_compressor(
-                self.metadata.compression_level,
-                None if zdict is None else zdict.as_bytes(),
-                self.workers,
-                checksum=self.checksums,
-            )
+            self._start_compressor()
         try:
-            frames = self._zc.submit(block)
+            stored = self._zc.submit(block)
         except Exception as exc:
             raise self._block_error(exc) from exc
-        for data in frames:
-            self._append(data)
+        self._stored(stored)
+
+    def _start_compressor(self) -> None:
+        """The backend's block compressor (``level=None``: stores blocks as they are). It
+        writes data.bin itself (off this thread with workers > 1) unless checksums are asked
+        for: their digests need the stored bytes, which it then returns to ``_stored``."""
+        zdict = self._compression_dict
+        level = None if self.compressor is None else self.metadata.compression_level
+        options = {"checksum": self.checksums}
+        self._open_data()
+        if not self.checksums:
+            options["out"] = self._data.fileno()
+        self._zc = _backend.core.block_compressor(
+            level, None if zdict is None else zdict.as_bytes(), self.workers, **options
+        )
 
     def _drain(self) -> None:
         """Write every block still being compressed."""
         if self._zc is not None:
             try:
-                frames = self._zc.finish()
+                stored = self._zc.finish()
             except Exception as exc:
                 raise self._block_error(exc) from exc
-            for data in frames:
-                self._append(data)
+            self._stored(stored)
 
     def _block_error(self, exc: Exception) -> BaseException:
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # The compressor's write of data.bin failed: an OSError naming no file.
+            with contextlib.suppress(Exception):
+                return type(exc)(exc.errno, exc.strerror, os.fspath(self.path / DATA_FILE))
         # Frames come back in block order: the failing one is the next to be written.
         number = len(self._offsets) - 1
         return _with_context(exc, f"{self.path}: compressing block {number}", self.path)
 
-    def _append(self, data: bytes) -> None:
-        if self._data is None:
+    def _open_data(self) -> None:
+        with _writing(self.path / DATA_FILE):
             self._data = open(self.path / DATA_FILE, "wb")
-        try:
-            self._data.write(data)
-        except OSError as exc:
-            _raise_naming(exc, self.path / DATA_FILE)
-        self._offsets.append(self._offsets[-1] + len(data))
-        if self.checksums:
-            self._checksums.append(block_checksum(data))
+
+    def _stored(self, stored: list) -> None:
+        """Record blocks the compressor finished, in order: their sizes (it wrote them) or
+        their stored bytes, written here."""
+        offsets = self._offsets
+        for frame in stored:
+            if type(frame) is int:
+                offsets.append(offsets[-1] + frame)
+                continue
+            with _writing(self.path / DATA_FILE):
+                self._data.write(frame)
+            offsets.append(offsets[-1] + len(frame))
+            if self.checksums:
+                self._checksums.append(block_checksum(frame))
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -447,7 +462,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._drain()
         if self._data is None:
             # An empty shard still gets a (zero-byte) data.bin, so every reader can open it.
-            self._data = open(self.path / DATA_FILE, "wb")
+            self._open_data()
         self._release()
         total = self._offsets[-1]
         with _writing(self.path / INDEX_FILE):

@@ -13,6 +13,12 @@
 # pickled block (keeping a reference to it) and, when the ring is full, takes the oldest
 # block's frame; while that one is not done it compresses queued blocks itself, so neither
 # side idles while the other has work, and no job costs a GIL hand-off.
+#
+# Given a file descriptor (``out``), the frames are written to it in block order by whichever
+# thread finds the next one to write done (one writes at a time, the ``writing`` flag), so
+# the calling thread neither copies a frame into a bytes object nor writes it: it gets the
+# frames' sizes. ``level=None`` stores the blocks as they are (strategy 0): with ``out`` and a
+# helper, the helper writes them while the calling thread pickles the next ones.
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
@@ -38,7 +44,8 @@ from posix.unistd cimport getpid
 
 cdef enum:
     _Z_QUEUED = 1
-    _Z_DONE = 2
+    _Z_DONE = 2  # compressed (the last state without ``out``)
+    _Z_WRITTEN = 3  # written to ``out`` (or skipped after an earlier failure)
     _Z_MAX_HELPERS = 63
     _Z_SPARE = 16  # contexts and buffers kept for the next BlockCompressors
 
@@ -50,6 +57,7 @@ cdef struct _ZJob:
     size_t dst_cap
     size_t size  # the frame's length, when error == 0
     size_t error  # a zstd error code, or 1 for an unfinished frame, or 0
+    int write_errno  # with ``out``: the errno of a failed write, or -1 if not written, or 0
     int state
 
 
@@ -62,6 +70,11 @@ cdef struct _ZShared:
     unsigned long long take  # the next queued job to compress
     unsigned long long tail  # the next job to queue
     bint stop
+    bint store  # level=None: blocks are written as they are, not compressed
+    int out  # the file descriptor frames are written to, or -1
+    unsigned long long wnext  # with ``out``: the next job to write
+    bint writing  # a thread is writing job ``wnext``
+    bint failed  # a job failed: no later one is written
 
 
 cdef struct _ZHelper:
@@ -86,11 +99,15 @@ cdef size_t _cctx_setup(ZSTD_CCtx* cctx, int level, const char* zdict,
     return r if ZSTD_isError(r) else 0
 
 
-cdef void _z_run(ZSTD_CCtx* cctx, _ZJob* job) noexcept nogil:
+cdef void _z_run(_ZShared* s, ZSTD_CCtx* cctx, _ZJob* job) noexcept nogil:
     """Compress one job into its buffer (one frame, as ZstdCompressor.compress)."""
     cdef ZSTD_inBuffer inb
     cdef ZSTD_outBuffer outb
     cdef size_t r
+    if s.store:
+        job.size = job.src_size
+        job.error = 0
+        return
     ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only)
     r = ZSTD_CCtx_setPledgedSrcSize(cctx, job.src_size)
     if not ZSTD_isError(r):
@@ -108,6 +125,50 @@ cdef void _z_run(ZSTD_CCtx* cctx, _ZJob* job) noexcept nogil:
     job.error = r
 
 
+cdef int _write_all(int fd, const char* data, size_t size) noexcept nogil:
+    """Write ``size`` bytes at ``fd``'s position; 0, or the errno of the failure."""
+    cdef ssize_t n
+    while size:
+        n = c_write(fd, data, size)
+        if n < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if n == 0:
+            return EIO
+        data += n
+        size -= <size_t>n
+    return 0
+
+
+cdef void _z_write_ready(_ZShared* s) noexcept nogil:
+    """With ``out``, the mutex held: write the jobs done in order from ``wnext`` on, unless
+    another thread is writing (it writes them). The mutex is released around each write."""
+    cdef _ZJob* job
+    cdef int err
+    if s.out < 0:
+        return
+    while not s.writing and s.wnext != s.tail:
+        job = &s.jobs[s.wnext % s.depth]
+        if job.state != _Z_DONE:
+            return
+        if job.error or s.failed:
+            s.failed = True
+            job.write_errno = -1
+        else:
+            s.writing = True
+            pthread_mutex_unlock(&s.mutex)
+            err = _write_all(s.out, job.src if s.store else job.dst, job.size)
+            pthread_mutex_lock(&s.mutex)
+            s.writing = False
+            job.write_errno = err
+            if err:
+                s.failed = True
+        job.state = _Z_WRITTEN
+        s.wnext += 1
+        pthread_cond_signal(&s.done)  # only the calling thread waits for jobs
+
+
 cdef void* _z_helper_main(void* arg) noexcept nogil:
     cdef _ZHelper* helper = <_ZHelper*>arg
     cdef _ZShared* s = helper.shared
@@ -121,10 +182,11 @@ cdef void* _z_helper_main(void* arg) noexcept nogil:
         job = &s.jobs[s.take % s.depth]
         s.take += 1
         pthread_mutex_unlock(&s.mutex)
-        _z_run(helper.cctx, job)
+        _z_run(s, helper.cctx, job)
         pthread_mutex_lock(&s.mutex)
         job.state = _Z_DONE
         pthread_cond_signal(&s.done)  # only the calling thread waits for jobs
+        _z_write_ready(s)
     pthread_mutex_unlock(&s.mutex)
     return NULL
 
@@ -188,27 +250,36 @@ def zstd_compress_version():
     return ZSTD_versionNumber() if _zcompress_ok else None
 
 
-def block_compressor(int level, zdict, int workers, bint checksum=False):
+def block_compressor(level, zdict, int workers, bint checksum=False, out=None):
     """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol):
     this module's BlockCompressor when the bound libzstd is the version python-zstandard
-    compresses with (same version, same frames), python-zstandard's otherwise."""
+    compresses with (same version, same frames), or nothing needs compressing
+    (``level=None``), python-zstandard's otherwise."""
     from ._pycompress import PoolCompressor, zstandard_version_number
 
-    if _zcompress_ok and ZSTD_versionNumber() == zstandard_version_number():
-        return BlockCompressor(level, zdict, workers, checksum)
-    return PoolCompressor(level, zdict, workers, checksum)
+    if level is None or (
+        _zcompress_ok and ZSTD_versionNumber() == zstandard_version_number()
+    ):
+        return BlockCompressor(level, zdict, workers, checksum, out)
+    return PoolCompressor(level, zdict, workers, checksum, out)
 
 
 @cython.auto_pickle(False)
 cdef class BlockCompressor:
     """Compresses pickled blocks into zstd frames, in order, on ``workers`` threads (the
     calling one included), as ``zstandard.ZstdCompressor(level, dict_data,
-    write_checksum=checksum).compress`` does.
+    write_checksum=checksum).compress`` does; ``level=None`` keeps the blocks as they are.
 
     ``submit(block)`` queues a block and returns the frames finished since, oldest first (at
     most ``2 * workers`` blocks are in flight); ``finish()`` returns the rest; ``close()``
     stops the threads and drops what is still queued. Calls come from one thread at a time.
     A compression error is raised by the call that would return that block's frame.
+
+    ``out`` (a file descriptor open for writing, kept open by the caller until ``close()``):
+    the frames are written to it in order, by whichever thread has the next one, and
+    ``submit``/``finish`` return their sizes instead; a failed write is raised as an
+    ``OSError`` (its errno, no file name) by the call that would return that frame's size,
+    and no later frame is written.
     """
 
     cdef _ZShared* _s
@@ -219,15 +290,25 @@ cdef class BlockCompressor:
     cdef list _sources  # the queued blocks, kept alive while the helpers read them
     cdef bint _sync_ok  # the mutex and conditions were initialised
     cdef long _pid
+    cdef int _final  # the state of a job whose result is ready: _Z_DONE or _Z_WRITTEN
 
-    def __cinit__(self, int level, zdict, int workers, bint checksum=False):
+    def __cinit__(self, level, zdict, int workers, bint checksum=False, out=None):
         cdef const char* zd = NULL
         cdef size_t zd_size = 0
         cdef size_t r
         cdef int k
         cdef Py_ssize_t depth
-        if not _zcompress_ok:
-            raise RuntimeError("the bound libzstd has no compression functions")
+        cdef int c_level = 0
+        cdef bint store = level is None
+        cdef int fd = -1
+        if not store:
+            c_level = level
+            if not _zcompress_ok:
+                raise RuntimeError("the bound libzstd has no compression functions")
+        if out is not None:
+            fd = out
+            if fd < 0:
+                raise ValueError(f"out must be a file descriptor, not {out!r}")
         if workers < 1:
             raise ValueError(f"workers must be at least 1, not {workers}")
         self._pid = getpid()
@@ -245,18 +326,23 @@ cdef class BlockCompressor:
         if self._s.jobs == NULL:
             raise MemoryError()
         self._s.depth = depth
+        self._s.store = store
+        self._s.out = fd
+        self._final = _Z_DONE if fd < 0 else _Z_WRITTEN
         pthread_mutex_init(&self._s.mutex, NULL)
         pthread_cond_init(&self._s.work, NULL)
         pthread_cond_init(&self._s.done, NULL)
         self._sync_ok = True
-        self._cctx = self._new_cctx(level, zd, zd_size, checksum)
+        if not store:
+            self._cctx = self._new_cctx(c_level, zd, zd_size, checksum)
         if self._n_helpers:
             self._helpers = <_ZHelper*>calloc(self._n_helpers, sizeof(_ZHelper))
             if self._helpers == NULL:
                 raise MemoryError()
             for k in range(self._n_helpers):
                 self._helpers[k].shared = self._s
-                self._helpers[k].cctx = self._new_cctx(level, zd, zd_size, checksum)
+                if not store:
+                    self._helpers[k].cctx = self._new_cctx(c_level, zd, zd_size, checksum)
             for k in range(self._n_helpers):
                 if pthread_create(&self._helpers[k].thread, NULL, _z_helper_main,
                                   &self._helpers[k]) != 0:
@@ -289,18 +375,20 @@ cdef class BlockCompressor:
             out.append(self._pop())
         slot = s.tail % s.depth
         job = &s.jobs[slot]
-        bound = ZSTD_compressBound(<size_t>PyBytes_GET_SIZE(block))
-        if job.dst == NULL:
-            _buf_take(job)
-        if job.dst_cap < bound:
-            dst = <char*>realloc(job.dst, bound)
-            if dst == NULL:
-                raise MemoryError()
-            job.dst = dst
-            job.dst_cap = bound
+        if not s.store:
+            bound = ZSTD_compressBound(<size_t>PyBytes_GET_SIZE(block))
+            if job.dst == NULL:
+                _buf_take(job)
+            if job.dst_cap < bound:
+                dst = <char*>realloc(job.dst, bound)
+                if dst == NULL:
+                    raise MemoryError()
+                job.dst = dst
+                job.dst_cap = bound
         job.src = PyBytes_AS_STRING(block)
         job.src_size = PyBytes_GET_SIZE(block)
         job.error = 0
+        job.write_errno = 0
         job.size = 0
         self._sources[slot] = block
         pthread_mutex_lock(&s.mutex)
@@ -328,37 +416,58 @@ cdef class BlockCompressor:
     cdef bint _oldest_done(self) noexcept:
         cdef bint done
         pthread_mutex_lock(&self._s.mutex)
-        done = self._s.jobs[self._head % self._s.depth].state == _Z_DONE
+        done = self._s.jobs[self._head % self._s.depth].state == self._final
         pthread_mutex_unlock(&self._s.mutex)
         return done
 
-    cdef bytes _pop(self):
-        """The oldest job's frame; until it is done, this thread compresses queued jobs."""
+    cdef object _pop(self):
+        """The oldest job's frame (with ``out``: its size, once written); until then this
+        thread compresses queued jobs and writes those done in order."""
         cdef _ZShared* s = self._s
         cdef size_t slot = self._head % s.depth
         cdef _ZJob* job = &s.jobs[slot]
         cdef _ZJob* other
+        cdef int final = self._final
+        cdef object frame
         with nogil:
             pthread_mutex_lock(&s.mutex)
-            while job.state != _Z_DONE:
+            while job.state != final:
                 if s.take != s.tail:
                     other = &s.jobs[s.take % s.depth]
                     s.take += 1
                     pthread_mutex_unlock(&s.mutex)
-                    _z_run(self._cctx, other)
+                    _z_run(s, self._cctx, other)
                     pthread_mutex_lock(&s.mutex)
                     other.state = _Z_DONE
+                    _z_write_ready(s)
+                elif s.out >= 0 and not s.writing and s.wnext != s.tail and (
+                    s.jobs[s.wnext % s.depth].state == _Z_DONE
+                ):
+                    _z_write_ready(s)
                 else:
                     pthread_cond_wait(&s.done, &s.mutex)
             job.state = 0
             pthread_mutex_unlock(&s.mutex)
         self._head += 1
-        self._sources[slot] = None
         if job.error == 1:
+            self._sources[slot] = None
             raise RuntimeError("zstd: the frame did not fit in ZSTD_compressBound bytes")
         if job.error:
+            self._sources[slot] = None
             raise RuntimeError(f"zstd: {ZSTD_getErrorName(job.error).decode('ascii', 'replace')}")
-        return PyBytes_FromStringAndSize(job.dst, job.size)
+        if s.out >= 0:
+            self._sources[slot] = None
+            if job.write_errno > 0:
+                raise OSError(job.write_errno, os.strerror(job.write_errno))
+            if job.write_errno < 0:
+                raise OSError(EIO, "not written: an earlier block failed")
+            return job.size
+        if s.store:
+            frame = self._sources[slot]
+        else:
+            frame = PyBytes_FromStringAndSize(job.dst, job.size)
+        self._sources[slot] = None
+        return frame
 
     def close(self):
         """Stop the threads (a block being compressed is finished first) and free memory;

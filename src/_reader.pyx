@@ -26,7 +26,7 @@ from cpython.pythread cimport (
     PyThread_release_lock,
     PyThread_type_lock,
 )
-from libc.errno cimport errno
+from libc.errno cimport EINTR, EIO, errno
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, getenv, malloc, realloc
 from libc.string cimport memcpy
@@ -37,6 +37,7 @@ from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
 from posix.stat cimport fstat, struct_stat
 from posix.stat cimport stat as c_stat
 from posix.unistd cimport close as c_close
+from posix.unistd cimport write as c_write
 
 cimport cython
 

@@ -4,6 +4,8 @@ number of workers, with a fixed number of blocks in flight."""
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 import random
 
@@ -99,3 +101,62 @@ def test_compiled_core_compresses_with_libzstd_when_versions_match():
             zc.submit(b"x")
     else:
         assert isinstance(zc, PoolCompressor)
+
+
+@pytest.mark.parametrize("level", [3, None])  # None: the blocks as they are (strategy 0)
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_out_writes_the_frames_in_order_and_returns_their_sizes(core, tmp_path, level, workers):
+    want = (
+        BLOCKS if level is None else [zstandard.ZstdCompressor(level=3).compress(b) for b in BLOCKS]
+    )
+    path = tmp_path / "data.bin"
+    with open(path, "wb") as f:
+        zc = core.block_compressor(level, None, workers, out=f.fileno())
+        sizes = []
+        for b in BLOCKS:
+            sizes += zc.submit(b)
+        sizes += zc.finish()
+        zc.close()
+    assert sizes == [len(frame) for frame in want]
+    assert path.read_bytes() == b"".join(want)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_blocks_as_they_are_without_out(core, workers):
+    zc = core.block_compressor(None, None, workers)
+    got = []
+    for b in BLOCKS:
+        got += zc.submit(b)
+    got += zc.finish()
+    zc.close()
+    assert got == BLOCKS
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("level", [3, None])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_write_is_an_oserror_and_stops_the_writes(core, tmp_path, level, workers):
+    """/dev/full refuses every write with ENOSPC: the first block's size is never returned,
+    its error is, as an OSError with that errno, by the call that would return it; the
+    blocks after it are not written (those returned say so)."""
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        zc = core.block_compressor(level, None, workers, out=fd)
+        errors = []
+        for b in BLOCKS[:6]:
+            try:
+                assert zc.submit(b) == []
+            except OSError as exc:
+                errors.append(exc)
+        while True:
+            try:
+                assert zc.finish() == []
+                break
+            except OSError as exc:
+                errors.append(exc)
+        zc.close()
+    finally:
+        os.close(fd)
+    # (a submit that raises may not have queued its own block: at most one error per block)
+    assert 1 <= len(errors) <= 6 and errors[0].errno == errno.ENOSPC
+    assert all(e.errno == errno.EIO for e in errors[1:])

@@ -112,8 +112,8 @@ POISON = b"\x00POISON\x00"
 class FailingCompressor:
     """The writer's block compressor, failing on a block that holds POISON."""
 
-    def __init__(self, level, zdict, workers, checksum=False):
-        self.real = PoolCompressor(level, zdict, 1, checksum)
+    def __init__(self, level, zdict, workers, checksum=False, out=None):
+        self.real = PoolCompressor(level, zdict, 1, checksum, out)
 
     def submit(self, block):
         if POISON in block:
@@ -240,13 +240,37 @@ def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("strategy", [0, 1])
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_block_written_by_the_compressor_fails_at_once_naming_the_file(
+    tmp_path, workers, strategy
+):
+    """Without checksums the block compressor writes data.bin itself, unbuffered (with
+    workers=2 on its helper thread): the first block's failed write is raised by a later
+    call (at the latest ``close()``) as an OSError naming data.bin, and nothing after it
+    is written."""
+    path = tmp_path / "s"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(OSError) as info:
+            with AtlasDatasetShardWriter(path, 1, strategy, workers=workers) as w:
+                (path / "data.bin").symlink_to("/dev/full")
+                for i in range(50):
+                    w.add_example(i)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(path / "data.bin")
+    assert not (path / "meta.json").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_shard_writer_that_cannot_flush_while_abandoned_keeps_the_with_blocks_error(tmp_path):
-    """Blocks small enough to wait in data.bin's buffer fail only when it is closed: while
-    the shard is abandoned, that error is the warning's (and a note), not the one raised."""
+    """With checksums the blocks are written through data.bin's buffer, and blocks small
+    enough to wait there fail only when it is closed: while the shard is abandoned, that error
+    is the warning's (and a note), not the one raised."""
     path = tmp_path / "s"
     boom = KeyError("boom")
     with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
-        with AtlasDatasetShardWriter(path, 1, 1, workers=1) as w:
+        with AtlasDatasetShardWriter(path, 1, 1, workers=1, checksums=True) as w:
             (path / "data.bin").symlink_to("/dev/full")
             for i in range(5):
                 w.add_example(i)
