@@ -287,6 +287,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             VERSION, block_size, 0, int(strategy), compression_level, compression_dict_size
         )
         self.stored_examples = 0
+        self._block_size = block_size  # metadata.block_size, read once per example
         self.checksums = bool(checksums)
         self.workers = _resolve_workers(workers)
         self.compressor = None
@@ -326,9 +327,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         """Append one example (anything picklable)."""
         if self._closed:
             raise ValueError(f"{self.path}: the shard writer is closed")
-        self._pending.append(example)
+        pending = self._pending
+        pending.append(example)
         self.stored_examples += 1
-        if len(self._pending) == self.metadata.block_size:
+        if len(pending) == self._block_size:
             self._flush_block()
 
     def _flush_block(self) -> None:
@@ -638,7 +640,10 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         """Append one example (anything picklable)."""
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
-        if len(self.current_shard) >= self.shard_size:
+        shard = self.current_shard
+        if (shard.stored_examples if type(shard) is _OwnShardWriter else len(shard)) >= (
+            self.shard_size
+        ):
             # Full (the first shard stays current, full, while the next ones are read ahead).
             if self._first is None:
                 self._finish_shard()
@@ -648,7 +653,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             if self._first is not None:
                 self._read_ahead(example)
                 return
-        self.current_shard.add_example(example)
+            shard = self.current_shard
+        shard.add_example(example)
 
     def _finish_shard(self, last: bool = False) -> None:
         shard = self.current_shard
