@@ -15,6 +15,7 @@ sizes returned instead.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import queue
 from collections import deque
@@ -26,6 +27,18 @@ __all__ = ["PoolCompressor", "zstandard_version_number"]
 
 # Pickled blocks handed to the pool and not yet returned, per worker thread.
 IN_FLIGHT_PER_WORKER = 2
+
+# Bumped in a forked child, whose copy of a PoolCompressor has no pool threads.
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def zstandard_version_number() -> int:
@@ -40,7 +53,9 @@ class PoolCompressor:
     ) -> None:
         if out is not None and (not isinstance(out, int) or out < 0):
             raise ValueError(f"out must be a file descriptor, not {out!r}")
-        self._out = out
+        # A duplicate of its own (closed by close(), or when collected), as the compiled one.
+        self._out = None if out is None else io.FileIO(os.dup(out), "wb")
+        self._generation = _generation
         self._failed = False  # with out: a write failed, no later frame is written
         self._workers = workers
         self._pool = None
@@ -75,14 +90,29 @@ class PoolCompressor:
         finally:
             self._idle.put(compressor)
 
+    def _check_process(self) -> None:
+        if self._generation != _generation:
+            raise RuntimeError(
+                "this PoolCompressor was made by another process (inherited through fork): "
+                "its threads are not here"
+            )
+
     def submit(self, block: bytes) -> list:
+        self._check_process()
         if self._pool is None:
-            frame = block if self._compressor is None else self._compressor.compress(block)
+            frame = block
+            if self._compressor is not None:
+                try:
+                    frame = self._compressor.compress(block)
+                except BaseException:
+                    self._failed = True
+                    raise
             return [self._written(frame)]
         self._in_flight.append(self._pool.submit(self._task, block))
         return self._drain(IN_FLIGHT_PER_WORKER * self._workers)
 
     def finish(self) -> list:
+        self._check_process()
         return self._drain(0)
 
     def _drain(self, keep: int) -> list:
@@ -106,8 +136,8 @@ class PoolCompressor:
         view = memoryview(frame)
         try:
             while view:
-                written = os.write(self._out, view)
-                if written == 0:
+                written = self._out.write(view)
+                if not written:
                     raise OSError(errno.EIO, "the file took no bytes")
                 view = view[written:]
         except OSError:
@@ -120,3 +150,5 @@ class PoolCompressor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._in_flight.clear()
+        if self._out is not None:
+            self._out.close()

@@ -68,6 +68,11 @@ MIN_BLOCKS_FOR_DICTIONARY = 7
 # workers=None: the cores this process may run on, at most this many.
 MAX_DEFAULT_WORKERS = 8
 
+# A shard whose first stored block is at least this big has data.bin written by its block
+# compressor (unbuffered, on its threads); smaller blocks go through data.bin's buffer, where
+# a write per block (and a thread hand-off per block, uncompressed) would cost more than it saves.
+DIRECT_WRITE_MIN = 64 << 10
+
 # Strategy 2 with workers > 1: the most pickled blocks (in bytes; one block more may be held)
 # the dataset writer reads ahead while the first shard trains the shared dictionary.
 READ_AHEAD_BYTES = 64 << 20
@@ -312,6 +317,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         # the first block to compress: workers > 1 compress on threads, in block order.
         self._zc = None
         self._submitted = 0  # blocks handed to _store so far
+        self._failed = None  # the error that lost a block (see _fail)
 
     def _new_compressor(self, compression_dict=None) -> zstandard.ZstdCompressor:
         level = self.metadata.compression_level
@@ -359,24 +365,34 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 
     def _store(self, block: bytes) -> None:
         """Compress (per the strategy) and append a pickled block, in the order given."""
+        if self._failed is not None:
+            self._check_not_failed()
         self._submitted += 1
-        if self._zc is None:
-            self._start_compressor()
+        if self._data is None:
+            self._start(len(block))
+        if self._zc is None:  # uncompressed, through data.bin's buffer
+            self._stored_bytes(block)
+            return
         try:
             stored = self._zc.submit(block)
         except Exception as exc:
-            raise self._block_error(exc) from exc
+            raise self._fail(self._block_error(exc)) from exc
         self._stored(stored)
 
-    def _start_compressor(self) -> None:
-        """The backend's block compressor (``level=None``: stores blocks as they are). It
-        writes data.bin itself (off this thread with workers > 1) unless checksums are asked
-        for: their digests need the stored bytes, which it then returns to ``_stored``."""
+    def _start(self, first: int) -> None:
+        """Open data.bin and make the backend's block compressor, if one is needed: to
+        compress, or to write data.bin itself (off this thread with workers > 1; uncompressed,
+        ``level=None``, it only writes) when the blocks are DIRECT_WRITE_MIN bytes or more
+        (``first``: the first one's size) and no checksums are asked for (their digests need
+        the stored bytes, which it then returns to ``_stored``)."""
+        self._open_data()
+        direct = not self.checksums and first >= DIRECT_WRITE_MIN
+        if self.compressor is None and not direct:
+            return
         zdict = self._compression_dict
         level = None if self.compressor is None else self.metadata.compression_level
         options = {"checksum": self.checksums}
-        self._open_data()
-        if not self.checksums:
+        if direct:
             options["out"] = self._data.fileno()
         self._zc = _backend.core.block_compressor(
             level, None if zdict is None else zdict.as_bytes(), self.workers, **options
@@ -388,8 +404,23 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             try:
                 stored = self._zc.finish()
             except Exception as exc:
-                raise self._block_error(exc) from exc
+                raise self._fail(self._block_error(exc)) from exc
             self._stored(stored)
+
+    def _fail(self, error: BaseException) -> BaseException:
+        """``error``, remembered: a block is lost, so the shard can no longer be finished
+        (adding to it or closing it raises again, and close() abandons it)."""
+        if self._failed is None:
+            self._failed = error
+        return error
+
+    def _check_not_failed(self) -> None:
+        if self._failed is not None:
+            error = self._failed
+            raise ValueError(
+                f"{self.path}: an earlier block was lost ({type(error).__name__}: {error}); "
+                "the shard cannot be finished"
+            ) from error
 
     def _block_error(self, exc: Exception) -> BaseException:
         if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
@@ -411,12 +442,22 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         for frame in stored:
             if type(frame) is int:
                 offsets.append(offsets[-1] + frame)
-                continue
-            with _writing(self.path / DATA_FILE):
-                self._data.write(frame)
-            offsets.append(offsets[-1] + len(frame))
-            if self.checksums:
-                self._checksums.append(block_checksum(frame))
+            else:
+                self._stored_bytes(frame)
+
+    def _stored_bytes(self, frame: bytes) -> None:
+        """Write a stored block to data.bin (its buffer) and record it."""
+        try:
+            self._data.write(frame)
+        except OSError as exc:
+            try:
+                _raise_naming(exc, self.path / DATA_FILE)
+            except OSError as named:
+                self._fail(named)
+                raise
+        self._offsets.append(self._offsets[-1] + len(frame))
+        if self.checksums:
+            self._checksums.append(block_checksum(frame))
 
     def _train_dictionary(self):
         """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
@@ -450,6 +491,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             raise
 
     def _finish(self) -> None:
+        self._check_not_failed()
         if self._pending:
             self._flush_block()
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:

@@ -265,6 +265,7 @@ def block_compressor(level, zdict, int workers, bint checksum=False, out=None):
 
 
 @cython.auto_pickle(False)
+@cython.no_gc_clear  # the helpers read the blocks in _sources until __dealloc__ stops them
 cdef class BlockCompressor:
     """Compresses pickled blocks into zstd frames, in order, on ``workers`` threads (the
     calling one included), as ``zstandard.ZstdCompressor(level, dict_data,
@@ -275,11 +276,12 @@ cdef class BlockCompressor:
     stops the threads and drops what is still queued. Calls come from one thread at a time.
     A compression error is raised by the call that would return that block's frame.
 
-    ``out`` (a file descriptor open for writing, kept open by the caller until ``close()``):
-    the frames are written to it in order, by whichever thread has the next one, and
-    ``submit``/``finish`` return their sizes instead; a failed write is raised as an
-    ``OSError`` (its errno, no file name) by the call that would return that frame's size,
-    and no later frame is written.
+    ``out`` (a file descriptor open for writing; the compressor writes through a duplicate
+    of it, closed once its threads are stopped, so a descriptor the caller closes or drops
+    early is never written to): the frames are written to it in order, by whichever thread
+    has the next one, and ``submit``/``finish`` return their sizes instead; a failed write is
+    raised as an ``OSError`` (its errno, no file name) by the call that would return that
+    frame's size, and no later frame is written.
     """
 
     cdef _ZShared* _s
@@ -290,6 +292,7 @@ cdef class BlockCompressor:
     cdef list _sources  # the queued blocks, kept alive while the helpers read them
     cdef bint _sync_ok  # the mutex and conditions were initialised
     cdef long _pid
+    cdef unsigned long _generation  # _generation at creation: bumped in a forked child
     cdef int _final  # the state of a job whose result is ready: _Z_DONE or _Z_WRITTEN
 
     def __cinit__(self, level, zdict, int workers, bint checksum=False, out=None):
@@ -305,13 +308,14 @@ cdef class BlockCompressor:
             c_level = level
             if not _zcompress_ok:
                 raise RuntimeError("the bound libzstd has no compression functions")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
         if out is not None:
             fd = out
             if fd < 0:
                 raise ValueError(f"out must be a file descriptor, not {out!r}")
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, not {workers}")
         self._pid = getpid()
+        self._generation = _generation
         self._n_helpers = min(workers - 1, _Z_MAX_HELPERS)
         depth = 1 if self._n_helpers == 0 else 2 * (self._n_helpers + 1)
         if zdict is not None:
@@ -327,8 +331,11 @@ cdef class BlockCompressor:
             raise MemoryError()
         self._s.depth = depth
         self._s.store = store
-        self._s.out = fd
-        self._final = _Z_DONE if fd < 0 else _Z_WRITTEN
+        self._s.out = -1
+        if fd >= 0:
+            # A duplicate of its own, closed by _release after the threads writing to it.
+            self._s.out = os.dup(fd)
+        self._final = _Z_DONE if self._s.out < 0 else _Z_WRITTEN
         pthread_mutex_init(&self._s.mutex, NULL)
         pthread_cond_init(&self._s.work, NULL)
         pthread_cond_init(&self._s.done, NULL)
@@ -371,6 +378,7 @@ cdef class BlockCompressor:
         cdef list out = []
         if s == NULL:
             raise ValueError("the BlockCompressor is closed")
+        self._check_process()
         if s.tail - self._head == s.depth:
             out.append(self._pop())
         slot = s.tail % s.depth
@@ -409,9 +417,18 @@ cdef class BlockCompressor:
         cdef list out = []
         if self._s == NULL:
             raise ValueError("the BlockCompressor is closed")
+        self._check_process()
         while self._head != self._s.tail:
             out.append(self._pop())
         return out
+
+    cdef int _check_process(self) except -1:
+        if self._generation != _generation:  # (no getpid() syscall per block)
+            raise RuntimeError(
+                "this BlockCompressor was made by another process (inherited through fork): "
+                "its threads are not here"
+            )
+        return 0
 
     cdef bint _oldest_done(self) noexcept:
         cdef bint done
@@ -497,6 +514,9 @@ cdef class BlockCompressor:
             self._helpers = NULL
         _cctx_give(self._cctx)
         self._cctx = NULL
+        if s.out >= 0:  # no thread of this process writes to it any more
+            c_close(s.out)
+            s.out = -1
         if joinable:
             if s.jobs != NULL:
                 for k in range(<int>s.depth):

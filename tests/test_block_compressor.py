@@ -160,3 +160,46 @@ def test_a_failed_write_is_an_oserror_and_stops_the_writes(core, tmp_path, level
     # (a submit that raises may not have queued its own block: at most one error per block)
     assert 1 <= len(errors) <= 6 and errors[0].errno == errno.ENOSPC
     assert all(e.errno == errno.EIO for e in errors[1:])
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_out_is_written_through_a_descriptor_of_its_own(core, tmp_path, workers):
+    """The caller may close its descriptor (a shard writer dropped without close()): the
+    compressor writes through its own duplicate, never to a number reused meanwhile."""
+    path = tmp_path / "data.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    zc = core.block_compressor(3, None, workers, out=fd)
+    os.close(fd)
+    other = tmp_path / "other"
+    with open(other, "wb"):  # likely given the number just closed
+        sizes = []
+        for b in BLOCKS:
+            sizes += zc.submit(b)
+        sizes += zc.finish()
+    zc.close()
+    assert path.read_bytes() == b"".join(
+        zstandard.ZstdCompressor(level=3).compress(b) for b in BLOCKS
+    )
+    assert other.read_bytes() == b""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_is_told_the_compressor_is_not_its_own(core):
+    """Its threads stayed in the parent: a call in the child raises at once (never waits for
+    blocks no thread will compress)."""
+    zc = core.block_compressor(3, None, 2)
+    first = zc.submit(BLOCKS[0])
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only for the expected error
+        code = 1
+        try:
+            zc.submit(BLOCKS[1])
+        except RuntimeError as exc:
+            code = 0 if "another process" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(first) + len(zc.finish()) == 1  # the parent's compressor is untouched
+    zc.close()

@@ -245,32 +245,56 @@ def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
 def test_a_block_written_by_the_compressor_fails_at_once_naming_the_file(
     tmp_path, workers, strategy
 ):
-    """Without checksums the block compressor writes data.bin itself, unbuffered (with
-    workers=2 on its helper thread): the first block's failed write is raised by a later
-    call (at the latest ``close()``) as an OSError naming data.bin, and nothing after it
-    is written."""
+    """Blocks of DIRECT_WRITE_MIN bytes or more, without checksums: the block compressor
+    writes data.bin itself, unbuffered (with workers=2 on its helper thread), so the first
+    block's failed write is raised by a later add_example, not at close, as an OSError naming
+    data.bin; the shard is then lost: adding to it or closing it says so, and it gets no
+    meta.json."""
     path = tmp_path / "s"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with pytest.raises(OSError) as info:
-            with AtlasDatasetShardWriter(path, 1, strategy, workers=workers) as w:
-                (path / "data.bin").symlink_to("/dev/full")
-                for i in range(50):
-                    w.add_example(i)
+    big = [os.urandom(atlas_fast.writer.DIRECT_WRITE_MIN) for _ in range(12)]  # > in flight
+    w = AtlasDatasetShardWriter(path, 1, strategy, workers=workers)
+    (path / "data.bin").symlink_to("/dev/full")
+    with pytest.raises(OSError) as info:
+        for example in big:
+            w.add_example(example)
     assert info.value.errno == errno.ENOSPC
     assert info.value.filename == str(path / "data.bin")
+    with pytest.raises(ValueError, match=r"an earlier block was lost .*the shard cannot be"):
+        w.add_example(big[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ValueError, match="an earlier block was lost"):
+            w.close()
+    assert not (path / "meta.json").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_caught_write_error_does_not_finish_the_shard(tmp_path, workers):
+    """Small blocks wait in data.bin's buffer: a failed flush raised by add_example and
+    caught leaves a shard that close() refuses to finish (no meta.json over lost blocks)."""
+    path = tmp_path / "s"
+    w = AtlasDatasetShardWriter(path, 4, 1, workers=workers)
+    (path / "data.bin").symlink_to("/dev/full")
+    with pytest.raises(OSError):
+        for i in range(100_000):
+            w.add_example(f"example {i}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ValueError, match="an earlier block was lost"):
+            w.close()
     assert not (path / "meta.json").exists()
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_shard_writer_that_cannot_flush_while_abandoned_keeps_the_with_blocks_error(tmp_path):
-    """With checksums the blocks are written through data.bin's buffer, and blocks small
-    enough to wait there fail only when it is closed: while the shard is abandoned, that error
+    """Blocks small enough to wait in data.bin's buffer (smaller than DIRECT_WRITE_MIN, or
+    any with checksums) fail only when it is closed: while the shard is abandoned, that error
     is the warning's (and a note), not the one raised."""
     path = tmp_path / "s"
     boom = KeyError("boom")
     with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
-        with AtlasDatasetShardWriter(path, 1, 1, workers=1, checksums=True) as w:
+        with AtlasDatasetShardWriter(path, 1, 1, workers=1) as w:
             (path / "data.bin").symlink_to("/dev/full")
             for i in range(5):
                 w.add_example(i)
