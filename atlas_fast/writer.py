@@ -258,12 +258,13 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     one, ``workers - 1`` threads that never take the GIL, and the calling thread compresses
     queued blocks rather than wait); blocks are written in order, at most ``2 * workers`` of
     them in flight, and the files are byte-identical to ``workers=1`` (which compresses on the
-    calling thread) and to ``compressor.compress``. The compressor also writes data.bin, by
-    whichever of its threads has the next block done (under strategy 0 it stores the blocks
-    as they are: with ``workers > 1`` its helper writes them while this thread pickles), except
-    with ``checksums=True``, whose digests are taken here from the stored bytes. An error on
-    another thread is raised on the calling thread, naming the shard and the block (a failed
-    write: data.bin).
+    calling thread) and to ``compressor.compress``. Blocks of ``DIRECT_WRITE_MIN`` (64 KiB) or
+    more are also written to data.bin by the compressor, by whichever of its threads has the
+    next one done (under strategy 0 it stores them as they are: with ``workers > 1`` its
+    helper writes them while this thread pickles), except with ``checksums=True``, whose
+    digests are taken here from the stored bytes. An error on another thread is raised on the
+    calling thread, naming the shard and the block (a failed write: data.bin); a shard that
+    lost a block that way cannot be finished (adding to it or closing it raises again).
 
     If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
