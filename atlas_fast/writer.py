@@ -28,7 +28,6 @@ names its file.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 import pickle
@@ -136,15 +135,20 @@ def _names(exc: BaseException, directory) -> bool:
     return False
 
 
-def _raise_naming(exc: OSError, path):
-    """Raise ``exc``; as the same error naming the file ``path`` (same type and errno) when
-    it names no file, as a failed write or flush does."""
-    error = exc
+def _naming(exc: OSError, path) -> OSError:
+    """``exc``, or the same error naming the file ``path`` (same type and errno) when it
+    names no file, as a failed write or flush does."""
     if exc.filename is None and exc.errno is not None:
         try:
-            error = type(exc)(exc.errno, exc.strerror, os.fspath(path))
+            return type(exc)(exc.errno, exc.strerror, os.fspath(path))
         except Exception:
-            error = exc
+            pass
+    return exc
+
+
+def _raise_naming(exc: OSError, path):
+    """Raise ``exc`` as ``_naming`` gives it (chained to it when it is another error)."""
+    error = _naming(exc, path)
     if error is exc:
         raise exc
     raise error from exc
@@ -366,8 +370,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
 
     def _store(self, block: bytes) -> None:
         """Compress (per the strategy) and append a pickled block, in the order given."""
-        if self._failed is not None:
-            self._check_not_failed()
+        self._check_not_failed()
         self._submitted += 1
         if self._data is None:
             self._start(len(block))
@@ -424,10 +427,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             ) from error
 
     def _block_error(self, exc: Exception) -> BaseException:
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            # The compressor's write of data.bin failed: an OSError naming no file.
-            with contextlib.suppress(Exception):
-                return type(exc)(exc.errno, exc.strerror, os.fspath(self.path / DATA_FILE))
+        if isinstance(exc, OSError):
+            named = _naming(exc, self.path / DATA_FILE)
+            if named is not exc:  # the compressor's write of data.bin failed
+                return named
         # Frames come back in block order: the failing one is the next to be written.
         number = len(self._offsets) - 1
         return _with_context(exc, f"{self.path}: compressing block {number}", self.path)
@@ -451,11 +454,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         try:
             self._data.write(frame)
         except OSError as exc:
-            try:
-                _raise_naming(exc, self.path / DATA_FILE)
-            except OSError as named:
-                self._fail(named)
+            error = self._fail(_naming(exc, self.path / DATA_FILE))
+            if error is exc:
                 raise
+            raise error from exc
         self._offsets.append(self._offsets[-1] + len(frame))
         if self.checksums:
             self._checksums.append(block_checksum(frame))

@@ -40,7 +40,6 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_signal(pthread_cond_t* cond)
     int pthread_cond_broadcast(pthread_cond_t* cond)
 
-from posix.unistd cimport getpid
 
 cdef enum:
     _Z_QUEUED = 1
@@ -291,7 +290,6 @@ cdef class BlockCompressor:
     cdef unsigned long long _head  # the oldest job not returned
     cdef list _sources  # the queued blocks, kept alive while the helpers read them
     cdef bint _sync_ok  # the mutex and conditions were initialised
-    cdef long _pid
     cdef unsigned long _generation  # _generation at creation: bumped in a forked child
     cdef int _final  # the state of a job whose result is ready: _Z_DONE or _Z_WRITTEN
 
@@ -314,7 +312,6 @@ cdef class BlockCompressor:
             fd = out
             if fd < 0:
                 raise ValueError(f"out must be a file descriptor, not {out!r}")
-        self._pid = getpid()
         self._generation = _generation
         self._n_helpers = min(workers - 1, _Z_MAX_HELPERS)
         depth = 1 if self._n_helpers == 0 else 2 * (self._n_helpers + 1)
@@ -423,7 +420,7 @@ cdef class BlockCompressor:
         return out
 
     cdef int _check_process(self) except -1:
-        if self._generation != _generation:  # (no getpid() syscall per block)
+        if self._generation != _generation:
             raise RuntimeError(
                 "this BlockCompressor was made by another process (inherited through fork): "
                 "its threads are not here"
@@ -494,7 +491,7 @@ cdef class BlockCompressor:
     cdef void _release(self) noexcept:
         cdef _ZShared* s = self._s
         cdef int k
-        cdef bint joinable = getpid() == self._pid  # a forked child has no helper threads
+        cdef bint joinable = self._generation == _generation  # a forked child has no helpers
         if s == NULL:
             return
         if self._helpers != NULL:
