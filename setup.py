@@ -17,6 +17,8 @@ import sys
 from setuptools import Extension, setup
 from setuptools.dist import Distribution
 
+_CORE = "atlas_fast/_core"  # the compiled core's sources, beside their pure-Python twins
+
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
@@ -37,10 +39,10 @@ def _extensions() -> list:
         "embedsignature": True,
     }
     reader = Extension(
-        "atlas_fast._reader",
-        ["src/_reader.pyx"],
-        # Its units, included textually (see src/_reader.pyx): a change to one rebuilds it.
-        depends=[*sorted(glob.glob("src/*.pxi")), "src/zstd.pxd"],
+        "atlas_fast._core._reader",
+        [f"{_CORE}/_reader.pyx"],
+        # Its units, included textually (see _reader.pyx): a change to one rebuilds it.
+        depends=[*sorted(glob.glob(f"{_CORE}/*.pxi")), f"{_CORE}/zstd.pxd"],
         libraries=["dl"] if sys.platform.startswith("linux") else [],
         extra_compile_args=["-O0", "-g"] if debug else [],
         extra_link_args=["-g"] if debug else [],
@@ -49,13 +51,26 @@ def _extensions() -> list:
     )
     # The pickle scanner: its own module, whose C API (_pickle_scan.pxd) the reader cimports.
     scanner = Extension(
-        "atlas_fast._pickle_scan",
-        ["src/_pickle_scan.pyx"],
+        "atlas_fast._core._pickle_scan",
+        [f"{_CORE}/_pickle_scan.pyx"],
         extra_compile_args=reader.extra_compile_args,
         extra_link_args=reader.extra_link_args,
         optional=reader.optional,
     )
-    return cythonize([reader, scanner], compiler_directives=directives, include_path=["src"])
+    # The writer's block compressor: its own module (it shares nothing with reading but libzstd,
+    # which it binds for itself from the same library).
+    compressor = Extension(
+        "atlas_fast._core._compress",
+        [f"{_CORE}/_compress.pyx"],
+        depends=[f"{_CORE}/_libzstd.pxi", f"{_CORE}/zstd.pxd"],
+        libraries=reader.libraries,
+        extra_compile_args=reader.extra_compile_args,
+        extra_link_args=reader.extra_link_args,
+        optional=reader.optional,
+    )
+    return cythonize(
+        [reader, scanner, compressor], compiler_directives=directives, include_path=[_CORE]
+    )
 
 
 class _PlatformWheel(Distribution):

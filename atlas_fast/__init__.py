@@ -8,8 +8,8 @@ A drop-in replacement for ``torch_atlas_ds``::
 (forced with ``ATLAS_FAST_NO_EXTENSIONS=1``).
 """
 
+from . import _backend
 from ._backend import BACKEND
-from ._backend import core as _core
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
 from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
 from ._version import __version__
@@ -45,4 +45,4 @@ __all__ = [
 
 def zstd_library() -> dict:
     """Which libzstd the backend in use decompresses with: its path, version and binding."""
-    return _core.zstd_library()
+    return _backend.core.zstd_library()

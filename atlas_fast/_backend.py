@@ -12,7 +12,7 @@ import importlib
 import os
 import warnings
 
-__all__ = ["core", "BACKEND", "extension_error"]
+__all__ = ["core", "compressor", "BACKEND", "extension_error"]
 
 extension_error: str | None = None
 
@@ -24,19 +24,19 @@ def _env_flag(name: str) -> bool:
 def _select():
     global extension_error
     if _env_flag("ATLAS_FAST_NO_EXTENSIONS"):
-        from . import _pyreader
+        from ._core import _reader_py
 
-        return _pyreader
+        return _reader_py
     try:
-        _reader = importlib.import_module(f"{__package__}._reader")
+        _reader = importlib.import_module(f"{__package__}._core._reader")
     except ImportError as exc:
         extension_error = f"{type(exc).__name__}: {exc}"
         if os.name == "nt":
             # The compiled reader is POSIX-only by design (mmap(2), dlopen(3)): Windows always
             # uses the pure-Python backend, so there is nothing to warn about.
-            from . import _pyreader
+            from ._core import _reader_py
 
-            return _pyreader
+            return _reader_py
     else:
         if _reader.zstd_available():
             return _reader
@@ -47,10 +47,26 @@ def _select():
         RuntimeWarning,
         stacklevel=3,
     )
-    from . import _pyreader
+    from ._core import _reader_py
 
-    return _pyreader
+    return _reader_py
+
+
+def _select_compressor():
+    """The writer's block compressor that goes with ``core``: compiled with the compiled core."""
+    if core.BACKEND == "cython":
+        try:
+            compiled = importlib.import_module(f"{__package__}._core._compress")
+        except ImportError:
+            pass  # the reading core is what matters; python-zstandard's frames are the same
+        else:
+            if compiled.zstd_available():
+                return compiled
+    from ._core import _compress_py
+
+    return _compress_py
 
 
 core = _select()
+compressor = _select_compressor()
 BACKEND: str = core.BACKEND

@@ -1,8 +1,8 @@
 """The contract between the facade (``atlas.py``, ``sampler.py``, ``verify``, ``info``) and a core.
 
-A core is a module (``atlas_fast._reader``, compiled, or ``atlas_fast._pyreader``, pure Python)
-that offers what ``CoreModule`` declares. The facade calls nothing else of it: no private
-attribute, no class-hierarchy test. The public reader classes subclass the core's
+A core is a module (``atlas_fast._core._reader``, compiled, or ``atlas_fast._core._reader_py``,
+pure Python) that offers what ``CoreModule`` declares. The facade calls nothing else of it: no
+private attribute, no class-hierarchy test. The public reader classes subclass the core's
 ``ShardCore`` / ``DatasetCore`` (so that ``ds[i]`` is the core's own ``__getitem__``, a C slot
 in the compiled core) and add only what is not hot.
 
@@ -16,9 +16,10 @@ of that kind), but the ``reserved`` most recently used blocks (at least 1) are a
 
 A block held whole is charged what its examples take as Python objects: its decoded pickle's
 size times the ratio of objects to pickle bytes the cache has measured lately, never less than
-the pickle's size (``atlas_fast._objsize.ChargeMeter``), so that a budget bounds memory whether
-the examples are text and arrays (about their pickle's size) or rows of small objects (several
-times more). A block held as its pickle only (after partial decoding) is charged its size.
+the pickle's size (``atlas_fast._core._objsize.ChargeMeter``), so that a budget bounds memory
+whether the examples are text and arrays (about their pickle's size) or rows of small objects
+(several times more). A block held as its pickle only (after partial decoding) is charged its
+size.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),
@@ -218,9 +219,9 @@ class DatasetCoreProtocol(_Reader, Protocol):
 
 
 class BatchSource(Protocol):
-    """What ``_batch`` (shared by both cores, below this contract: the facade never calls it)
+    """What ``_pool`` (shared by both cores, below this contract: the facade never calls it)
     needs of a core's shard reader to gather a batch. Core-internal, hence the underscores;
-    declared here so that both cores are checked to offer it and ``_batch`` to use nothing
+    declared here so that both cores are checked to offer it and ``_pool`` to use nothing
     else."""
 
     _root: str  # the shard's directory
@@ -273,6 +274,10 @@ class CoreModule(Protocol):
     DatasetCore: type
 
     def zstd_library(self) -> dict: ...
+
+
+class CompressorModule(Protocol):
+    """What a backend's compressor module offers the writer."""
 
     def block_compressor(
         self,

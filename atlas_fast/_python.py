@@ -3,9 +3,9 @@
 For parity tests and side-by-side benchmarks; users want ``atlas_fast.AtlasDataset``.
 """
 
-from . import _pyreader
+from ._core import _reader_py
 from .atlas import _reader_classes
 
 __all__ = ["AtlasDataset", "AtlasDatasetShard"]
 
-AtlasDataset, AtlasDatasetShard = _reader_classes(_pyreader, __name__)
+AtlasDataset, AtlasDatasetShard = _reader_classes(_reader_py, __name__)

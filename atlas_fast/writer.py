@@ -42,7 +42,6 @@ import numpy as np
 import zstandard
 
 from . import _backend
-from ._commit import dump_meta_atomic
 from ._format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -58,6 +57,7 @@ from ._format import (
     index_dtype,
     read_shard_metadata,
 )
+from ._writing.commit import dump_meta_atomic
 
 __all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
 
@@ -398,7 +398,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         options = {"checksum": self.checksums}
         if direct:
             options["out"] = self._data.fileno()
-        self._zc = _backend.core.block_compressor(
+        self._zc = _backend.compressor.block_compressor(
             level, None if zdict is None else zdict.as_bytes(), self.workers, **options
         )
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.bench.sidebyside import (
+from sidebyside import (
     CYTHON,
     PYTHON,
     REFERENCE,

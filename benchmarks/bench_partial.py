@@ -5,9 +5,6 @@ element read at random positions of fresh blocks):
 
 - ``whole``: ``pickle.loads(block)[i]``, what a miss costs without partial decoding;
 - ``cython``: the compiled scan of the block, element ``i``'s synthetic pickle, its loads;
-- ``python``: the same with the pure-Python scanner (``atlas_fast._pyscan``);
-- with ``--zstd``: libzstd decoding the whole frame against decoding it only as far as the
-  middle of the block (``PartialZstd``; libzstd decodes in blocks of up to 128 KB).
 
 ``--projection`` times, on datasets written by this package, uniformly random ``ds[i]`` with
 no block read twice (CPU time, gc paused, medians of runs interleaved): the reference package
@@ -16,7 +13,7 @@ no block read twice (CPU time, gc paused, medians of runs interleaved): the refe
 python-zstandard, the compiled scanner, the example's synthetic pickle), which keeps nothing
 (atlas_fast's cache keeps each block's pickle and scan for a second read in the block).
 
-Usage: ``python benchmarks/bench_partial.py [--quick] [--repeat 5] [--zstd] [--projection]``
+Usage: ``python benchmarks/bench_partial.py [--quick] [--repeat 5] [--projection]``
 """
 
 from __future__ import annotations
@@ -31,11 +28,10 @@ import time
 
 import numpy as np
 
-from atlas_fast import _pyscan
 from atlas_fast.bench import corpus
 
 try:
-    from atlas_fast import _pickle_scan, _reader
+    from atlas_fast._core import _pickle_scan, _reader
 except ImportError:
     _pickle_scan = _reader = None
 
@@ -86,11 +82,6 @@ def partial(mod):
         return pickle.loads(data) if data is not None else pickle.loads(block)[i]
 
     return read
-
-
-def _to_middle(frame, i):
-    pz = _reader.PartialZstd(frame)
-    return pz.advance(pz.content_size // 2)
 
 
 class _Projected:
@@ -203,17 +194,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--zstd", action="store_true", help="time PartialZstd too")
     parser.add_argument("--projection", action="store_true", help="datasets, see above")
     args = parser.parse_args(argv)
     if args.projection:
         projection(args.quick, args.repeat)
         return 0
     rng = random.Random(0)
-    print(
-        f"{'corpus':11s} {'block':>5s} {'KB':>7s} {'whole':>8s} {'cython':>8s} {'ratio':>6s}"
-        f" {'python':>8s} {'ratio':>6s}" + ("   zstd full   to middle" if args.zstd else "")
-    )
+    print(f"{'corpus':11s} {'block':>5s} {'KB':>7s} {'whole':>8s} {'cython':>8s} {'ratio':>6s}")
     for name, examples in corpora(args.quick).items():
         for size in (16, 64, 100):
             blocks = [
@@ -223,21 +210,11 @@ def main(argv=None) -> int:
             picks = [rng.randrange(size) for _ in blocks]
             whole = per_read(lambda b, i: pickle.loads(b)[i], blocks, picks, args.repeat)
             cy = per_read(partial(_pickle_scan), blocks, picks, args.repeat) if _pickle_scan else 0
-            py = per_read(partial(_pyscan), blocks[:5], picks[:5], max(1, args.repeat // 2))
             kb = statistics.mean(len(b) for b in blocks) / 1e3
             line = (
                 f"{name:11s} {size:5d} {kb:7.1f} {whole:8.1f} {cy:8.1f} "
-                f"{whole / cy if cy else 0:5.2f}x {py:8.1f} {whole / py:5.2f}x"
+                f"{whole / cy if cy else 0:5.2f}x"
             )
-            if args.zstd and _pickle_scan is not None:
-                import zstandard
-
-                frames = [zstandard.ZstdCompressor(level=3).compress(b) for b in blocks]
-                full = per_read(
-                    lambda f, i: _reader.PartialZstd(f).finish(), frames, picks, args.repeat
-                )
-                half = per_read(_to_middle, frames, picks, args.repeat)
-                line += f" {full:10.1f} {half:10.1f}"
             print(line, flush=True)
     return 0
 

@@ -422,11 +422,11 @@ def test_shuffled_epoch_uses_block_shuffle_sampler_when_present(tmp_path, monkey
 LABEL_FILES = [
     "README.md",
     "docs/bench.md",
-    "atlas_fast/bench/__init__.py",
+    "atlas_fast/cli/bench.py",
     "atlas_fast/bench/readers.py",
     "atlas_fast/bench/report.py",
     "atlas_fast/bench/runner.py",
-    "atlas_fast/bench/sidebyside.py",
+    "benchmarks/sidebyside.py",
     "benchmarks/bench_backends.py",
     "benchmarks/bench_loader.py",
 ]
@@ -457,6 +457,8 @@ def _script(name):
     path = SCRIPTS / f"{name}.py"
     if not path.exists():
         pytest.skip(f"{path} is not beside these tests (an installed-wheel test run)")
+    if str(SCRIPTS) not in sys.path:  # as when run as a script: its folder's modules import
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

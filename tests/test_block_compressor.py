@@ -1,4 +1,5 @@
-"""The writer's block compressors (``block_compressor`` of each core): the frames of
+"""The writer's block compressors (``block_compressor`` of ``_compress``, compiled, and its twin
+``_compress_py``): the frames of
 python-zstandard's ``ZstdCompressor.compress`` byte for byte, in block order, whatever the
 number of workers, with a fixed number of blocks in flight."""
 
@@ -13,17 +14,21 @@ import pytest
 import zstandard
 
 import atlas_fast
-import atlas_fast._pyreader
-from atlas_fast._pycompress import PoolCompressor, zstandard_version_number
+import atlas_fast._core._compress_py
+from atlas_fast._core._compress_py import PoolCompressor, zstandard_version_number
 
-CORES = [atlas_fast._pyreader]
+CORES = [atlas_fast._core._compress_py]
 if atlas_fast.BACKEND == "cython":
-    import atlas_fast._reader
+    import atlas_fast._core._compress
 
-    CORES.append(atlas_fast._reader)
+    CORES.append(atlas_fast._core._compress)
 
 
-@pytest.fixture(params=CORES, ids=lambda m: m.BACKEND)
+def _backend_of(module) -> str:
+    return "python" if module.__name__.endswith("_py") else "cython"
+
+
+@pytest.fixture(params=CORES, ids=_backend_of)
 def core(request):
     return request.param
 
@@ -91,12 +96,13 @@ def test_close_drops_queued_blocks(core):
 
 @pytest.mark.skipif(atlas_fast.BACKEND != "cython", reason="the compiled core")
 def test_compiled_core_compresses_with_libzstd_when_versions_match():
-    from atlas_fast import _reader
+    from atlas_fast._core import _compress
 
-    zc = _reader.block_compressor(3, None, 2)
+    assert atlas_fast._backend.compressor is _compress
+    zc = _compress.block_compressor(3, None, 2)
     zc.close()
-    if _reader.zstd_compress_version() == zstandard_version_number():
-        assert isinstance(zc, _reader.BlockCompressor)
+    if _compress.zstd_compress_version() == zstandard_version_number():
+        assert isinstance(zc, _compress.BlockCompressor)
         with pytest.raises(ValueError, match="closed"):
             zc.submit(b"x")
     else:

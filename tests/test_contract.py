@@ -17,16 +17,16 @@ import pytest
 from loader_helpers import example, write_dataset
 
 import atlas_fast
-import atlas_fast._batch
-import atlas_fast._pyreader
+import atlas_fast._core._pool
+import atlas_fast._core._reader_py
 from atlas_fast import _contract, _format
 from atlas_fast._errors import AtlasFormatError, MissingSharedDictionary
 
-CORES = [atlas_fast._pyreader]
+CORES = [atlas_fast._core._reader_py]
 if atlas_fast.BACKEND == "cython":
-    import atlas_fast._reader
+    import atlas_fast._core._reader
 
-    CORES.append(atlas_fast._reader)
+    CORES.append(atlas_fast._core._reader)
 
 
 def _declared(protocol) -> set:
@@ -64,8 +64,8 @@ def test_core_modules_offer_the_contract(core):
         assert missing == [], (cls, missing)
 
 
-def test_batch_uses_only_the_declared_batch_source(core, root):
-    """``_batch`` works on shard readers through ``BatchSource`` alone, which both cores offer."""
+def test_pool_uses_only_the_declared_batch_source(core, root):
+    """``_pool`` works on shard readers through ``BatchSource`` alone, which both cores offer."""
     protocol = _contract.BatchSource
     declared = set(protocol.__annotations__) | {
         name
@@ -83,9 +83,9 @@ def test_batch_uses_only_the_declared_batch_source(core, root):
     missing = [n for n in declared if not hasattr(shard, n)]
     assert missing == [], missing
     assert (shard._block_size, shard._n_blocks, shard._compressed) == (4, 10, True)
-    source = Path(atlas_fast._batch.__file__).read_text()
+    source = Path(atlas_fast._core._pool.__file__).read_text()
     used = set(re.findall(r"\breader\.(\w+)", source))
-    assert used, "no reader attribute found: the pattern no longer matches _batch's code"
+    assert used, "no reader attribute found: the pattern no longer matches _pool's code"
     assert used <= declared, used - declared
 
 
@@ -208,11 +208,11 @@ def test_index_rule_is_one(core):
 
 @pytest.mark.skipif(atlas_fast.BACKEND != "cython", reason="needs the compiled core")
 def test_c_constants_mirror_the_python_ones():
-    c = atlas_fast._reader.C_CONSTANTS
+    c = atlas_fast._core._reader.C_CONSTANTS
     assert c["MAX_ZSTD_RATIO"] == _format.MAX_ZSTD_RATIO
     assert c["DEFAULT_MAX_BLOCK_BYTES"] == _format._DEFAULT_MAX_BLOCK_BYTES
-    assert c["STREAM_STEP"] == atlas_fast._pyreader.STREAM_STEP
-    assert c["READ_AHEAD_MIN_STORED"] == atlas_fast._batch.POOL_MIN_BLOCK_BYTES
+    assert c["STREAM_STEP"] == atlas_fast._core._reader_py.STREAM_STEP
+    assert c["READ_AHEAD_MIN_STORED"] == atlas_fast._core._pool.POOL_MIN_BLOCK_BYTES
 
 
 def test_threads_share_one_dataset_through_a_small_cache(atlas, root):

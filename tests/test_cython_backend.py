@@ -108,7 +108,7 @@ def test_zstd_library_reports_a_real_library():
 @needs_compiled
 def test_system_libzstd_comes_first_only_as_python_zstandards_release(monkeypatch):
     """Private name: the binding's search order, which the library report does not show."""
-    from atlas_fast import _reader
+    from atlas_fast._core import _reader
 
     monkeypatch.delenv("ATLAS_FAST_LIBZSTD", raising=False)
     found = _reader._candidates()
@@ -119,10 +119,10 @@ def test_system_libzstd_comes_first_only_as_python_zstandards_release(monkeypatc
 
 @needs_compiled
 def test_libzstd_from_the_environment_variable():
-    from atlas_fast import _reader
+    from atlas_fast._core import _reader
 
     wanted = _reader.zstd_library()["path"]
-    code = "import atlas_fast._reader as r, json; print(json.dumps(r.zstd_library()))"
+    code = "import atlas_fast._core._reader as r, json; print(json.dumps(r.zstd_library()))"
     env = dict(os.environ, ATLAS_FAST_LIBZSTD=wanted)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True)
     assert out.returncode == 0, out.stderr
@@ -136,7 +136,7 @@ def test_unusable_libzstd_falls_back_with_one_warning():
         "import warnings, json\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
-        "    import atlas_fast, atlas_fast._reader as r\n"
+        "    import atlas_fast, atlas_fast._core._reader as r\n"
         "print(json.dumps([atlas_fast.BACKEND, r.zstd_available(), r.zstd_load_error(),\n"
         "                  [str(x.message) for x in w]]))\n"
     )
@@ -561,7 +561,7 @@ def test_data_file_changed_after_index_check(tmp_path, monkeypatch):
     shard = atlas_fast.atlas.AtlasDatasetShard(path)
     # The core's ``load_offsets`` (private) is patched to change data.bin right after the
     # index was read: the mapping must notice.
-    original = atlas_fast._reader.load_offsets
+    original = atlas_fast._core._reader.load_offsets
 
     def grow_then_open(*args):
         result = original(*args)
@@ -569,14 +569,14 @@ def test_data_file_changed_after_index_check(tmp_path, monkeypatch):
             f.write(b"extra")
         return result
 
-    monkeypatch.setattr(atlas_fast._reader, "load_offsets", grow_then_open)
+    monkeypatch.setattr(atlas_fast._core._reader, "load_offsets", grow_then_open)
     with pytest.raises(AtlasFormatError, match=r"index\.npy: the last offset is \d+ but .* bytes"):
         shard[0]
 
 
 @needs_compiled
 def test_public_classes_are_built_on_the_compiled_cores(tmp_path):
-    from atlas_fast import _reader
+    from atlas_fast._core import _reader
 
     assert issubclass(atlas_fast.AtlasDatasetShard, _reader.ShardCore)
     assert issubclass(atlas_fast.AtlasDataset, _reader.DatasetCore)

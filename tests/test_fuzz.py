@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atlas_fast import AtlasFormatError, UnsafePickleError
-from atlas_fast._verify import verify
+from atlas_fast.cli.verify import verify
 
 _LONG = int(os.environ.get("ATLAS_FAST_FUZZ_EXAMPLES", "0") or 0)
 MAX_EXAMPLES = _LONG or 40

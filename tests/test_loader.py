@@ -21,7 +21,7 @@ N = 300  # shards of 64 examples (the last 44), blocks of 8: 38 blocks over 5 sh
 def small_blocks_use_the_pool(monkeypatch):
     """This module's blocks are small: send them to the pool anyway, so read-ahead through
     the pool is what these tests exercise (test_small_blocks_are_read_ahead_inline aside)."""
-    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 0)
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +422,7 @@ def test_iter_stops_cleanly_when_closed_or_dropped(atlas, root, expected):
     it.close()
     with pytest.raises(StopIteration):
         next(it)
-    assert decodes(ds) <= 2 + atlas_fast._batch.READ_AHEAD  # bounded read-ahead
+    assert decodes(ds) <= 2 + atlas_fast._core._pool.READ_AHEAD  # bounded read-ahead
     it = iter(ds)
     next(it)
     del it
@@ -435,7 +435,7 @@ def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, m
     def refuse():
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    monkeypatch.setattr(atlas_fast._batch, "_thread_pool", refuse)
+    monkeypatch.setattr(atlas_fast._core._pool, "_thread_pool", refuse)
     ds = atlas.AtlasDataset(root)
     batch = [299, 0, 150, 7, 64]
     assert ds.__getitems__(batch) == [expected[i] for i in batch]
@@ -449,18 +449,18 @@ def test_small_blocks_are_read_ahead_inline(atlas, backend, root, expected, monk
     if backend == "cython":
         pytest.skip("the pool's read-ahead is the Python backend's")
     submitted = []
-    submit = atlas_fast._batch._submit
+    submit = atlas_fast._core._pool._submit
 
     def counting(fn, *args):
         submitted.append(args)
         return submit(fn, *args)
 
-    monkeypatch.setattr(atlas_fast._batch, "_submit", counting)
+    monkeypatch.setattr(atlas_fast._core._pool, "_submit", counting)
     ds = atlas.AtlasDataset(root, cache_blocks=1)
-    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 1 << 30)
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 1 << 30)
     assert list(ds) == expected
     assert submitted == []
-    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 1)
     assert list(ds) == expected
     assert len(submitted) == sum(-(-len(s) // 8) for s in ds.shards)
 

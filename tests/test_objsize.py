@@ -1,4 +1,4 @@
-"""What the block cache charges a block (atlas_fast._objsize, shared by both cores): about the
+"""What the block cache charges a block (atlas_fast._core._objsize, shared by both cores): about the
 memory its examples take, never less than its pickle, whatever the examples are."""
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from atlas_fast._objsize import MEASURE_EVERY, MEASURE_FIRST, WINDOW, ChargeMeter, objects_bytes
+from atlas_fast._core._objsize import (
+    MEASURE_EVERY,
+    MEASURE_FIRST,
+    WINDOW,
+    ChargeMeter,
+    objects_bytes,
+)
 
 
 def taken(examples, protocol=pickle.HIGHEST_PROTOCOL) -> tuple:

@@ -1,8 +1,9 @@
 """Partial decoding: the pickle scanners (compiled and pure Python) give, for every element of
 a block, a synthetic pickle that loads to what ``pickle.loads(block)[i]`` holds.
 
-The scanners are private modules (``atlas_fast._pickle_scan``, ``atlas_fast._pyscan``): their
-contract is what the cores build on, so it is pinned here directly. Both are checked against
+The scanners are private (``atlas_fast._core._pickle_scan``; ``pickle_scan_py``, a model kept
+in tests/): their contract is what the cores build on, so it is pinned here directly. Both are
+checked against
 ``pickle.loads`` and against each other (same spans, memo entries and synthetic bytes).
 """
 
@@ -19,17 +20,17 @@ import threading
 import uuid
 
 import numpy as np
+import pickle_scan_py as _pyscan
 import pytest
 from helpers import FIXTURES, fixture_cases, reference_blocks, run_threads, same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atlas_fast import _pyscan
 from atlas_fast._errors import UnsafePickleError
 from atlas_fast._safe_pickle import make_loads
 
 try:
-    from atlas_fast import _pickle_scan, _reader
+    from atlas_fast._core import _pickle_scan, _reader
 except ImportError:  # a pure-Python install: only the twin is there
     _pickle_scan = _reader = None
 
@@ -653,152 +654,6 @@ def test_bench_corpora_take_the_partial_path(bench_corpora, corpus, block_size):
     fallbacks = sum(check_block(block) for block in blocks)
     assert fallbacks == 0
     assert sum(len(pickle.loads(b)) for b in blocks) == len(examples)
-
-
-# ---------------------------------------------------------------------------------------------
-# Partial decompression (compiled only: the building block of the compiled core's misses)
-
-needs_compiled = pytest.mark.skipif(_pickle_scan is None, reason="compiled backend not built")
-
-
-def _frame(raw: bytes, **kwargs) -> bytes:
-    import zstandard
-
-    return zstandard.ZstdCompressor(level=3, **kwargs).compress(raw)
-
-
-@pytest.fixture(scope="module")
-def big_block(bench_corpora):
-    return pickle.dumps(bench_corpora["documents"][:150])  # several zstd blocks of 128 KB
-
-
-@needs_compiled
-def test_partial_zstd_resumes_and_never_restarts(big_block):
-    frame = _frame(big_block)
-    pz = _reader.PartialZstd(frame)
-    assert pz.content_size == len(big_block) and pz.available == 0 and not pz.finished
-    seen = 0
-    for offset in (1, 10, 10, 5000, 140_000, 140_001, 300_000, len(big_block)):
-        out = pz.advance(offset)
-        assert out >= min(offset, len(big_block)) and out >= seen
-        view = memoryview(pz)
-        assert view.readonly and len(view) == out
-        assert view == big_block[:out]  # what earlier calls wrote is unchanged
-        seen = out
-    assert pz.advance(10) == seen  # asking for less decodes nothing
-    assert pz.finish() == len(big_block) and pz.finished
-    assert bytes(pz) == big_block
-
-
-@needs_compiled
-def test_partial_zstd_stops_early(big_block):
-    pz = _reader.PartialZstd(_frame(big_block))
-    # libzstd decodes whole 128 KB blocks: asking for the first bytes leaves the rest.
-    assert pz.advance(100) < len(big_block)
-    assert not pz.finished
-
-
-@needs_compiled
-def test_partial_zstd_with_a_dictionary(bench_corpora):
-    import zstandard
-
-    samples = [pickle.dumps(bench_corpora["documents"][k : k + 4]) for k in range(0, 200, 4)]
-    zdict = zstandard.train_dictionary(4096, samples)
-    raw = pickle.dumps(bench_corpora["documents"][:40])
-    frame = zstandard.ZstdCompressor(dict_data=zdict).compress(raw)
-    pz = _reader.PartialZstd(frame, zdict.as_bytes())
-    assert pz.advance(len(raw) // 2) >= len(raw) // 2
-    assert pz.finish() == len(raw) and bytes(pz) == raw
-    with pytest.raises(ValueError, match="zstd"):
-        _reader.PartialZstd(frame).finish()  # without its dictionary
-
-
-@needs_compiled
-def test_partial_zstd_refuses_damage(big_block):
-    frame = _frame(big_block)
-    with pytest.raises(ValueError, match="truncated"):
-        _reader.PartialZstd(frame[: len(frame) // 2]).finish()
-    pz = _reader.PartialZstd(frame[: len(frame) // 2])
-    pz.advance(100)  # the part that is there decodes
-    with pytest.raises(ValueError, match="truncated"):
-        pz.finish()
-    with pytest.raises(ValueError, match="truncated"):
-        pz.advance(10**9)  # the object stays failed
-    damaged = bytearray(frame)
-    for k in range(40, len(damaged), 97):
-        damaged[k] ^= 0x5A
-    with pytest.raises(ValueError, match="zstd"):
-        _reader.PartialZstd(bytes(damaged)).finish()
-    with pytest.raises(ValueError, match="header"):
-        _reader.PartialZstd(b"not zstd at all")
-    import zstandard
-
-    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(big_block)
-    with pytest.raises(ValueError, match="declare its size"):
-        _reader.PartialZstd(unsized)
-    with pytest.raises(ValueError, match="over 1000"):
-        _reader.PartialZstd(frame, max_size=1000)
-
-
-@needs_compiled
-def test_partial_zstd_more_than_declared(big_block):
-    # Two frames back to back: the first one's end is where decoding stops.
-    frame = _frame(b"abc" * 1000)
-    pz = _reader.PartialZstd(frame + _frame(b"more"))
-    assert pz.finish() == 3000 and bytes(pz) == b"abc" * 1000
-    # A header declaring less than the frame holds.
-    short = bytearray(_frame(b"x" * 200, write_checksum=False))
-    assert short[5] == 200  # single-segment frame: 1-byte content size after the descriptor
-    short[5] = 100
-    with pytest.raises(ValueError, match="zstd"):
-        _reader.PartialZstd(bytes(short)).finish()
-
-
-@needs_compiled
-def test_partial_zstd_threads(big_block):
-    import random
-
-    frame = _frame(big_block)
-    for _ in range(5):
-        pz = _reader.PartialZstd(frame)
-
-        def reader(seed, pz=pz):
-            rng = random.Random(seed)
-            for _ in range(30):
-                offset = rng.randrange(1, len(big_block) + 1)
-                out = pz.advance(offset)
-                view = memoryview(pz)
-                assert out >= offset and len(view) >= out, (offset, out)
-                assert view == big_block[: len(view)]
-
-        assert run_threads(reader, 8) == []
-
-
-@needs_compiled
-def test_partial_zstd_contexts_go_back_clean(bench_corpora):
-    """Pooled contexts: one left mid-frame, with or without a dictionary, decodes nothing
-    wrong into the next frame that takes it (from another thread too)."""
-    import zstandard
-
-    samples = [pickle.dumps(bench_corpora["documents"][k : k + 4]) for k in range(0, 200, 4)]
-    zdict = zstandard.train_dictionary(4096, samples)
-    blocks = [pickle.dumps(bench_corpora["documents"][k : k + 60]) for k in range(0, 240, 60)]
-    plain = [_frame(b) for b in blocks]
-    with_dict = [zstandard.ZstdCompressor(dict_data=zdict).compress(b) for b in blocks]
-    kept = _reader.ZstdDict(zdict.as_bytes(), "dict")
-
-    def reader(seed):
-        for round_ in range(6):
-            for k, raw in enumerate(blocks):
-                for frame, dictionary in ((plain[k], None), (with_dict[k], kept)):
-                    pz = _reader.PartialZstd(frame, dictionary)
-                    if (seed + round_ + k) % 2:
-                        pz.advance(100)  # abandoned mid-frame: its context goes back
-                        del pz
-                    else:
-                        assert pz.finish() == len(raw) and bytes(pz) == raw
-
-    assert run_threads(reader, 4) == []
 
 
 def test_a_prefix_does_not_decide_an_element():

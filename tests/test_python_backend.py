@@ -7,7 +7,8 @@ import pytest
 from helpers import assert_same
 
 import atlas_fast
-from atlas_fast import _pyreader, _python
+from atlas_fast import _python
+from atlas_fast._core import _reader_py as _pyreader
 
 
 def _write(root, n=300, block_size=7, strategy=1):

@@ -25,9 +25,10 @@ import atlas_fast
 import atlas_fast._python
 import atlas_fast.atlas
 from atlas_fast import AtlasDatasetShardWriter
-from atlas_fast._commit import commit_staged_shards
 from atlas_fast._extras import MissingExtraError
-from atlas_fast.ray import _plan_read_tasks, example_to_row, row_to_example
+from atlas_fast._writing.commit import commit_staged_shards
+from atlas_fast.ray import example_to_row, row_to_example
+from atlas_fast.ray._rows import plan_read_tasks as _plan_read_tasks
 
 REFERENCE_WHEEL = FIXTURES.parent.parent / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
 
@@ -320,7 +321,7 @@ def test_block_rows_are_the_rows_ray_iterates(ray):
 
     from ray.data.block import BlockAccessor
 
-    from atlas_fast._ray_impl import block_rows
+    from atlas_fast.ray._data import block_rows
 
     def column(values):
         out = np.empty(len(values), dtype=object)

@@ -1,7 +1,7 @@
 """Passes in order (iter(ds), ds[i] for i in order) with blocks decoded ahead: every example
 exact whatever else happens meanwhile (random reads, threads, close, fork), and a damaged
 block reported when it is reached, as without read-ahead. The compiled backend's read-ahead
-is a C thread (src/_readahead.pxi); the Python backend's is the pool (atlas_fast._batch)."""
+is a C thread (_core/_readahead.pxi); the Python backend's is the pool (_core/_pool.py)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ N = 600  # 3 shards of 200, blocks of 10: 60 blocks
 def _reader_module():
     if atlas_fast.BACKEND != "cython":
         return None
-    return importlib.import_module("atlas_fast._reader")
+    return importlib.import_module("atlas_fast._core._reader")
 
 
 @pytest.fixture(autouse=True)
 def read_ahead_small_blocks(monkeypatch):
     """These blocks are small: read them ahead anyway (both backends)."""
-    monkeypatch.setattr(atlas_fast._batch, "POOL_MIN_BLOCK_BYTES", 0)
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)
     reader = _reader_module()
     if reader is None:
         yield

@@ -21,9 +21,9 @@ from helpers import FIXTURES, assert_same, load_expected
 
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
 from atlas_fast._format import CHECKSUM_FILE, block_checksum
-from atlas_fast._info import info
-from atlas_fast._verify import verify
 from atlas_fast.cli import main
+from atlas_fast.cli.info import info
+from atlas_fast.cli.verify import verify
 
 
 def _cli(capsys, *argv):

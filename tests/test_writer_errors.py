@@ -20,7 +20,7 @@ import pytest
 import atlas_fast._backend
 import atlas_fast.writer
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
-from atlas_fast._pycompress import PoolCompressor
+from atlas_fast._core._compress_py import PoolCompressor
 
 # Strategy 3 finishes every full shard on the pool when workers > 1; workers=1 on this thread.
 WORKERS = [1, 2]
@@ -130,7 +130,7 @@ class FailingCompressor:
 @pytest.mark.parametrize("strategy", [1, 3])  # compressed as it is added, or at close
 @pytest.mark.parametrize("workers", WORKERS)
 def test_a_compression_failure_names_its_shard_and_block(tmp_path, monkeypatch, workers, strategy):
-    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", FailingCompressor)
+    monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", FailingCompressor)
     examples = [POISON if i == 25 else f"example {i}" for i in range(40)]
     error = write_failing(tmp_path / "ds", examples, workers, strategy=strategy)
     assert type(error) is RuntimeError
@@ -226,7 +226,7 @@ def test_a_double_closed_on_this_thread_raises_its_own_error(tmp_path, monkeypat
 def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
     """Strategy 2 with workers=2 compresses the shards read ahead on the pool, each as it is
     given its blocks: the block that fails is named once."""
-    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", FailingCompressor)
+    monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", FailingCompressor)
     examples = [POISON if i == 85 else f"example {i}" for i in range(230)]
     error = write_failing(
         tmp_path / "ds",

@@ -14,7 +14,7 @@ import zstandard
 import atlas_fast._backend
 import atlas_fast.writer
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
-from atlas_fast._pycompress import IN_FLIGHT_PER_WORKER, PoolCompressor
+from atlas_fast._core._compress_py import IN_FLIGHT_PER_WORKER, PoolCompressor
 from atlas_fast.writer import default_workers
 
 
@@ -131,7 +131,7 @@ def use_python_zstandard(monkeypatch):
     """Compress through python-zstandard (the pure-Python backend's block compressor) on
     either backend, so that a patched ``zstandard.ZstdCompressor`` sees every block; the
     compiled one's is pinned by tests/test_block_compressor.py."""
-    monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", PoolCompressor)
+    monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", PoolCompressor)
 
 
 @pytest.fixture
@@ -400,14 +400,14 @@ class ClosedCompressors:
 
     def __init__(self, monkeypatch):
         self.made = []
-        real = atlas_fast._backend.core.block_compressor
+        real = atlas_fast._backend.compressor.block_compressor
 
         def make(*args, **kwargs):
             compressor = Recorded(real(*args, **kwargs))
             self.made.append(compressor)
             return compressor
 
-        monkeypatch.setattr(atlas_fast._backend.core, "block_compressor", make)
+        monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", make)
 
     def open(self):
         return [c for c in self.made if not c.closed]

@@ -78,12 +78,12 @@ WHEEL_NAME=$(basename "$WHEEL")
 PLATFORM_TAG=${WHEEL_NAME%.whl}
 PLATFORM_TAG=${PLATFORM_TAG##*-}
 "$TOOLS_VENV/bin/auditwheel" show "$WHEEL" | tee "$WORK/show.txt"
-"$TOOLS_VENV/bin/python" - "$WHEEL" <<'EOF' || die "$WHEEL_NAME carries no compiled atlas_fast._reader"
+"$TOOLS_VENV/bin/python" - "$WHEEL" <<'EOF' || die "$WHEEL_NAME carries no compiled atlas_fast._core._reader"
 import sys
 import zipfile
 
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-sys.exit(not any(n.startswith("atlas_fast/_reader.") and n.endswith(".so") for n in names))
+sys.exit(not any(n.startswith("atlas_fast/_core/_reader.") and n.endswith(".so") for n in names))
 EOF
 
 step "install: a fresh virtual environment in $WORK/venv"

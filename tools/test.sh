@@ -15,7 +15,7 @@ python=${PYTHON:-python}
 "$python" -m pip install -e '.[test]'
 ruff check .
 ruff format --check .
-cython-lint src/
+cython-lint atlas_fast/_core/
 
 venv=${ATLAS_FAST_MDS_VENV:-.ci-venvs/mds}
 started=$(date +%s)

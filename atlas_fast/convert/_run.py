@@ -1078,8 +1078,8 @@ def run_conversion(
 def _convert_source(pool, source, work, root, label, verify, progress, options):
     """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
     verify it if asked; returns (examples, shards)."""
-    from .._commit import commit_staged_shards
     from .._format import CompressionStrategy
+    from .._writing.commit import commit_staged_shards
 
     dict_dir = work / "dict"
     dict_dir.mkdir(parents=True)

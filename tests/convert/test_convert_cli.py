@@ -9,7 +9,7 @@ import sys
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
 
 from atlas_fast import cli
-from atlas_fast._convert_cli import FORMAT_NAMES
+from atlas_fast.cli.convert import FORMAT_NAMES
 from atlas_fast.convert import FORMATS
 
 

@@ -547,7 +547,7 @@ def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
     """A run that steals several consecutive parts at once writes them into the same shards;
     every group is committed in part order."""
 
-    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast._writing.commit import commit_staged_shards
 
     docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
     # run 1 first: it takes its own parts, then steals from run 0's
@@ -619,7 +619,7 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     run 0's but the first (each stolen one a group of its own): committed in part order,
     the examples are the source's, in order, whoever wrote them."""
 
-    from atlas_fast._commit import commit_staged_shards
+    from atlas_fast._writing.commit import commit_staged_shards
 
     docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
     results = _write_run_1_then_0(tmp_path, monkeypatch, ((0, 3), (3, 6)))
@@ -666,14 +666,14 @@ def _record_compressors(monkeypatch, log):
     worker processes are forked, so they record too)."""
     from atlas_fast import _backend
 
-    real = _backend.core.block_compressor
+    real = _backend.compressor.block_compressor
 
     def recording(level, zdict, workers, **options):
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {workers}\n")
         return real(level, zdict, workers, **options)
 
-    monkeypatch.setattr(_backend.core, "block_compressor", recording)
+    monkeypatch.setattr(_backend.compressor, "block_compressor", recording)
     monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")
 
 

@@ -49,10 +49,10 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
     ``readers`` is the module whose reader classes decode (default ``atlas_fast.atlas``).
     """
     if readers is None:
-        from . import atlas as readers
-    from ._errors import AtlasFormatError
-    from ._format import CompressionStrategy, block_count, load_offsets
-    from ._verify import open_target
+        from .. import atlas as readers
+    from .._errors import AtlasFormatError
+    from .._format import CompressionStrategy, block_count, load_offsets
+    from .verify import open_target
 
     path = Path(path)
     problems: list = []
@@ -127,7 +127,7 @@ def _size(n: int) -> str:
 
 
 def run(args) -> int:
-    from ._errors import AtlasFormatError
+    from .._errors import AtlasFormatError
 
     path = Path(args.path)
     if not path.is_dir():

@@ -63,8 +63,8 @@ def open_target(path: Path, problems: list) -> Target:
     A directory whose meta.json has a ``block_size`` (or that has no meta.json but a data.bin
     or index.npy) is a shard; any other directory is a dataset root.
     """
-    from ._errors import AtlasFormatError
-    from ._format import (
+    from .._errors import AtlasFormatError
+    from .._format import (
         DATA_FILE,
         DICT_FILE,
         INDEX_FILE,
@@ -113,7 +113,7 @@ def _set(target: Target, dict_bytes: bytes) -> None:
 
 def _peek_json(path: Path):
     """meta.json's content if it is a small regular file of JSON, else None (never blocks)."""
-    from ._format import MAX_META_BYTES
+    from .._format import MAX_META_BYTES
 
     try:
         if not path.is_file() or path.stat().st_size > MAX_META_BYTES:
@@ -158,9 +158,10 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
     (default ``atlas_fast.atlas``, the selected backend).
     """
     if readers is None:
-        from . import atlas as readers
-    from ._errors import AtlasFormatError
-    from ._format import (
+        from .. import atlas as readers
+    from .._core._reader_py import read_at
+    from .._errors import AtlasFormatError
+    from .._format import (
         CHECKSUM_FILE,
         DATA_FILE,
         META_FILE,
@@ -171,7 +172,6 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
         load_offsets,
         read_shard_metadata,
     )
-    from ._pyreader import read_at
 
     path = Path(path)
     problems: list = []

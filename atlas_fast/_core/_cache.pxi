@@ -46,7 +46,7 @@ cdef class BlockCache:
     cdef Py_ssize_t _reserved
     cdef unsigned long long _hits
     cdef unsigned long long _misses
-    cdef object _meter  # what a block is charged (atlas_fast._objsize.ChargeMeter)
+    cdef object _meter  # what a block is charged (atlas_fast._core._objsize.ChargeMeter)
 
     def __cinit__(self, max_bytes=None, max_blocks=None):
         self._entries = {}

@@ -51,7 +51,7 @@ def add_arguments(parser) -> None:
         metavar="FORMAT",
         help=f"the format of SRC: {', '.join(FORMAT_NAMES)}",
     )
-    from .convert._run import WRITER_DEFAULTS
+    from ..convert._run import WRITER_DEFAULTS
 
     writer = parser.add_argument_group("writer options (as AtlasDatasetWriter's)")
     for flag, key, kind, metavar, text in _WRITER_FLAGS:
@@ -110,9 +110,9 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
-    from ._errors import AtlasFormatError
-    from ._extras import MissingExtraError
-    from .convert import FormatUnavailableError, SourceError, VerifyError, convert
+    from .._errors import AtlasFormatError
+    from .._extras import MissingExtraError
+    from ..convert import FormatUnavailableError, SourceError, VerifyError, convert
 
     if args.ray and args.workers is not None:
         return _error("--ray and --workers exclude each other (Ray decides the parallelism)")

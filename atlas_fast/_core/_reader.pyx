@@ -1,5 +1,5 @@
 # Directives are set once, in setup.py.
-"""The compiled backend: the hot path of reading blocks, in C (see atlas_fast._pyreader)."""
+"""The compiled core: the hot path of reading blocks, in C (its twin: ``_reader_py``)."""
 
 from cpython.buffer cimport (
     PyBUF_FORMAT,
@@ -26,22 +26,20 @@ from cpython.pythread cimport (
     PyThread_release_lock,
     PyThread_type_lock,
 )
-from libc.errno cimport EINTR, EIO, errno
+from libc.errno cimport EINTR, errno
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, getenv, malloc, realloc
+from libc.stdlib cimport free, getenv, malloc, realloc
 from libc.string cimport memcpy
-from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
 from posix.stat cimport fstat, struct_stat
 from posix.stat cimport stat as c_stat
 from posix.unistd cimport close as c_close
-from posix.unistd cimport write as c_write
 
 cimport cython
 
-from atlas_fast._pickle_scan cimport (
+from atlas_fast._core._pickle_scan cimport (
     PS_DONE,
     PickleScan,
     ps_feed,
@@ -52,19 +50,13 @@ from atlas_fast._pickle_scan cimport (
     ps_synthetic,
 )
 from zstd cimport (
-    ZSTD_CCtx,
     ZSTD_CCtx_loadDictionary_fn,
     ZSTD_CCtx_reset_fn,
     ZSTD_CCtx_setParameter_fn,
     ZSTD_CCtx_setPledgedSrcSize_fn,
-    ZSTD_c_checksumFlag,
-    ZSTD_c_compressionLevel,
-    ZSTD_c_contentSizeFlag,
-    ZSTD_c_dictIDFlag,
     ZSTD_compressBound_fn,
     ZSTD_compressStream2_fn,
     ZSTD_createCCtx_fn,
-    ZSTD_e_end,
     ZSTD_freeCCtx_fn,
     ZSTD_CONTENTSIZE_ERROR,
     ZSTD_CONTENTSIZE_UNKNOWN,
@@ -84,7 +76,6 @@ from zstd cimport (
     ZSTD_inBuffer,
     ZSTD_isError_fn,
     ZSTD_outBuffer,
-    ZSTD_reset_session_and_parameters,
     ZSTD_reset_session_only,
     ZSTD_versionNumber_fn,
     ZSTD_versionString_fn,
@@ -95,11 +86,13 @@ import pickle
 import sys
 from collections import deque
 
-from ._batch import ShardOpener, gather, open_dictionary, shard_layout
-from ._compat import freeze_in_worker
-from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
-from ._errors import AtlasFormatError
-from ._format import (
+from ._pool import gather
+from ._shards import ShardOpener, open_dictionary, shard_layout
+from .._fork import after_fork_in_child
+from .._compat import freeze_in_worker
+from .._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
+from .._errors import AtlasFormatError
+from .._format import (
     INDEX_FILE,
     check_block_examples,
     check_zstd_content_size,
@@ -112,11 +105,6 @@ from ._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-
-cdef extern from "<dlfcn.h>" nogil:
-    ctypedef struct Dl_info:
-        const char* dli_fname
-    int dladdr(const void* addr, Dl_info* info)
 
 cdef extern from "<fcntl.h>":
     enum:
@@ -132,15 +120,12 @@ cdef extern from *:
 
 __all__ = [
     "ZstdDict",
-    "PartialZstd",
     "BlockCache",
     "ShardCore",
     "DatasetCore",
     "zstd_library",
     "zstd_available",
     "zstd_load_error",
-    "block_compressor",
-    "BlockCompressor",
     "BACKEND",
 ]
 
@@ -163,11 +148,10 @@ def _decode_after_fork():
     _first_decode = True
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_decode_after_fork)
+after_fork_in_child(_decode_after_fork)
 
 # The C constants that mirror Python ones (tests check them equal): MAX_ZSTD_RATIO and
-# _DEFAULT_MAX_BLOCK_BYTES of _format, and the input step _pyreader streams sizeless frames by.
+# _DEFAULT_MAX_BLOCK_BYTES of _format, and the input step _reader_py streams sizeless frames by.
 C_CONSTANTS = {
     "MAX_ZSTD_RATIO": ATLAS_MAX_ZSTD_RATIO,
     "DEFAULT_MAX_BLOCK_BYTES": ATLAS_DEFAULT_MAX_BLOCK_BYTES,
@@ -175,15 +159,15 @@ C_CONSTANTS = {
 }
 
 
-# The units of this module, one concern each, textually included so that the whole core is
-# one extension module: the cache's hit path and the index arithmetic inline into the C
-# __getitem__ slot, which calls across extension modules (through function pointers) would
-# not allow, and there is one module to build, import and bind libzstd in.
+# The units of this module, one concern each, textually included so that the whole reading
+# core is one extension module: the cache's hit path and the index arithmetic inline into the
+# C __getitem__ slot, which calls across extension modules (through function pointers) would
+# not allow. The writer's compressor is an extension of its own (_compress.pyx).
+include "_libzstd.pxi"
 include "_zstd.pxi"
 include "_mapping.pxi"
 include "_cache.pxi"
 include "_readahead.pxi"
-include "_compress.pxi"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,7 +357,7 @@ cdef class ShardCore:
 
         From the cache if it holds the block's examples. Otherwise, partial decoding: the
         block is decoded (decompressed) and scanned, and example ``j`` alone unpickled from
-        its synthetic pickle (atlas_fast._pickle_scan); the block's pickle stays in the
+        its synthetic pickle (atlas_fast._core._pickle_scan); the block's pickle stays in the
         cache. The whole block is unpickled instead when it is read in order (the last
         block read is the one before), when it is read a second time (its pickle is in the
         cache), and when the scanner falls back.
@@ -519,7 +503,7 @@ cdef class ShardCore:
         del dropped
         self._cache._discard(self._tag)
 
-    # -- for _batch -------------------------------------------------------------------------
+    # -- for _pool ---------------------------------------------------------------------------
 
     def _lookup(self, Py_ssize_t b):
         cdef _Entry e = self._cache._get((self._tag, b))
@@ -757,7 +741,7 @@ cdef class DatasetCore:
     reader is made on its first use."""
 
     cdef list _readers  # ShardCore or None (not used yet)
-    cdef object _opener  # a _batch.ShardOpener
+    cdef object _opener  # a _shards.ShardOpener
     cdef list _sizes
     cdef BlockCache _cache
     cdef Py_ssize_t _total

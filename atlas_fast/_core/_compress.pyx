@@ -1,6 +1,80 @@
-# Included by _reader.pyx: BlockCompressor, the writer's compression of pickled blocks.
 # Directives are set once, in setup.py.
-#
+"""The writer's block compressor, in C (its twin: ``_compress_py``)."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.errno cimport EINTR, EIO, errno
+from libc.stdlib cimport calloc, free, realloc
+from posix.unistd cimport close as c_close
+from posix.unistd cimport write as c_write
+
+cimport cython
+
+from zstd cimport (
+    ZSTD_CCtx,
+    ZSTD_CCtx_loadDictionary_fn,
+    ZSTD_CCtx_reset_fn,
+    ZSTD_CCtx_setParameter_fn,
+    ZSTD_CCtx_setPledgedSrcSize_fn,
+    ZSTD_c_checksumFlag,
+    ZSTD_c_compressionLevel,
+    ZSTD_c_contentSizeFlag,
+    ZSTD_c_dictIDFlag,
+    ZSTD_compressBound_fn,
+    ZSTD_compressStream2_fn,
+    ZSTD_createCCtx_fn,
+    ZSTD_e_end,
+    ZSTD_freeCCtx_fn,
+    ZSTD_DCtx_refDDict_fn,
+    ZSTD_DCtx_reset_fn,
+    ZSTD_createDCtx_fn,
+    ZSTD_createDDict_fn,
+    ZSTD_decompressStream_fn,
+    ZSTD_freeDCtx_fn,
+    ZSTD_freeDDict_fn,
+    ZSTD_getDictID_fromDDict_fn,
+    ZSTD_getDictID_fromFrame_fn,
+    ZSTD_getErrorName_fn,
+    ZSTD_getFrameContentSize_fn,
+    ZSTD_inBuffer,
+    ZSTD_isError_fn,
+    ZSTD_outBuffer,
+    ZSTD_reset_session_and_parameters,
+    ZSTD_reset_session_only,
+    ZSTD_versionNumber_fn,
+    ZSTD_versionString_fn,
+)
+
+import os
+import sys
+
+from .._fork import after_fork_in_child
+
+__all__ = [
+    "block_compressor",
+    "BlockCompressor",
+    "zstd_available",
+    "zstd_compress_version",
+    "zstd_library",
+    "BACKEND",
+]
+
+BACKEND = "cython"
+
+include "_libzstd.pxi"
+
+# Bumped in a forked child, which has none of the parent's helper threads: a BlockCompressor
+# created in an older generation neither waits for nor joins them.
+cdef unsigned long _generation = 0
+
+
+def _after_fork_in_child():
+    global _generation
+    _generation += 1
+
+
+after_fork_in_child(_after_fork_in_child)
+
+
 # The frames are those of python-zstandard's ZstdCompressor(level=L, dict_data=D,
 # write_checksum=C).compress(b) byte for byte: the same parameters on the context (level, content
 # size written, a content checksum when C, dictionary id written), the dictionary loaded into the
@@ -254,7 +328,7 @@ def block_compressor(level, zdict, int workers, bint checksum=False, out=None):
     this module's BlockCompressor when the bound libzstd is the version python-zstandard
     compresses with (same version, same frames), or nothing needs compressing
     (``level=None``), python-zstandard's otherwise."""
-    from ._pycompress import PoolCompressor, zstandard_version_number
+    from ._compress_py import PoolCompressor, zstandard_version_number
 
     if level is None or (
         _zcompress_ok and ZSTD_versionNumber() == zstandard_version_number()
@@ -296,7 +370,6 @@ cdef class BlockCompressor:
     def __cinit__(self, level, zdict, int workers, bint checksum=False, out=None):
         cdef const char* zd = NULL
         cdef size_t zd_size = 0
-        cdef size_t r
         cdef int k
         cdef Py_ssize_t depth
         cdef int c_level = 0

@@ -1,4 +1,4 @@
-# The C-level API of atlas_fast._pickle_scan: a scanner of a block's pickle opcodes that finds
+# The C-level API of atlas_fast._core._pickle_scan: a scanner of a block's pickle opcodes that finds
 # each top-level element's byte span and the memo entries it shares with earlier elements, so
 # that one element can be unpickled alone (see _pickle_scan.pyx for the semantics).
 #

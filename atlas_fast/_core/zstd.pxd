@@ -1,4 +1,4 @@
-# The part of libzstd's stable C API (zstd.h, v1.4.0+) that atlas_fast._reader calls.
+# The part of libzstd's stable C API (zstd.h, v1.4.0+) that atlas_fast._core._reader calls.
 #
 # Written from the documented API, not copied from zstd.h: no header is needed to build.
 # The functions are not linked: _reader binds pointers of these types with dlsym at import,
@@ -69,7 +69,7 @@ ctypedef unsigned (*ZSTD_getDictID_fromFrame_fn)(const void* src, size_t srcSize
 ctypedef size_t (*ZSTD_decompressStream_fn)(
     ZSTD_DCtx* zds, ZSTD_outBuffer* output, ZSTD_inBuffer* input) noexcept nogil
 
-# Compression (atlas_fast._reader.BlockCompressor); bound only when all are present.
+# Compression (atlas_fast._core._reader.BlockCompressor); bound only when all are present.
 ctypedef ZSTD_CCtx* (*ZSTD_createCCtx_fn)() noexcept nogil
 ctypedef size_t (*ZSTD_freeCCtx_fn)(ZSTD_CCtx* cctx) noexcept nogil
 ctypedef size_t (*ZSTD_CCtx_setParameter_fn)(ZSTD_CCtx* cctx, int param, int value) noexcept nogil

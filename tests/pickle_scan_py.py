@@ -23,7 +23,7 @@ read it (a recursive structure reaching outside the element). Elements are known
 the pickle's STOP has been scanned: a prefix does not determine them (``MARK K1 K2`` starts
 ``[1, 2]`` as well as ``[(1, 2)]``).
 
-The compiled twin is ``atlas_fast._pickle_scan.PickleScanner``: same API, same results
+The compiled twin is ``atlas_fast._core._pickle_scan.PickleScanner``: same API, same results
 (tests/test_pickle_scan.py checks both against each other and against ``pickle.loads``).
 """
 

@@ -117,7 +117,7 @@ cdef unsigned long long _ra_waits = 0  # times a caller waited for the worker
 cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
 # Frames of fewer stored bytes are decoded by the reading thread: a hand-off to the worker
 # (and the decoded bytes crossing to the reading thread's core) costs about what decoding them
-# does. The Python backend's pool draws the line at the same size (_batch.POOL_MIN_BLOCK_BYTES).
+# does. The Python backend's pool draws the line at the same size (_pool.POOL_MIN_BLOCK_BYTES).
 cdef size_t _ra_min_bytes = 16384
 C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
 _ra_owners = [None] * _RA_SLOTS
@@ -563,8 +563,7 @@ def _readahead_info():
 
 _ra_reset_in_child()  # the first "child": this process
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_readahead_after_fork)
+after_fork_in_child(_readahead_after_fork)
 
 import atexit  # noqa: E402
 

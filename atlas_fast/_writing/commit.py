@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._format import (
+from .._format import (
     DICT_FILE,
     META_FILE,
     VERSION,

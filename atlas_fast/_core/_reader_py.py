@@ -1,9 +1,9 @@
 """The pure-Python backend: the core of reading blocks, in plain Python.
 
-This module and the compiled ``atlas_fast._reader`` implement the same contract
+This module and the compiled ``atlas_fast._core._reader`` implement the same contract
 (``atlas_fast._contract``) with the same behaviour; the facade picks one at import
 (``atlas_fast.BACKEND``). What both share above the hot path (opening a shard, batches,
-read-ahead) lives in ``_batch``; metadata and error wording in ``_format``.
+read-ahead) lives in ``_pool`` and ``_shards``; metadata and error wording in ``_format``.
 
 Errors as the compiled core words them: a short read of data.bin is ``truncated_block_error``; a
 zstd frame whose header declares its size is decoded in one call and checked
@@ -30,11 +30,11 @@ from collections import OrderedDict
 
 import zstandard
 
-from ._batch import ShardOpener, gather, open_files, read_ahead, shard_layout
-from ._compat import freeze_in_worker
-from ._contract import CacheInfo, block_number, normalize_index, run_start
-from ._errors import AtlasFormatError
-from ._format import (
+from .._compat import freeze_in_worker
+from .._contract import CacheInfo, block_number, normalize_index, run_start
+from .._errors import AtlasFormatError
+from .._fork import after_fork_in_child
+from .._format import (
     check_block_examples,
     check_zstd_content_size,
     corrupt_frame_error,
@@ -45,7 +45,8 @@ from ._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-from ._pycompress import PoolCompressor
+from ._pool import gather, read_ahead
+from ._shards import ShardOpener, open_files, shard_layout
 
 __all__ = [
     "ZstdDict",
@@ -53,7 +54,6 @@ __all__ = [
     "ShardCore",
     "DatasetCore",
     "zstd_library",
-    "block_compressor",
     "BACKEND",
 ]
 
@@ -72,13 +72,6 @@ def zstd_library() -> dict:
         "version": zstandard.ZSTD_VERSION and ".".join(map(str, zstandard.ZSTD_VERSION)),
         "binding": f"python-zstandard {zstandard.__version__} ({zstandard.backend})",
     }
-
-
-def block_compressor(
-    level: int | None, zdict, workers: int, checksum: bool = False, out: int | None = None
-) -> PoolCompressor:
-    """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
-    return PoolCompressor(level, zdict, workers, checksum, out)
 
 
 def read_at(fd: int, size: int, offset: int) -> bytes:
@@ -168,8 +161,7 @@ def _after_fork_in_child() -> None:
         cache._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 
 
 class ZstdDict:
@@ -191,23 +183,16 @@ class _ThreadState(threading.local):
 
 
 class _Entry:
-    """A cached block: its examples, and room for what partial decoding will keep.
+    """A cached block: ``examples`` the unpickled list (None once dropped), ``nbytes`` what the
+    block counts against the budget, ``live`` whether the cache still holds it (a reader's last
+    entry may outlive it)."""
 
-    ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None),
-    ``offsets`` per-example positions in ``data``, ``partial`` a resumable decompression
-    state (both None until a core fills them), ``nbytes`` what the block counts against the
-    budget, ``live`` whether the cache still holds it (a reader's last entry may outlive it).
-    """
-
-    __slots__ = ("key", "block", "examples", "data", "offsets", "partial", "nbytes", "live")
+    __slots__ = ("key", "block", "examples", "nbytes", "live")
 
     def __init__(self, key, block: int, examples, nbytes: int) -> None:
         self.key = key
         self.block = block
         self.examples = examples
-        self.data = None
-        self.offsets = None
-        self.partial = None
         self.nbytes = nbytes
         self.live = True
 
@@ -226,7 +211,7 @@ class BlockCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
-        self._meter = ChargeMeter()  # what a block is charged (atlas_fast._objsize)
+        self._meter = ChargeMeter()  # what a block is charged (atlas_fast._core._objsize)
         self._lock = threading.Lock()
         _caches.add(self)
 
@@ -321,8 +306,8 @@ class BlockCache:
         del self._entries[entry.key]
         self._bytes -= entry.nbytes
         entry.live = False
-        dropped.append((entry.examples, entry.data))
-        entry.examples = entry.data = entry.offsets = entry.partial = None
+        dropped.append(entry.examples)
+        entry.examples = None
 
     def _discard(self, tag) -> None:
         """Drop every block of the reader tagged ``tag``."""
@@ -336,11 +321,6 @@ class BlockCache:
         with self._lock:
             for entry in list(self._entries.values()):
                 self._drop_lock_held(entry, dropped)
-
-
-class _ThreadState(threading.local):
-    dctx = None
-    zdict = None  # the ZstdDict that dctx was made for
 
 
 class ShardCore:
@@ -450,7 +430,7 @@ class ShardCore:
             _files.forget(self._data_path)
         self._cache._discard(self._tag)
 
-    # -- for _batch -------------------------------------------------------------------------
+    # -- for _pool ---------------------------------------------------------------------------
 
     def _lookup(self, b: int):
         return self._cache._get((self._tag, b))[1]

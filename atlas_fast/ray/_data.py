@@ -16,11 +16,11 @@ import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
-from ._commit import commit_staged_shards
-from ._format import DATA_FILE, DICT_FILE, META_FILE, CompressionStrategy, read_shard_metadata
-from .atlas import AtlasDataset
-from .ray import _plan_read_tasks, example_to_row, row_to_example
-from .writer import AtlasDatasetShardWriter
+from .._format import DATA_FILE, DICT_FILE, META_FILE, CompressionStrategy, read_shard_metadata
+from .._writing.commit import commit_staged_shards
+from ..atlas import AtlasDataset
+from ..writer import AtlasDatasetShardWriter
+from ._rows import example_to_row, plan_read_tasks, row_to_example
 
 __all__ = [
     "AtlasDatasink",
@@ -326,7 +326,7 @@ class AtlasDatasource(Datasource):
 
     def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None) -> list:
         shards = self.dataset.shards
-        plan = _plan_read_tasks(
+        plan = plan_read_tasks(
             [len(s) for s in shards], [s.metadata.block_size for s in shards], parallelism
         )
         sizes = [(s.root / DATA_FILE).stat().st_size if len(s) else 0 for s in shards]

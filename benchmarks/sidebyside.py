@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import reference as reference_mod
-from .system import describe, load_average
+from atlas_fast.bench import reference as reference_mod
+from atlas_fast.bench.system import describe, load_average
 
 __all__ = [
     "Contender",
@@ -248,7 +248,7 @@ class Table:
         import atlas_fast
 
         return {
-            "schema": "atlas_fast.bench.sidebyside/1",
+            "schema": "sidebyside/1",
             "title": self.title,
             "command": " ".join(self.argv),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
@@ -346,7 +346,7 @@ def finish(table, args) -> int:
 
 def dataset(args, corpus_name: str, count, strategy: int, block: int, shard=None) -> Path:
     """``corpus.dataset`` in the scripts' cache directory, its files read once (page cache)."""
-    from . import corpus
+    from atlas_fast.bench import corpus
 
     root = Path(args.cache_dir) if args.cache_dir else corpus.default_cache_dir()
     path = corpus.dataset(root, corpus_name, count, strategy, block, shard, progress=progress)

@@ -21,55 +21,47 @@ raises ``MissingExtraError`` naming the extra.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._extras import require
-from ._format import CompressionStrategy
+from .._extras import require
+from .._format import CompressionStrategy
+from ._rows import example_to_row, row_to_example
 
 if TYPE_CHECKING:  # defined on first use, by __getattr__ (they subclass Ray's classes)
-    from ._ray_impl import AtlasDatasink, AtlasDatasource
+    from ._data import AtlasDatasink, AtlasDatasource
 
-__all__ = ["AtlasDatasink", "AtlasDatasource", "read_atlas", "write_atlas"]
+__all__ = [
+    "AtlasDatasink",
+    "AtlasDatasource",
+    "example_to_row",
+    "read_atlas",
+    "row_to_example",
+    "write_atlas",
+]
 
 _EXTRA = "ray"
 _LAZY = ("AtlasDatasink", "AtlasDatasource")
 
 
-def _impl(feature: str):
+def _ray_data(feature: str):
     """The module of the Ray Data classes, once Ray is known to be there."""
     require("ray.data", _EXTRA, feature)
-    from . import _ray_impl
+    from . import _data
 
-    return _ray_impl
+    return _data
 
 
 def __getattr__(name: str):
     # The classes subclass Ray's, so they exist only once Ray is importable. Not cached in
     # the module's globals: every access checks that Ray is (still) there.
     if name in _LAZY:
-        return getattr(_impl(f"atlas_fast.ray.{name}"), name)
+        return getattr(_ray_data(f"atlas_fast.ray.{name}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
     return sorted([*globals(), *_LAZY])
-
-
-def example_to_row(example, item_column: str = "item") -> dict:
-    """The Ray Data row of an Atlas example (see the module docstring)."""
-    if isinstance(example, Mapping) and example and all(isinstance(key, str) for key in example):
-        return dict(example)
-    return {item_column: example}
-
-
-def row_to_example(row: Mapping, item_column: str | None = "item"):
-    """The Atlas example of a Ray Data row: the inverse of ``example_to_row``."""
-    if item_column is not None and len(row) == 1 and item_column in row:
-        return row[item_column]
-    return dict(row)
 
 
 def write_atlas(
@@ -113,7 +105,7 @@ def write_atlas(
     Nothing is a dataset until the end: the root meta.json is written last, atomically, once
     every task has succeeded. A failed write leaves no meta.json and no staging directory.
     """
-    impl = _impl("atlas_fast.ray.write_atlas")
+    impl = _ray_data("atlas_fast.ray.write_atlas")
     path = Path(path)
     strategy = CompressionStrategy(compression_strategy)
     impl.check_write_arguments(path, shard_size, block_size, compression_dict_size)
@@ -173,7 +165,7 @@ def read_atlas(
     settings and backend. Iterate with ``DataContext``'s ``preserve_order`` set to get the
     examples in dataset order.
     """
-    impl = _impl("atlas_fast.ray.read_atlas")
+    impl = _ray_data("atlas_fast.ray.read_atlas")
     source = impl.AtlasDatasource(
         path, item_column=item_column, trusted=trusted, allowed_globals=allowed_globals
     )
@@ -183,47 +175,3 @@ def read_atlas(
     elif parallelism != -1:
         kwargs["override_num_blocks"] = parallelism
     return impl.read_datasource(source, **kwargs)
-
-
-def _plan_read_tasks(shard_sizes, block_sizes, parallelism: int) -> list:
-    """Split a dataset's blocks into at most ``parallelism`` contiguous runs of whole blocks.
-
-    ``shard_sizes[s]`` examples in shard ``s``, ``block_sizes[s]`` per block. Returns one list
-    per read task of ``(shard, start, stop)`` example ranges, in dataset order, each range
-    starting on a block boundary; the tasks' example counts are as even as whole blocks
-    allow. There are ``min(parallelism, number of blocks)`` tasks (none for no blocks).
-    """
-    import numpy as np
-
-    rows = []  # examples in each block, in dataset order
-    owner = []  # (shard, first example) of each block
-    for s, (n, bs) in enumerate(zip(shard_sizes, block_sizes)):
-        for start in range(0, n, bs):
-            rows.append(min(bs, n - start))
-            owner.append((s, start))
-    count = min(max(int(parallelism), 1), len(rows))
-    if not count:
-        return []
-    ends = np.cumsum(rows)  # ends[b]: examples in blocks 0..b
-    total = int(ends[-1])
-    cuts = [0]
-    for j in range(1, count):
-        # The block boundary nearest to an even split, leaving each task at least one block.
-        target = total * j / count
-        b = int(np.searchsorted(ends, target))  # the first block ending at or past target
-        cut = b if b and target - ends[b - 1] <= ends[b] - target else b + 1
-        cut = min(max(cut, cuts[-1] + 1), len(rows) - (count - j))
-        cuts.append(cut)
-    cuts.append(len(rows))
-    tasks = []
-    for first, last in itertools.pairwise(cuts):
-        ranges: list = []
-        for b in range(first, last):
-            s, start = owner[b]
-            stop = start + rows[b]
-            if ranges and ranges[-1][0] == s:
-                ranges[-1] = (s, ranges[-1][1], stop)
-            else:
-                ranges.append((s, start, stop))
-        tasks.append(ranges)
-    return tasks

@@ -12,13 +12,13 @@ import argparse
 import importlib
 import sys
 
-from ._version import __version__
+from .._version import __version__
 
 COMMANDS: dict = {
     "bench": (".bench", "time atlas_fast side by side with the peers, on the same data"),
-    "verify": ("._verify", "check a dataset completely: metadata, every block, checksums"),
-    "info": ("._info", "describe a dataset: shards, examples, strategy, sizes, compression"),
-    "convert": ("._convert_cli", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
+    "verify": (".verify", "check a dataset completely: metadata, every block, checksums"),
+    "info": (".info", "describe a dataset: shards, examples, strategy, sizes, compression"),
+    "convert": (".convert", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
 }
 
 

@@ -1,6 +1,6 @@
-"""The writer's block compression with python-zstandard: the pure-Python backend's
-``block_compressor``, and the compiled one's when its libzstd is not the version
-python-zstandard compresses with (so the frames never depend on the backend).
+"""The writer's block compressor with python-zstandard: the pure-Python twin of ``_compress``,
+and what the compiled one hands over to when its libzstd is not the version python-zstandard
+compresses with (so the frames never depend on the backend).
 
 ``PoolCompressor`` keeps the ``BlockCompressor`` contract (``atlas_fast._contract``):
 ``submit(block)`` queues a pickled block and returns the frames finished since, in block
@@ -23,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zstandard
 
-__all__ = ["PoolCompressor", "zstandard_version_number"]
+from .._fork import after_fork_in_child
+
+__all__ = ["PoolCompressor", "block_compressor", "zstandard_version_number"]
 
 # Pickled blocks handed to the pool and not yet returned, per worker thread.
 IN_FLIGHT_PER_WORKER = 2
@@ -37,14 +39,20 @@ def _forked() -> None:
     _generation += 1
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+after_fork_in_child(_forked)
 
 
 def zstandard_version_number() -> int:
     """The libzstd python-zstandard compresses with, as ZSTD_versionNumber() counts it."""
     major, minor, patch = zstandard.ZSTD_VERSION[:3]
     return major * 10000 + minor * 100 + patch
+
+
+def block_compressor(
+    level: int | None, zdict, workers: int, checksum: bool = False, out: int | None = None
+) -> PoolCompressor:
+    """The writer's compressor of pickled blocks (see _contract.BlockCompressorProtocol)."""
+    return PoolCompressor(level, zdict, workers, checksum, out)
 
 
 class PoolCompressor:

@@ -1,0 +1,137 @@
+"""Opening a shard's files, for both cores: layout checks, dictionaries, lazy opening.
+
+Part of the core side of the contract (``_contract``): called by the cores only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from pathlib import Path
+
+from .._errors import AtlasFormatError, MissingSharedDictionary
+from .._fork import after_fork_in_child
+from .._format import (
+    DATA_FILE,
+    DICT_FILE,
+    META_FILE,
+    CompressionStrategy,
+    block_count,
+    load_offsets,
+    read_dict_file,
+    read_shard_metadata,
+)
+
+__all__ = ["check_shared_dict", "shard_layout", "open_dictionary", "open_files", "ShardOpener"]
+
+# -- opening a shard ------------------------------------------------------------------------
+
+# One digested dictionary per backend and distinct dictionary content, shared by every shard
+# that uses it (strategy 2 digests its shared dictionary once per process, not once per shard).
+_dicts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_dicts_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by a thread of the parent at fork time would never be released here.
+    global _dicts_lock
+    _dicts_lock = threading.Lock()
+
+
+after_fork_in_child(_after_fork_in_child)
+
+
+def _digested_dict(zstd_dict_type, data: bytes, path):
+    key = (zstd_dict_type, data)
+    with _dicts_lock:
+        zdict = _dicts.get(key)
+        if zdict is None:
+            try:
+                zdict = zstd_dict_type(data, str(path))
+            except Exception as exc:
+                raise AtlasFormatError(f"{path}: not a usable zstd dictionary: {exc}") from exc
+            _dicts[key] = zdict
+        return zdict
+
+
+def check_shared_dict(root, metadata, dict_bytes) -> None:
+    """Refuse a strategy-2 shard with examples but no shared dictionary."""
+    if (
+        metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+        and metadata.stored_examples
+        and dict_bytes is None
+    ):
+        raise MissingSharedDictionary(
+            f"{root}: the shard uses a shared dictionary (compression_strategy 2): pass "
+            "compression_dict_bytes, the bytes of the dataset's zstd_dict.bin, or open the "
+            "dataset with AtlasDataset",
+            root,
+        )
+
+
+def shard_layout(root, metadata, dict_bytes) -> tuple:
+    """What a shard core derives from its arguments, computed once for both cores:
+    ``(root, data path, examples, block size, blocks, compressed)``; refuses a strategy-2
+    shard without its dictionary."""
+    check_shared_dict(root, metadata, dict_bytes)
+    root = str(root)
+    n = metadata.stored_examples
+    size = metadata.block_size
+    compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
+
+
+def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
+    """What reading a shard needs: (validated offsets, digested dictionary or None)."""
+    offsets = load_offsets(root, metadata)
+    return offsets, open_dictionary(root, metadata, dict_bytes, zstd_dict_type)
+
+
+def open_dictionary(root: str, metadata, dict_bytes, zstd_dict_type):
+    """The shard's digested dictionary, or None when its strategy uses none."""
+    strategy = metadata.compression_strategy
+    if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        path = Path(root) / DICT_FILE
+        return _digested_dict(zstd_dict_type, read_dict_file(path), path)
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        path = Path(root).parent / DICT_FILE
+        return _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
+    return None
+
+
+class ShardOpener:
+    """What a dataset core needs to make the reader of shard ``s`` on its first use."""
+
+    __slots__ = ("root", "shard_dirs", "sizes", "metadatas", "dict_bytes", "loads", "cache")
+
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+        self.root = str(root)
+        self.shard_dirs = list(shard_dirs)
+        self.sizes = list(sizes)
+        self.metadatas = list(metadatas)
+        self.dict_bytes = dict_bytes
+        self.loads = loads
+        self.cache = cache
+
+    def make(self, shard_type, s: int):
+        """Shard ``s``'s reader. Its meta.json, when not parsed yet, is read now and must
+        agree with the size the dataset's meta.json gives it."""
+        shard_dir = self.shard_dirs[s]
+        metadata = self.metadatas[s]
+        if metadata is None:
+            metadata = read_shard_metadata(shard_dir)
+            if metadata.stored_examples != self.sizes[s]:
+                raise AtlasFormatError(
+                    f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                    f"{metadata.stored_examples} but {os.path.join(self.root, META_FILE)} "
+                    f"lists {self.sizes[s]} for shard {s}"
+                )
+        try:
+            return shard_type(shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s)
+        except MissingSharedDictionary as exc:
+            raise AtlasFormatError(
+                f"{os.path.join(self.root, META_FILE)}: the dataset has no shared dictionary "
+                f"(its compression_strategy is not 2), but shard {exc.shard_root} uses one "
+                "(compression_strategy 2)"
+            ) from None

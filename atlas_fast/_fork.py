@@ -1,0 +1,36 @@
+"""One registry of what each module resets in a forked child.
+
+A forked child (a DataLoader worker under the fork start method) has a copy of the parent's
+memory but none of its threads: a lock one of them held stays held, a pool's threads are gone,
+a client's event loop is dead. Each module that owns such state registers a function here;
+they run in registration order (import order: lower modules first) in the child, right after
+fork, through one ``os.register_at_fork`` handler. docs/design.md lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["after_fork_in_child", "handlers"]
+
+_handlers: list = []
+
+
+def after_fork_in_child(fn):
+    """Run ``fn()`` in every forked child of this process; returns ``fn``."""
+    _handlers.append(fn)
+    return fn
+
+
+def handlers() -> tuple:
+    """The registered functions, in the order they run."""
+    return tuple(_handlers)
+
+
+def _run_in_child() -> None:
+    for fn in _handlers:
+        fn()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_run_in_child)
