@@ -188,13 +188,13 @@ class ShardCoreProtocol(_Reader, Protocol):
     def read_block(self, b: int) -> list:
         """The examples of block ``b``, through the cache."""
 
-    def block_bytes(self, b: int) -> bytes:
+    def _block_bytes(self, b: int) -> bytes:
         """The decoded pickle bytes of block ``b`` (not cached)."""
 
-    def raw_block(self, b: int) -> bytes:
+    def _raw_block(self, b: int) -> bytes:
         """The stored (possibly compressed) bytes of block ``b``."""
 
-    def offsets(self):
+    def _block_offsets(self):
         """The validated block offsets (a read-only uint64 array), opening the shard."""
 
 
@@ -241,7 +241,7 @@ class BatchSource(Protocol):
     def _unpickle_block(self, b: int, data) -> list:
         """The same as ``_store``, not cached."""
 
-    def block_bytes(self, b: int) -> bytes: ...
+    def _block_bytes(self, b: int) -> bytes: ...
 
 
 class BlockCompressorProtocol(Protocol):

@@ -139,10 +139,10 @@ def test_cores_behave_alike(root):
             0,
         )
         blocks = [shard.read_block(b) for b in range(10)]
-        raw = shard.raw_block(2)
-        data = shard.block_bytes(2)
+        raw = shard._raw_block(2)
+        data = shard._block_bytes(2)
         assert pickle.loads(data) == blocks[2] == expected[48:52]
-        assert shard.offsets().tolist()[-1] == (root / "1" / "data.bin").stat().st_size
+        assert shard._block_offsets().tolist()[-1] == (root / "1" / "data.bin").stat().st_size
         errors = _errors(ds, shard)
         with pytest.raises(MissingSharedDictionary) as missing:
             core.ShardCore(str(root / "1"), shard_meta, None, pickle.loads, cache, 0)
@@ -168,7 +168,7 @@ def _errors(ds, shard) -> list:
         lambda: ds["1"],
         lambda: ds[1.0],
         lambda: shard.read_block(10),
-        lambda: shard.block_bytes(-1),
+        lambda: shard._block_bytes(-1),
         lambda: ds.__getitems__([0, 2**70]),
     ):
         with pytest.raises((IndexError, TypeError)) as exc:

@@ -277,7 +277,7 @@ def test_corrupt_frames_raise_format_errors(atlas, tmp_path):
     # Bytes after a frame are counted whether the frame records its size or not.
     cases = {name: path for name, path, *_ in _corrupt_cases(tmp_path / "again")}
     for label in ("sized", "sizeless"):
-        stored = atlas.AtlasDatasetShard(cases[f"two_frames_{label}"]).raw_block(1)
+        stored = atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])._raw_block(1)
         with pytest.raises(AtlasFormatError, match=rf"block 1: {len(stored) // 2} bytes follow"):
             atlas.AtlasDatasetShard(cases[f"two_frames_{label}"])[5]
 
@@ -339,7 +339,7 @@ def test_damaged_frames_fail_alike_on_both_backends(tmp_path, monkeypatch, limit
     compared = 0
     for label, (strategy, cctx, zdict) in compressors.items():
         base = write_shard(tmp_path / label, examples, 4, strategy, cctx.compress, zdict)
-        blocks = [atlas_fast._python.AtlasDatasetShard(base).raw_block(b) for b in range(4)]
+        blocks = [atlas_fast._python.AtlasDatasetShard(base)._raw_block(b) for b in range(4)]
         for k in range(12):
             for n, mutant in enumerate(_mutants(rng, blocks[2])):
                 path = write_shard(tmp_path / f"{label}_{k}_{n}", [], 4, strategy, zdict=zdict)
@@ -376,15 +376,15 @@ def test_block_level_methods_agree(tmp_path):
     for path in paths:
         shards = [module.AtlasDatasetShard(path) for module in BOTH]
         for b in range(4):
-            raws = [s.raw_block(b) for s in shards]
-            datas = [s.block_bytes(b) for s in shards]
+            raws = [s._raw_block(b) for s in shards]
+            datas = [s._block_bytes(b) for s in shards]
             assert all(type(x) is bytes for x in raws + datas)
             assert len(set(raws)) == 1 and len(set(datas)) == 1
             for s in shards:
                 assert_same(s.read_block(b), examples[b * 8 : b * 8 + 8])
-                assert s.offsets().tolist() == shards[-1].offsets().tolist()
+                assert s._block_offsets().tolist() == shards[-1]._block_offsets().tolist()
         for bad in (-1, 4, 100):
-            errors = {_error_of(lambda s=s, bad=bad: s.block_bytes(bad)) for s in shards}
+            errors = {_error_of(lambda s=s, bad=bad: s._block_bytes(bad)) for s in shards}
             assert len(errors) == 1 and next(iter(errors))[0] is IndexError
         for s in shards:
             s.close()
@@ -647,7 +647,7 @@ def test_huge_block_numbers_are_index_errors(tmp_path):
     for s in shards:
         assert s[0]["id"] == 0  # (the Python core's empty cache is block -1)
     for bad in (2, -1, 2**63, 2**64, 2**70, -(2**70)):
-        for method in ("read_block", "block_bytes", "raw_block"):
+        for method in ("read_block", "_block_bytes", "_raw_block"):
             errors = {_error_of(lambda s=s, m=method, b=bad: getattr(s, m)(b)) for s in shards}
             assert len(errors) == 1, (bad, method, errors)
             kind, message = next(iter(errors))
@@ -676,7 +676,7 @@ def test_data_shrinking_under_a_reader(tmp_path, strategy):
     shards = [module.AtlasDatasetShard(path) for module in BOTH]
     for s in shards:
         assert_same(s[0], examples[0])  # opened (mapped), block 0 cached
-    offsets = shards[0].offsets().tolist()
+    offsets = shards[0]._block_offsets().tolist()
     os.truncate(path / "data.bin", offsets[5] + 3)
     for i in (39, 21, 20):  # past the end, then the block cut in two
         errors = {_error_of(lambda s=s, i=i: s[i]) for s in shards}
@@ -685,7 +685,7 @@ def test_data_shrinking_under_a_reader(tmp_path, strategy):
         assert kind is AtlasFormatError and "is truncated" in message, message
         assert f"the file ends at {offsets[5] + 3}" in message or "ends at" in message
     for s in shards:
-        for method in ("block_bytes", "raw_block", "read_block"):
+        for method in ("_block_bytes", "_raw_block", "read_block"):
             with pytest.raises(AtlasFormatError, match=r"block 9 is truncated"):
                 getattr(s, method)(9)
         assert_same(s[19], examples[19])  # blocks still inside the file read

@@ -198,7 +198,7 @@ def test_default_cache_is_bounded_in_bytes(atlas, root, expected):
         assert [ds[i] for i in order] == expected[::-1]  # the whole dataset fits: decoded once
     info = ds.cache_info()
     assert (info.misses, info.hits, info.blocks) == (38, 3 * N - 38, 38)
-    sizes = [len(s.block_bytes(b)) for s in ds.shards for b in range(-(-len(s) // 8))]
+    sizes = [len(s._block_bytes(b)) for s in ds.shards for b in range(-(-len(s) // 8))]
     # A block counts what its objects take: these small dicts, more than their pickle.
     assert sum(sizes) < info.currsize <= info.max_bytes
 
@@ -224,13 +224,13 @@ def test_cache_counts_what_the_examples_take_in_memory(atlas, rows_root):
 
     ds = atlas.AtlasDataset(rows_root, cache_bytes=1 << 30)
     n_blocks = len(ds) // 50
-    pickles = sum(len(s.block_bytes(b)) for s in ds.shards for b in range(len(s) // 50))
+    pickles = sum(len(s._block_bytes(b)) for s in ds.shards for b in range(len(s) // 50))
     held = []
     tracemalloc.start()
     try:
         for b in range(n_blocks):
             before = tracemalloc.get_traced_memory()[0]
-            held.append(pickle.loads(ds.shards[b // 80].block_bytes(b % 80)))
+            held.append(pickle.loads(ds.shards[b // 80]._block_bytes(b % 80)))
             if b == 0:
                 first = tracemalloc.get_traced_memory()[0] - before
         taken = tracemalloc.get_traced_memory()[0]
@@ -255,7 +255,7 @@ def test_a_byte_budget_bounds_what_the_examples_take(atlas, rows_root):
     per_block = info.currsize / info.blocks
     assert 1 << 19 < info.currsize and info.blocks < len(ds) // 50
     # Each block is charged about the same (the rows are alike): several times its pickle.
-    assert per_block > 3 * len(ds.shards[0].block_bytes(0))
+    assert per_block > 3 * len(ds.shards[0]._block_bytes(0))
 
 
 def test_a_pass_in_order_warms_a_cache_with_room(atlas, root, expected):

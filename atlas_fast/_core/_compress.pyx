@@ -11,37 +11,15 @@ cimport cython
 
 from zstd cimport (
     ZSTD_CCtx,
-    ZSTD_CCtx_loadDictionary_fn,
-    ZSTD_CCtx_reset_fn,
-    ZSTD_CCtx_setParameter_fn,
-    ZSTD_CCtx_setPledgedSrcSize_fn,
     ZSTD_c_checksumFlag,
     ZSTD_c_compressionLevel,
     ZSTD_c_contentSizeFlag,
     ZSTD_c_dictIDFlag,
-    ZSTD_compressBound_fn,
-    ZSTD_compressStream2_fn,
-    ZSTD_createCCtx_fn,
     ZSTD_e_end,
-    ZSTD_freeCCtx_fn,
-    ZSTD_DCtx_refDDict_fn,
-    ZSTD_DCtx_reset_fn,
-    ZSTD_createDCtx_fn,
-    ZSTD_createDDict_fn,
-    ZSTD_decompressStream_fn,
-    ZSTD_freeDCtx_fn,
-    ZSTD_freeDDict_fn,
-    ZSTD_getDictID_fromDDict_fn,
-    ZSTD_getDictID_fromFrame_fn,
-    ZSTD_getErrorName_fn,
-    ZSTD_getFrameContentSize_fn,
     ZSTD_inBuffer,
-    ZSTD_isError_fn,
     ZSTD_outBuffer,
     ZSTD_reset_session_and_parameters,
     ZSTD_reset_session_only,
-    ZSTD_versionNumber_fn,
-    ZSTD_versionString_fn,
 )
 
 import os
@@ -198,6 +176,19 @@ cdef void _z_run(_ZShared* s, ZSTD_CCtx* cctx, _ZJob* job) noexcept nogil:
     job.error = r
 
 
+cdef void _z_run_next_lock_held(_ZShared* s, ZSTD_CCtx* cctx) noexcept nogil:
+    """Compress the oldest queued job (there is one: ``s.take != s.tail``), the mutex released
+    meanwhile, then write what is ready."""
+    cdef _ZJob* job = &s.jobs[s.take % s.depth]
+    s.take += 1
+    pthread_mutex_unlock(&s.mutex)
+    _z_run(s, cctx, job)
+    pthread_mutex_lock(&s.mutex)
+    job.state = _Z_DONE
+    pthread_cond_signal(&s.done)  # only the calling thread waits for jobs
+    _z_write_ready(s)
+
+
 cdef int _write_all(int fd, const char* data, size_t size) noexcept nogil:
     """Write ``size`` bytes at ``fd``'s position; 0, or the errno of the failure."""
     cdef ssize_t n
@@ -245,21 +236,13 @@ cdef void _z_write_ready(_ZShared* s) noexcept nogil:
 cdef void* _z_helper_main(void* arg) noexcept nogil:
     cdef _ZHelper* helper = <_ZHelper*>arg
     cdef _ZShared* s = helper.shared
-    cdef _ZJob* job
     pthread_mutex_lock(&s.mutex)
     while True:
         while not s.stop and s.take == s.tail:
             pthread_cond_wait(&s.work, &s.mutex)
         if s.stop:
             break
-        job = &s.jobs[s.take % s.depth]
-        s.take += 1
-        pthread_mutex_unlock(&s.mutex)
-        _z_run(s, helper.cctx, job)
-        pthread_mutex_lock(&s.mutex)
-        job.state = _Z_DONE
-        pthread_cond_signal(&s.done)  # only the calling thread waits for jobs
-        _z_write_ready(s)
+        _z_run_next_lock_held(s, helper.cctx)
     pthread_mutex_unlock(&s.mutex)
     return NULL
 
@@ -513,20 +496,13 @@ cdef class BlockCompressor:
         cdef _ZShared* s = self._s
         cdef size_t slot = self._head % s.depth
         cdef _ZJob* job = &s.jobs[slot]
-        cdef _ZJob* other
         cdef int final = self._final
         cdef object frame
         with nogil:
             pthread_mutex_lock(&s.mutex)
             while job.state != final:
                 if s.take != s.tail:
-                    other = &s.jobs[s.take % s.depth]
-                    s.take += 1
-                    pthread_mutex_unlock(&s.mutex)
-                    _z_run(s, self._cctx, other)
-                    pthread_mutex_lock(&s.mutex)
-                    other.state = _Z_DONE
-                    _z_write_ready(s)
+                    _z_run_next_lock_held(s, self._cctx)
                 elif s.out >= 0 and not s.writing and s.wnext != s.tail and (
                     s.jobs[s.wnext % s.depth].state == _Z_DONE
                 ):

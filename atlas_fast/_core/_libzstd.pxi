@@ -6,6 +6,31 @@
 
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
+from zstd cimport (
+    ZSTD_CCtx_loadDictionary_fn,
+    ZSTD_CCtx_reset_fn,
+    ZSTD_CCtx_setParameter_fn,
+    ZSTD_CCtx_setPledgedSrcSize_fn,
+    ZSTD_DCtx_refDDict_fn,
+    ZSTD_DCtx_reset_fn,
+    ZSTD_compressBound_fn,
+    ZSTD_compressStream2_fn,
+    ZSTD_createCCtx_fn,
+    ZSTD_createDCtx_fn,
+    ZSTD_createDDict_fn,
+    ZSTD_decompressStream_fn,
+    ZSTD_freeCCtx_fn,
+    ZSTD_freeDCtx_fn,
+    ZSTD_freeDDict_fn,
+    ZSTD_getDictID_fromDDict_fn,
+    ZSTD_getDictID_fromFrame_fn,
+    ZSTD_getErrorName_fn,
+    ZSTD_getFrameContentSize_fn,
+    ZSTD_isError_fn,
+    ZSTD_versionNumber_fn,
+    ZSTD_versionString_fn,
+)
+
 
 cdef extern from "<dlfcn.h>" nogil:
     ctypedef struct Dl_info:

@@ -4,7 +4,7 @@ Part of the core side of the contract (``_contract``): called by the cores only,
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
 (the cached examples of block ``b``, or None, counted as a hit or a miss), ``_store(b, data)``
 (unpickle decoded bytes, check and cache them), ``_unpickle_block(b, data)`` (the same, not
-cached), ``_load(b)`` and ``block_bytes``.
+cached), ``_load(b)`` and ``_block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -124,7 +124,7 @@ def gather(reader_of, located: list) -> list:
             _place(examples, places, out)
     if len(todo) == 1:
         reader, key = todo[0]
-        _place(reader._store(key[1], reader.block_bytes(key[1])), wanted[key], out)
+        _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)
     elif todo:
         _decode_in_parallel(todo, wanted, out)
     return out
@@ -148,13 +148,13 @@ def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
     step = 2 * pool_size()
     for first in range(0, len(todo), step):
         chunk = todo[first : first + step]
-        futures = [_submit(reader.block_bytes, key[1]) for reader, key in chunk]
+        futures = [_submit(reader._block_bytes, key[1]) for reader, key in chunk]
         data: list = [None] * len(chunk)
         try:
             for k in range(len(chunk) - 1, -1, -1):
                 if futures[k].cancel():  # not started: decode it here
                     reader, key = chunk[k]
-                    data[k] = reader.block_bytes(key[1])
+                    data[k] = reader._block_bytes(key[1])
             for k, future in enumerate(futures):
                 if data[k] is None:
                     data[k] = future.result()
@@ -183,7 +183,7 @@ class _Ahead:
         if self.examples is not None or not on_pool:
             self.future = _INLINE
         else:
-            self.future = _submit(reader.block_bytes, b)
+            self.future = _submit(reader._block_bytes, b)
 
     def result(self) -> list:
         if self.examples is not None:
@@ -193,7 +193,7 @@ class _Ahead:
         # had the block does not exist and the future's lock may be held forever: decode it
         # here, never touching the future.
         if self.pid != os.getpid() or self.future.cancel():
-            data = reader.block_bytes(self.b)
+            data = reader._block_bytes(self.b)
         else:
             data = self.future.result()
         # Not cached: a pass in order would evict every block others keep, and holding

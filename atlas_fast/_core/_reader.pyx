@@ -50,35 +50,13 @@ from atlas_fast._core._pickle_scan cimport (
     ps_synthetic,
 )
 from zstd cimport (
-    ZSTD_CCtx_loadDictionary_fn,
-    ZSTD_CCtx_reset_fn,
-    ZSTD_CCtx_setParameter_fn,
-    ZSTD_CCtx_setPledgedSrcSize_fn,
-    ZSTD_compressBound_fn,
-    ZSTD_compressStream2_fn,
-    ZSTD_createCCtx_fn,
-    ZSTD_freeCCtx_fn,
     ZSTD_CONTENTSIZE_ERROR,
     ZSTD_CONTENTSIZE_UNKNOWN,
     ZSTD_DCtx,
-    ZSTD_DCtx_refDDict_fn,
-    ZSTD_DCtx_reset_fn,
     ZSTD_DDict,
-    ZSTD_createDCtx_fn,
-    ZSTD_createDDict_fn,
-    ZSTD_decompressStream_fn,
-    ZSTD_freeDCtx_fn,
-    ZSTD_freeDDict_fn,
-    ZSTD_getDictID_fromDDict_fn,
-    ZSTD_getDictID_fromFrame_fn,
-    ZSTD_getErrorName_fn,
-    ZSTD_getFrameContentSize_fn,
     ZSTD_inBuffer,
-    ZSTD_isError_fn,
     ZSTD_outBuffer,
     ZSTD_reset_session_only,
-    ZSTD_versionNumber_fn,
-    ZSTD_versionString_fn,
 )
 
 import os
@@ -118,16 +96,9 @@ cdef extern from *:
     const unsigned long long ATLAS_MAX_ZSTD_RATIO
     const unsigned long long ATLAS_DEFAULT_MAX_BLOCK_BYTES
 
-__all__ = [
-    "ZstdDict",
-    "BlockCache",
-    "ShardCore",
-    "DatasetCore",
-    "zstd_library",
-    "zstd_available",
-    "zstd_load_error",
-    "BACKEND",
-]
+# What CoreModule (atlas_fast._contract) declares, and how libzstd was bound
+__all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
+__all__ += ["zstd_available", "zstd_load_error"]
 
 BACKEND = "cython"
 
@@ -448,15 +419,15 @@ cdef class ShardCore:
         """The examples of block ``b``, through the cache."""
         return self._examples(_block_index(b, self._n_blocks))
 
-    def block_bytes(self, b):
+    def _block_bytes(self, b):
         """The decoded pickle bytes of block ``b`` (not cached)."""
         return self._decoded(_block_index(b, self._n_blocks), True)
 
-    def raw_block(self, b):
+    def _raw_block(self, b):
         """The stored (possibly compressed) bytes of block ``b``."""
         return self._decoded(_block_index(b, self._n_blocks), False)
 
-    def offsets(self):
+    def _block_offsets(self):
         """The validated block offsets (opening the shard's files on first use)."""
         while self._offsets is None:
             self._open()

@@ -48,14 +48,8 @@ from ._objsize import ChargeMeter
 from ._pool import gather, read_ahead
 from ._shards import ShardOpener, open_files, shard_layout
 
-__all__ = [
-    "ZstdDict",
-    "BlockCache",
-    "ShardCore",
-    "DatasetCore",
-    "zstd_library",
-    "BACKEND",
-]
+# What CoreModule (atlas_fast._contract) declares
+__all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
 
 BACKEND = "python"
 
@@ -385,15 +379,15 @@ class ShardCore:
         """The examples of block ``b``, through the cache."""
         return self._examples(block_number(b, self._n_blocks))
 
-    def block_bytes(self, b) -> bytes:
+    def _block_bytes(self, b) -> bytes:
         """The decoded pickle bytes of block ``b``."""
         return self._decoded(block_number(b, self._n_blocks))
 
-    def raw_block(self, b) -> bytes:
+    def _raw_block(self, b) -> bytes:
         """The stored (possibly compressed) bytes of block ``b``."""
         return self._raw(block_number(b, self._n_blocks))
 
-    def offsets(self):
+    def _block_offsets(self):
         """The validated block offsets, opening the shard's files on first use."""
         return self._opened_files()[0]
 

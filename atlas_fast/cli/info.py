@@ -93,7 +93,7 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
     stored_sum = decoded_sum = 0
     for shard, b, size in chosen:
         stored_sum += size
-        decoded_sum += len(shard.block_bytes(b))
+        decoded_sum += len(shard._block_bytes(b))
     for shard in shards:
         shard.close()
 

@@ -245,7 +245,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                     allowed_globals=allowed_globals,
                 )
                 offsets = load_offsets(shard_dir, metadata)
-                shard.offsets()  # index and dictionary, as the reader will load them
+                shard._block_offsets()  # index and dictionary, as the reader will load them
             except Exception as exc:  # AtlasFormatError; anything else is reported too
                 problems.append(_problem(shard_dir, None, exc))
                 continue

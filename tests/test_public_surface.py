@@ -1,0 +1,110 @@
+"""The public surface, declared once and pinned: adding or removing a public name of the package
+or of a public class fails here until the lists below (and the docs) say so.
+
+A public name is one without a leading underscore, on the class or on an instance. The readers
+subclass a core's classes (so that ``ds[i]`` is the core's own ``__getitem__``), so a core's
+internals must stay private names: both backends show the same surface.
+"""
+
+from __future__ import annotations
+
+import atlas_fast
+
+PACKAGE = {
+    "AtlasDataset",
+    "AtlasDatasetShard",
+    "CompressionStrategy",
+    "AtlasDatasetMetadata",
+    "AtlasDatasetShardMetadata",
+    "AtlasDatasetWriter",
+    "AtlasDatasetShardWriter",
+    "BlockShuffleSampler",
+    "AtlasFormatError",
+    "MissingSharedDictionary",
+    "UnsafePickleError",
+    "CacheInfo",
+    "DEFAULT_CACHE_BYTES",
+    "BACKEND",
+    "zstd_library",
+    "__version__",
+}
+
+# The reference's names (torch_atlas_ds 0.1.0), then ours
+READER = {"VERSION", "root", "mmap_index", "metadata"} | {
+    "trusted",
+    "allowed_globals",
+    "cache_bytes",
+    "cache_blocks",
+    "cache_info",
+    "cache_reserve",
+    "close",
+}
+DATASET = READER | {"shards", "actual_shard_sizes", "cumulative_shard_sizes"}
+SHARD = READER | {"compression_dict_bytes", "read_block"}
+WRITER_COMMON = {"VERSION", "path", "add_example", "close"} | {"abort", "checksums", "workers"}
+DATASET_WRITER = WRITER_COMMON | {
+    "shard_size",
+    "block_size",
+    "compression_strategy",
+    "compression_level",
+    "compression_dict_size",
+    "current_shard",
+    "shard_sizes",
+    "shared_dict",
+}
+SHARD_WRITER = WRITER_COMMON | {"metadata", "stored_examples", "compressor"}
+SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
+    "seed",
+    "epoch",
+    "rank",
+    "num_replicas",
+    "drop_last",
+    "window_blocks",
+    "batch_size",
+    "num_workers",
+    "num_examples",
+    "num_samples",
+    "total_size",
+}
+
+
+def _public(obj) -> set:
+    return {name for name in dir(obj) if not name.startswith("_")}
+
+
+def _dataset(tmp_path):
+    root = tmp_path / "ds"
+    with atlas_fast.AtlasDatasetWriter(root, shard_size=50, block_size=10) as writer:
+        for i in range(120):
+            writer.add_example(i)
+    return root
+
+
+def test_the_package_exports_exactly_its_names():
+    assert set(atlas_fast.__all__) == PACKAGE
+    assert len(atlas_fast.__all__) == len(PACKAGE)  # listed once
+    # and nothing public beside them but the submodules users import by name
+    assert _public(atlas_fast) - PACKAGE == {"atlas", "writer", "sampler"}
+
+
+def test_readers_show_their_declared_names_only(atlas, tmp_path):
+    ds = atlas.AtlasDataset(_dataset(tmp_path))
+    assert ds[119] == 119  # opened and read: lazily made attributes exist too
+    assert _public(ds) == DATASET
+    assert _public(ds.shards[2]) == SHARD
+    assert _public(atlas.AtlasDataset) <= DATASET
+    assert _public(atlas.AtlasDatasetShard) <= SHARD
+
+
+def test_writers_show_their_declared_names_only(tmp_path):
+    with atlas_fast.AtlasDatasetWriter(tmp_path / "w", shard_size=50, block_size=10) as writer:
+        writer.add_example(0)
+        assert _public(writer) == DATASET_WRITER
+    with atlas_fast.AtlasDatasetShardWriter(tmp_path / "s", block_size=10) as shard:
+        shard.add_example(0)
+        assert _public(shard) == SHARD_WRITER
+
+
+def test_the_sampler_shows_its_declared_names_only(atlas, tmp_path):
+    sampler = atlas_fast.BlockShuffleSampler(atlas.AtlasDataset(_dataset(tmp_path)), seed=0)
+    assert _public(sampler) == SAMPLER
