@@ -1,0 +1,192 @@
+"""The documentation: the site builds with warnings as errors, every ```python block of the
+README and of the guides runs, and the performance tables are what the committed benchmark
+runs give.
+
+A renamed or removed public name breaks the site's build (the API reference and the guides'
+cross-references resolve against the package); a renamed argument breaks the example that
+passes it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+if not (ROOT / "mkdocs.yml").exists():
+    # cibuildwheel runs this suite from a copy of tests/ beside no source tree.
+    pytest.skip("the documentation sources are not beside these tests", allow_module_level=True)
+
+
+def _guides() -> list:
+    return [ROOT / "README.md", *sorted(p for p in DOCS.glob("*.md"))]
+
+
+# -- the site -------------------------------------------------------------------------------
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.fail("mkdocs is not installed: pip install -e '.[docs]' (the test extra has it)")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    # A process of its own, started in the checkout: the API reference inspects the live
+    # package, which must be this checkout's.
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    assert not [line for line in log.splitlines() if line.startswith("WARNING")], log
+    # The readers are built at import time: the reference renders them from the live
+    # classes, inherited core methods included.
+    readers = (site / "api" / "atlas" / "index.html").read_text()
+    for name in (
+        "AtlasDataset",
+        "AtlasDataset.cache_info",
+        "AtlasDataset.__getitems__",
+        "AtlasDatasetShard",
+        "AtlasDatasetShard.read_block",
+    ):
+        assert f'id="atlas_fast.atlas.{name}"' in readers, name
+    assert (
+        'id="atlas_fast.convert.convert_parquet"'
+        in (site / "api" / "convert" / "index.html").read_text()
+    )
+    # Every guide is in the site.
+    for guide in DOCS.glob("*.md"):
+        page = "index.html" if guide.stem == "index" else f"{guide.stem}/index.html"
+        assert (site / page).exists(), page
+
+
+# -- the code blocks ------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+# Optional packages a block may need; such a block (and those after it on the page, which
+# may use what it made) is skipped only where the package is not installed.
+_OPTIONAL = ("torch", "ray", "pyarrow")
+
+
+def _blocks(path: Path) -> list:
+    """``(line, code)`` of each ```python block of ``path``."""
+    text = path.read_text()
+    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in _FENCE.finditer(text)]
+
+
+def _missing(code: str) -> list:
+    needed = {
+        name
+        for name in _OPTIONAL
+        if re.search(rf"^\s*(import|from)\s+{name}\b", code, re.M)
+        or re.search(rf"^\s*import .*\b{name}\b", code, re.M)
+    }
+    return sorted(n for n in needed if importlib.util.find_spec(n) is None)
+
+
+@pytest.mark.parametrize(
+    "page", [p for p in _guides() if _blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_every_python_block_runs(page, tmp_path, monkeypatch):
+    """The blocks of a page run in order in one namespace, in an empty working directory."""
+    monkeypatch.chdir(tmp_path)
+    # Processes the examples start (Ray workers, spawned converters) import this checkout's
+    # atlas_fast too, as the test process does.
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
+    namespace = {"__name__": "__docs__"}
+    for line, code in _blocks(page):
+        missing = _missing(code)
+        if missing:
+            pytest.skip(f"{page.name}:{line} and after need {', '.join(missing)}, not installed")
+        try:
+            exec(compile(code, f"{page}:{line}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"{page.relative_to(ROOT)}, the block at line {line}") from exc
+
+
+def test_every_guide_has_its_blocks_found():
+    """The fence pattern finds the blocks (a page whose fences it missed would pass unrun)."""
+    for page in _guides():
+        fences = page.read_text().count("```python")
+        assert fences == len(_blocks(page)), page
+
+
+# -- the performance tables -----------------------------------------------------------------
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("_docs_tables", ROOT / "benchmarks/tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tables_are_those_the_committed_runs_give():
+    tables = _tables()
+    for path, text in tables.rendered().items():
+        assert path.read_text() == text, (
+            f"{path.relative_to(ROOT)}: its tables are not those of benchmarks/results/; "
+            "run python benchmarks/tables.py"
+        )
+
+
+def test_the_committed_runs_name_no_machine_paths():
+    tables = _tables()
+    runs = sorted(tables.RESULTS.glob("*.json"))
+    assert runs
+    for run in runs:
+        assert tables.absolute_paths(json.loads(run.read_text())) == [], run.name
+
+
+def test_import_strips_machine_paths(tmp_path, monkeypatch):
+    tables = _tables()
+    monkeypatch.setattr(tables, "RESULTS", tmp_path / "results")
+    source = tmp_path / "run.json"
+    source.write_text(
+        '{"command": "python benchmarks/bench_backends.py --json /tmp/x/out.json",'
+        ' "machine": {"python_executable": "/home/me/venv/bin/python3"},'
+        ' "url": "https://example.org/a/b", "ratio": "1 / 2", "rate": "ex/s"}'
+    )
+    target = tables.import_run(source, "bench_x")
+    run = json.loads(target.read_text())
+    assert run == {
+        "command": "python benchmarks/bench_backends.py --json out.json",
+        "machine": {"python_executable": "python3"},
+        "url": "https://example.org/a/b",
+        "ratio": "1 / 2",
+        "rate": "ex/s",
+    }
+    assert tables.absolute_paths(run) == []
+
+
+def test_a_stale_table_is_rewritten(tmp_path, monkeypatch):
+    tables = _tables()
+    page = tmp_path / "performance.md"
+    stale = re.sub(
+        r"(<!-- tables:backends -->\n).*?(<!-- /tables:backends -->)",
+        r"\1| a table typed by hand |\n\2",
+        tables.PERFORMANCE.read_text(),
+        flags=re.S,
+    )
+    assert "typed by hand" in stale
+    page.write_text(stale)
+    monkeypatch.setattr(tables, "PERFORMANCE", page)
+    assert tables.main(["--check"]) == 1
+    assert page.read_text() == stale  # --check changes nothing
+    assert tables.main([]) == 0
+    assert page.read_text() == tables.rendered()[page]
+    assert tables.main(["--check"]) == 0
