@@ -73,6 +73,40 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         assert (site / page).exists(), page
 
 
+# -- calls written in the prose ------------------------------------------------------------
+
+
+def _check_calls():
+    spec = importlib.util.spec_from_file_location("_docs_check_calls", DOCS / "_ext/check_calls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_keywords_the_prose_names_exist():
+    """The build checks the guides (docs/_ext/check_calls.py, an MkDocs hook); the README too."""
+    check = _check_calls()
+    callables = check.public_callables()
+    for page in _guides():
+        assert check.problems(page.read_text(), callables) == [], page
+
+
+def test_a_renamed_keyword_is_a_problem():
+    check = _check_calls()
+    callables = check.public_callables()
+    text = (
+        "Open it with `AtlasDataset(root, cache_byte=N)`, then\n"
+        "[`BlockShuffleSampler(ds, window_blocks=8,\nseeds=1)`][x]; `len(ds) == 3` and\n"
+        "`AtlasDataset(root, cache_bytes=N)` are fine.\n\n"
+        "```python\nAtlasDataset(root, not_checked_here=1)  # code blocks are run instead\n```\n"
+    )
+    assert check.problems(text, callables) == [
+        "`AtlasDataset(root, cache_byte=N)`: AtlasDataset() has no parameter 'cache_byte'",
+        "`BlockShuffleSampler(ds, window_blocks=8, seeds=1)`: BlockShuffleSampler() has no "
+        "parameter 'seeds'",
+    ]
+
+
 # -- the code blocks ------------------------------------------------------------------------
 
 _FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
