@@ -106,8 +106,10 @@ def _machine(machine: dict) -> str:
 
 def run_line(run: dict, extra: str = "") -> str:
     """The sentence naming a run: command, date, machine."""
-    text = f"`{run['command']}`, {_date(run['date'])}, on {_machine(run['machine'])}{extra}."
-    return text
+    return (
+        f"Measured by `{run['command']}` on {_date(run['date'])}: "
+        f"{_machine(run['machine'])}{extra}."
+    )
 
 
 def _table(header: list, rows: list, align: list | None = None) -> str:

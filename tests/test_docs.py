@@ -73,6 +73,14 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         assert (site / page).exists(), page
 
 
+def test_the_readme_links_to_files_that_exist():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert "docs/reading.md" in local
+    for link in local:
+        assert (ROOT / link).exists(), link
+
+
 # -- calls written in the prose ------------------------------------------------------------
 
 
