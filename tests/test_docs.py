@@ -139,25 +139,79 @@ def _missing(code: str) -> list:
     return sorted(n for n in needed if importlib.util.find_spec(n) is None)
 
 
-@pytest.mark.parametrize(
-    "page", [p for p in _guides() if _blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
-)
-def test_every_python_block_runs(page, tmp_path, monkeypatch):
-    """The blocks of a page run in order in one namespace, in an empty working directory."""
-    monkeypatch.chdir(tmp_path)
-    # Processes the examples start (Ray workers, spawned converters) import this checkout's
-    # atlas_fast too, as the test process does.
-    path = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
-    namespace = {"__name__": "__docs__"}
-    for line, code in _blocks(page):
+def _runnable(page: Path) -> tuple:
+    """The blocks of ``page`` to run, and why the rest are not run (or None)."""
+    blocks = _blocks(page)
+    for k, (line, code) in enumerate(blocks):
         missing = _missing(code)
         if missing:
-            pytest.skip(f"{page.name}:{line} and after need {', '.join(missing)}, not installed")
+            return blocks[:k], f"{page.name}:{line} and after need {', '.join(missing)}"
+    return blocks, None
+
+
+def _with_checkout_on_path(env: dict) -> dict:
+    # Processes the examples start (Ray workers, spawned converters) import this checkout's
+    # atlas_fast too, as the test process does.
+    path = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
+_PAGES = [p for p in _guides() if _blocks(p)]
+
+# Run in a process of its own, on the pure-Python backend: from stdin (JSON), each page's
+# blocks in a directory and a namespace of the page's own.
+_RUNNER = """
+import json, os, sys
+import atlas_fast
+assert atlas_fast.BACKEND == "python", atlas_fast.BACKEND
+for k, blocks in enumerate(json.load(sys.stdin)):
+    os.mkdir(str(k))
+    os.chdir(str(k))
+    namespace = {"__name__": "__docs__"}
+    for where, code in blocks:
+        exec(compile(code, where, "exec"), namespace)
+    os.chdir("..")
+"""
+
+
+@pytest.mark.parametrize("page", _PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_block_runs(page, tmp_path, monkeypatch):
+    """The blocks of a page run in order in one namespace, in an empty working directory,
+    on the default backend."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in _with_checkout_on_path(dict(os.environ)).items():
+        monkeypatch.setenv(name, value)
+    blocks, why_not = _runnable(page)
+    namespace = {"__name__": "__docs__"}
+    for line, code in blocks:
         try:
             exec(compile(code, f"{page}:{line}", "exec"), namespace)
         except Exception as exc:
             raise AssertionError(f"{page.relative_to(ROOT)}, the block at line {line}") from exc
+    if why_not:
+        pytest.skip(f"{why_not}, not installed")
+
+
+def test_every_python_block_runs_on_the_python_backend(tmp_path):
+    """The same blocks, page by page, in one process whose backend is the pure-Python one."""
+    pages = [(page, *_runnable(page)) for page in _PAGES]
+    env = _with_checkout_on_path(dict(os.environ))
+    env["ATLAS_FAST_NO_EXTENSIONS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNNER],
+        input=json.dumps(
+            [[[f"{page}:{line}", code] for line, code in blocks] for page, blocks, _ in pages]
+        ),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    not_run = [why_not for _, _, why_not in pages if why_not]
+    if not_run:
+        pytest.skip(f"{'; '.join(not_run)}: not installed (the blocks before them ran)")
 
 
 def test_every_guide_has_its_blocks_found():
