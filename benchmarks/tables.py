@@ -1,0 +1,407 @@
+"""The documentation's performance tables, generated from the runs in benchmarks/results/.
+
+Each JSON file there is the output of one benchmark run (``--json``), its machine paths
+removed. This script renders them into docs/performance.md and the README's one table, each
+between marker comments (``<!-- tables:NAME -->`` ... ``<!-- /tables:NAME -->``), so that no
+figure in the documentation is typed by hand:
+
+    python benchmarks/tables.py              # rewrite the tables from the committed runs
+    python benchmarks/tables.py --check      # exit 1 if a committed table is out of date
+    python benchmarks/tables.py import RUN.json NAME   # a new run -> results/NAME.json
+
+``import`` replaces every absolute path in the run (the ``--json`` target, the Python
+executable, the corpus cache) by its last component, so results name no machine's layout.
+tests/test_docs.py checks that the committed tables are what this script renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+README = ROOT / "README.md"
+
+# An absolute POSIX path inside a string (not a URL's path: no ":" right before it).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:.~/-])/(?:[\w.+@~-]+/)*[\w.+@~-]+")
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+def strip_paths(value):
+    """``value`` (parsed JSON) with each absolute path replaced by its last component."""
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1], value)
+    if isinstance(value, list):
+        return [strip_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: strip_paths(v) for k, v in value.items()}
+    return value
+
+
+def absolute_paths(value) -> list:
+    """The absolute paths left in ``value`` (parsed JSON): none, in a committed run."""
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.findall(value)
+    if isinstance(value, list):
+        return [p for v in value for p in absolute_paths(v)]
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in absolute_paths(v)]
+    return []
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def import_run(source: Path, name: str) -> Path:
+    """Copy a run's JSON into results/NAME.json, machine paths removed."""
+    run = strip_paths(json.loads(Path(source).read_text()))
+    target = RESULTS / f"{name}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(run, indent=1) + "\n")
+    return target
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def _rate(value) -> str:
+    """Examples per second, short: 1.2k, 253.0k, 11.6M."""
+    if value is None:
+        return "-"
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _date(text: str) -> str:
+    when = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _machine(machine: dict) -> str:
+    python = machine.get("python", "")
+    implementation = machine.get("python_implementation", "CPython")
+    platform = machine.get("platform", "")
+    system = platform.split("-", 1)[0] if platform else ""
+    arch = "x86_64" if "x86_64" in platform else machine.get("machine", "")
+    return (
+        f"{machine.get('cpu_model', 'unknown CPU')}, {machine.get('cores')} cores, "
+        f"{implementation} {python}, {system} {arch}".strip()
+    )
+
+
+def run_line(run: dict, extra: str = "") -> str:
+    """The sentence naming a run: command, date, machine."""
+    return (
+        f"Measured by `{run['command']}` on {_date(run['date'])}: "
+        f"{_machine(run['machine'])}{extra}."
+    )
+
+
+def _table(header: list, rows: list, align: list | None = None) -> str:
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- the side-by-side runs (bench_backends.py, bench_loader.py) --------------------------------
+
+_CORPUS = {"docs": "documents", "tokens": "token arrays", "rows": "table rows"}
+
+
+def _dataset(section: str) -> str:
+    """``"docs s2 b100"`` -> ``"documents, zstd + shared dictionary, 100 per block"``."""
+    match = re.fullmatch(r"(\w+) s(\d) b(\d+)", section)
+    if not match:
+        return section
+    corpus, strategy, block = match.groups()
+    stored = {
+        "0": "uncompressed",
+        "1": "zstd",
+        "2": "zstd + shared dictionary",
+        "3": "zstd + dictionary per shard",
+    }[strategy]
+    return f"{_CORPUS.get(corpus, corpus)}, {stored}, {block} per block"
+
+
+def _ratio_of(row: dict, name: str):
+    for ratio in row["ratios"]:
+        if ratio["name"] == name:
+            return ratio["value"]
+    return None
+
+
+def _rows_by_section(run: dict) -> dict:
+    sections: dict = {}
+    for row in run["rows"]:
+        sections.setdefault(row["section"], {})[row["case"]] = row
+    return sections
+
+
+# bench_backends.py cases, in the order of the table's columns.
+BACKEND_COLUMNS = [
+    ("random, no block read twice", "(g) random, no block read twice"),
+    ("uniform random", "plain uniform random ds[i]"),
+    ("`ds[i]` in order", "(d) ds[i] in order, wall clock"),
+    ("`iter(ds)`", "(d) iter(ds), wall clock"),
+    ("cached hit", "(c) cached hit, 16 examples of a block"),
+]
+
+
+def backends_table(run: dict, both: bool = True) -> str:
+    """Each backend's speed in times the reference's, per dataset and access pattern."""
+    rows = []
+    for section, cases in _rows_by_section(run).items():
+        if section == "many shards":
+            continue
+        cells = [_dataset(section)]
+        for _, case in BACKEND_COLUMNS:
+            row = cases.get(case)
+            if row is None:
+                cells.append("-")
+                continue
+            cython = _ratio(_ratio_of(row, "cython x ref"))
+            cells.append(f"{cython} / {_ratio(_ratio_of(row, 'python x ref'))}" if both else cython)
+        rows.append(cells)
+    return _table(["data"] + [title for title, _ in BACKEND_COLUMNS], rows)
+
+
+def cached_hit_line(run: dict) -> str:
+    hits = [
+        row["values"]["cython"]
+        for row in run["rows"]
+        if row["case"].startswith("(c) cached hit") and row["values"].get("cython")
+    ]
+    if not hits:
+        return ""
+    return f"{min(hits):.0f}-{max(hits):.0f} ns"
+
+
+def many_shards_table(run: dict) -> str:
+    cases = _rows_by_section(run).get("many shards", {})
+    rows = []
+    for case, row in cases.items():
+        values = row["values"]
+        unit = row["unit"]
+        if unit == "s":
+            cells = [f"{values[k] * 1e3:.1f} ms" for k in ("cython", "python", "reference")]
+        elif unit == "fds":
+            cells = [f"{values[k]:,}" for k in ("cython", "python", "reference")]
+        else:
+            cells = [f"{_rate(values[k])}/s" for k in ("cython", "python", "reference")]
+        ratios = [_ratio(_ratio_of(row, f"{k} x ref")) for k in ("cython", "python")]
+        ratio = " / ".join(ratios) if unit != "fds" else "-"
+        rows.append([case, *cells, ratio])
+    return _table(
+        [
+            "10,000 shards of 5 table rows",
+            "atlas_fast[cython]",
+            "atlas_fast[python]",
+            "reference",
+            "x reference",
+        ],
+        rows,
+    )
+
+
+def _pick_ratio(row: dict, prefix: str):
+    for ratio in row["ratios"]:
+        if ratio["name"].startswith(prefix):
+            return ratio["value"]
+    return None
+
+
+def loader_table(run: dict) -> str:
+    """bench_loader.py: each pattern through a DataLoader, per corpus."""
+    rows = []
+    for section, cases in _rows_by_section(run).items():
+        for case, row in cases.items():
+            if case.endswith(", CPU") or row["unit"] != "ex/s":
+                continue
+            values = row["values"]
+            if case.startswith("in-memory list"):
+                ceiling = _pick_ratio(row, "ceiling x ref random")
+                rows.append(
+                    [_dataset(section), case, "-", "-", "-", f"{_ratio(ceiling)} (ceiling)"]
+                )
+                continue
+            vs_ref = _pick_ratio(row, "cython x ref")
+            rows.append(
+                [
+                    _dataset(section),
+                    case,
+                    f"{_rate(values.get('cython'))}/s",
+                    f"{_rate(values.get('python'))}/s",
+                    f"{_rate(values.get('reference'))}/s" if values.get("reference") else "-",
+                    _ratio(vs_ref),
+                ]
+            )
+    return _table(
+        [
+            "data",
+            "pattern",
+            "atlas_fast[cython]",
+            "atlas_fast[python]",
+            "reference",
+            "cython x reference",
+        ],
+        rows,
+        ["---", "---", "---:", "---:", "---:", "---:"],
+    )
+
+
+def memory_table(run: dict) -> str:
+    rows = []
+    for section, cases in _rows_by_section(run).items():
+        for case, row in cases.items():
+            if row["unit"] != "MB":
+                continue
+            values = row["values"]
+            cells = [
+                "-" if values.get(k) is None else f"{values[k] / 1e6:.1f} MB"
+                for k in ("cython", "python", "reference")
+            ]
+            rows.append([_dataset(section), case, *cells])
+    return _table(
+        ["data", "per DataLoader worker", "atlas_fast[cython]", "atlas_fast[python]", "reference"],
+        rows,
+        ["---", "---", "---:", "---:", "---:"],
+    )
+
+
+# -- atlas-fast bench ---------------------------------------------------------------------
+
+_PATTERNS = ["open", "sequential", "random", "batch", "shuffled", "cached"]
+
+
+def bench_table(run: dict, corpus: str) -> str:
+    """``atlas-fast bench``: examples/s per reader and pattern over one corpus."""
+    cells: dict = {}
+    for result in run["results"]:
+        if result["corpus"] != corpus:
+            continue
+        label = result["label"] + (f" {result['config']}" if result.get("config") else "")
+        cells.setdefault(label, {})[result["pattern"]] = result["examples_per_s"]
+    patterns = [p for p in _PATTERNS if any(p in row for row in cells.values())]
+    rows = [[f"{label}", *[_rate(row.get(p)) for p in patterns]] for label, row in cells.items()]
+    return _table(["reader", *patterns], rows)
+
+
+def bench_corpora(run: dict) -> str:
+    parts = []
+    for name, corpus in run["corpora"].items():
+        parts.append(
+            f"{name}: {corpus['examples']:,} examples ({corpus['payload_bytes'] / 1e6:.1f} MB)"
+        )
+    return "; ".join(parts)
+
+
+# -- the documents --------------------------------------------------------------------------
+
+
+def performance_blocks() -> dict:
+    """Name -> generated text of each block of docs/performance.md."""
+    backends = load("bench_backends")
+    loader = load("bench_loader")
+    bench = load("atlas_fast_bench")
+    return {
+        "backends-run": run_line(backends),
+        "backends": backends_table(backends),
+        "many-shards": many_shards_table(backends),
+        "loader-run": run_line(loader),
+        "loader": loader_table(loader),
+        "loader-memory": memory_table(loader),
+        "bench-run": run_line(
+            bench, f"; {bench['settings']['reps']} repetitions; {bench_corpora(bench)}"
+        ),
+        "bench-documents": bench_table(bench, "documents"),
+        "bench-tokens": bench_table(bench, "tokens"),
+        "bench-blobs": bench_table(bench, "blobs"),
+    }
+
+
+def readme_blocks() -> dict:
+    backends = load("bench_backends")
+    return {
+        "readme-run": run_line(backends),
+        "readme": backends_table(backends, both=False),
+    }
+
+
+def _marker(name: str) -> re.Pattern:
+    return re.compile(
+        rf"(<!-- tables:{re.escape(name)} -->\n)(.*?)(\n?<!-- /tables:{re.escape(name)} -->)",
+        re.S,
+    )
+
+
+def fill(text: str, blocks: dict, where: str) -> str:
+    """``text`` with each marked block replaced by its generated content."""
+    for name, content in blocks.items():
+        pattern = _marker(name)
+        if not pattern.search(text):
+            raise ValueError(f"{where}: no <!-- tables:{name} --> block")
+        text = pattern.sub(
+            lambda m, c=content: m.group(1) + c + "\n" + m.group(3).lstrip("\n"), text
+        )
+    return text
+
+
+def rendered() -> dict:
+    """Path -> the text that path should have."""
+    return {
+        PERFORMANCE: fill(PERFORMANCE.read_text(), performance_blocks(), str(PERFORMANCE)),
+        README: fill(README.read_text(), readme_blocks(), str(README)),
+    }
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale")
+    sub = parser.add_subparsers(dest="command")
+    imp = sub.add_parser("import", help="copy a run's JSON into benchmarks/results/")
+    imp.add_argument("source", type=Path)
+    imp.add_argument("name")
+    args = parser.parse_args(argv)
+    if args.command == "import":
+        print(import_run(args.source, args.name))
+        return 0
+    stale = []
+    for path, text in rendered().items():
+        if path.read_text() != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(text)
+    if args.check and stale:
+        for path in stale:
+            print(f"{_shown(path)}: out of date; run python benchmarks/tables.py")
+        return 1
+    for path in stale:
+        print(f"rewrote {_shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
