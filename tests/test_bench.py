@@ -421,7 +421,7 @@ def test_shuffled_epoch_uses_block_shuffle_sampler_when_present(tmp_path, monkey
 
 LABEL_FILES = [
     "README.md",
-    "docs/bench.md",
+    "docs/performance.md",
     "atlas_fast/cli/bench.py",
     "atlas_fast/bench/readers.py",
     "atlas_fast/bench/report.py",
