@@ -43,6 +43,7 @@ import zstandard
 
 from . import _backend
 from ._commit import dump_meta_atomic
+from ._errors import destination_exists
 from ._format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -188,6 +189,15 @@ def _positive_int(value, name: str) -> int:
     return number
 
 
+def _create_directory(path: Path, who: str, what: str) -> None:
+    """Create ``path`` (and its parents); if it exists, the reference's ``FileExistsError``,
+    with a sentence that names it and says what to do."""
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        raise destination_exists(path, who, what=what) from None
+
+
 def _check_dict_size(value) -> None:
     assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
 
@@ -296,7 +306,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
                 "compression_strategy SHARED_DICTIONARY_COMPRESSION needs compression_dict"
             )
         self.path = Path(path)
-        self.path.mkdir(parents=True)
+        _create_directory(self.path, "AtlasDatasetShardWriter", "shard")
         self.metadata = AtlasDatasetShardMetadata(
             VERSION, block_size, 0, int(strategy), compression_level, compression_dict_size
         )
@@ -652,7 +662,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         # Whether current_shard is being filled, by this thread only (not yet handed to
         # close() here or on the pool): what abandoning the dataset aborts.
         self._filling = False
-        self.path.mkdir(parents=True)
+        _create_directory(self.path, "AtlasDatasetWriter", "dataset")
         self.current_shard = self._new_shard()
         self._filling = True
 

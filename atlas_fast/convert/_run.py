@@ -978,14 +978,12 @@ class _Progress:
 
 
 def _check_destination(dst: Path) -> None:
-    if dst.is_dir():
-        if any(dst.iterdir()):
-            raise FileExistsError(
-                f"{dst}: already exists and is not empty; convert writes a new dataset "
-                "(remove it or choose another destination)"
-            )
-    elif dst.exists() or dst.is_symlink():
-        raise FileExistsError(f"{dst}: already exists and is not a directory")
+    from .._errors import destination_exists
+
+    if (dst.is_dir() and any(dst.iterdir())) or (
+        not dst.is_dir() and (dst.exists() or dst.is_symlink())
+    ):
+        raise destination_exists(dst, "convert", empty_dir_ok=True)
 
 
 def _check_sources(sources: list) -> None:

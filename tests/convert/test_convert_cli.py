@@ -67,7 +67,10 @@ def test_errors_exit_1_naming_the_problem(tmp_path, capsys):
     dst.mkdir()
     (dst / "x").write_text("")
     assert cli.main(["convert", str(tmp_path / "src"), str(dst), "--from", "jsonl"]) == 1
-    assert "already exists and is not empty" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"atlas-fast convert: error: {dst}: already exists and is not empty; convert writes a "
+        "new dataset into an absent or empty directory: remove it or choose another path\n"
+    )
 
 
 def test_options_that_do_not_apply(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -96,11 +97,17 @@ def test_destination_must_be_new_or_empty(tmp_path, atlas):
     _jsonl_tree(tmp_path / "src", files=1, per_file=10)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="already exists and is not empty"):
+    with pytest.raises(FileExistsError) as info:
         convert(tmp_path / "src", tmp_path / "full", "jsonl")
+    # The writer's sentence (one helper), saying what to do; errno as the writer's.
+    assert info.value.errno == errno.EEXIST
+    assert info.value.strerror == (
+        f"{tmp_path / 'full'}: already exists and is not empty; convert writes a new dataset "
+        "into an absent or empty directory: remove it or choose another path"
+    )
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(FileExistsError, match="not a directory"):
+    with pytest.raises(FileExistsError, match="already exists and is not a directory; convert"):
         convert(tmp_path / "src", tmp_path / "file", "jsonl")
     (tmp_path / "empty").mkdir()
     convert(tmp_path / "src", tmp_path / "empty", "jsonl")
