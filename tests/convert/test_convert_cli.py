@@ -34,7 +34,9 @@ def test_main_writes_and_prints_one_summary_line(tmp_path, capsys, atlas):
     out, err = capsys.readouterr()
     assert err == ""
     (line,) = out.splitlines()
-    assert line.startswith(f"converted 120 examples (jsonl) into 3 shards at {tmp_path / 'out'}: ")
+    assert line.startswith(
+        f"converted 120 examples (jsonl) into 3 shards (strategy 3) at {tmp_path / 'out'}: "
+    )
     assert " in, " in line and " out, " in line and "examples/s)" in line
     assert read_back(atlas, tmp_path / "out") == docs
     assert (tmp_path / "out" / "0" / "checksums.npy").exists()
