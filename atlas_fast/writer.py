@@ -974,10 +974,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             return f"What is left in it could not be listed ({exc})"
         parts = []
         if finished:
-            parts.append(f"finished (with their meta.json): {_ranges(finished)}")
+            its = "its" if len(finished) == 1 else "their"
+            parts.append(f"{_shards(finished)} finished (with {its} meta.json)")
         if unfinished:
-            parts.append(f"unfinished (no meta.json): {_ranges(unfinished)}")
-        return "Shard directories left in it for inspection: " + ("; ".join(parts) or "none")
+            parts.append(f"{_shards(unfinished)} unfinished (no meta.json)")
+        return "Shard directories left in it for inspection: " + (", ".join(parts) or "none")
 
     def _stop_finisher(self) -> None:
         """Stop the threads finishing shards, once those running are done (those queued
@@ -986,6 +987,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._finisher.shutdown(wait=True, cancel_futures=True)
             self._finisher = None
         self._finishing.clear()
+
+
+def _shards(numbers: list) -> str:
+    """``[0]`` as ``"shard 0"``, ``[0, 1, 2, 5]`` as ``"shards 0-2, 5"``."""
+    return ("shard " if len(numbers) == 1 else "shards ") + _ranges(numbers)
 
 
 def _ranges(numbers: list) -> str:
