@@ -57,17 +57,8 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
     if readers is None:
         from . import atlas as readers
     from ._errors import AtlasFormatError
-    from ._format import (
-        DATA_FILE,
-        INDEX_FILE,
-        META_FILE,
-        CompressionStrategy,
-        block_count,
-        check_shard_sizes,
-        load_offsets,
-        read_shard_metadata,
-    )
-    from ._verify import _problem, _record, open_target
+    from ._format import DATA_FILE, INDEX_FILE, CompressionStrategy, block_count, load_offsets
+    from ._verify import _problem, _record, lacks_shared_dict, open_target, read_shard
 
     path = Path(path)
     problems: list = []
@@ -79,20 +70,11 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
     shards = []  # the readers made (they open their files on first use), all closed at the end
     try:
         for shard_dir in target.shard_dirs:
-            try:
-                meta = read_shard_metadata(shard_dir)
-            except AtlasFormatError as exc:
-                problems.append(_problem(shard_dir / META_FILE, None, exc))
+            meta = read_shard(target, shard_dir, problems)
+            if meta is None:
                 continue
             if target.kind == "shard":
                 strategy = meta.compression_strategy
-            elif target.metadata is not None:
-                _record(
-                    problems,
-                    shard_dir / META_FILE,
-                    None,
-                    lambda d=shard_dir, m=meta: check_shard_sizes(path, target.metadata, [(d, m)]),
-                )
             n_blocks = block_count(meta.stored_examples, meta.block_size)
             row = {
                 "shard": str(shard_dir),
@@ -117,18 +99,7 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
                 problems.append(_problem(shard_dir / INDEX_FILE, None, exc))
                 continue
             row["data_bytes"] = int(offsets[-1])
-            if meta.compression_strategy == 2 and n_blocks and target.dict_bytes is None:
-                problems.append(
-                    _problem(
-                        shard_dir / META_FILE,
-                        None,
-                        AtlasFormatError(
-                            f"{shard_dir / META_FILE}: compression_strategy 2 needs the shared "
-                            f"dictionary {target.dict_path or shard_dir.parent / 'zstd_dict.bin'}"
-                            ", which is unavailable"
-                        ),
-                    )
-                )
+            if lacks_shared_dict(target, shard_dir, meta, problems, "read"):
                 continue
             try:
                 shard = readers.AtlasDatasetShard(

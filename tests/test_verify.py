@@ -229,6 +229,24 @@ def test_info_describes_every_shard_past_a_bad_one(capsys, atlas, tmp_path, stra
     assert code == 1 and json.loads(out)["problems"] == report["problems"]
 
 
+def test_info_without_the_shared_dictionary(capsys, atlas, tmp_path):
+    """Strategy 2 without zstd_dict.bin: every shard is still described, none decoded."""
+    root = tmp_path / "ds"
+    _four_shards(root, strategy=2)
+    (root / "zstd_dict.bin").unlink()
+    report = info(root, readers=atlas)
+    assert report["shards"] == 4 and report["examples"] == 100
+    assert report["compression_ratio"] is None and report["ratio_blocks"] == 0
+    files = [p["file"] for p in report["problems"]]
+    assert files == [str(root / "zstd_dict.bin")] + [str(root / n / "meta.json") for n in "0123"]
+    assert report["problems"][4]["message"] == (
+        f"{root / '3' / 'meta.json'}: compression_strategy 2 needs the shared dictionary "
+        f"{root / 'zstd_dict.bin'}, which is unavailable: 3 blocks not read"
+    )
+    code, out, _ = _cli(capsys, "info", str(root))
+    assert code == 1 and "  compression:  n/a (no block decoded)\n" in out
+
+
 def test_info_catches_shard_sizes_that_disagree(capsys, atlas, tmp_path):
     """Reading refuses a shard whose size the root's shard_sizes misstates (and verify
     reports it): info reports it too, and exits 1."""
