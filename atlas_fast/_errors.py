@@ -4,9 +4,16 @@ Callers tell errors apart by type, never by message text: every problem with a d
 is an ``AtlasFormatError``; the subclasses below name the cases a caller handles on its own.
 """
 
+import errno
 import pickle
+from pathlib import Path
 
-__all__ = ["AtlasFormatError", "MissingSharedDictionary", "UnsafePickleError"]
+__all__ = [
+    "AtlasFormatError",
+    "MissingSharedDictionary",
+    "UnsafePickleError",
+    "destination_exists",
+]
 
 
 class AtlasFormatError(ValueError):
@@ -30,3 +37,31 @@ class UnsafePickleError(pickle.UnpicklingError):
 
     Raised by ``trusted=False`` readers before any code of that global runs.
     """
+
+
+def destination_exists(path, who: str, *, empty_dir_ok: bool = False, what: str = "dataset"):
+    """The ``FileExistsError`` for a destination in the way of ``who``, which writes a new
+    ``what`` at ``path``: one sentence naming the path, what is there and what to do.
+
+    ``empty_dir_ok``: ``who`` accepts an empty directory (``convert``, ``write_atlas``); the
+    writers, as the reference's, create the directory themselves and refuse any existing path.
+    The error keeps the type and ``errno`` (EEXIST) the reference's ``Path.mkdir`` raises.
+    """
+    path = Path(path)
+    state = ""
+    if path.is_dir():
+        try:
+            state = " and is not empty" if any(path.iterdir()) else " (an empty directory)"
+        except OSError:
+            pass
+    elif path.exists() or path.is_symlink():
+        state = " and is not a directory"
+    need = (
+        f"writes a new {what} into an absent or empty directory"
+        if empty_dir_ok
+        else f"creates the directory of a new {what} itself"
+    )
+    return FileExistsError(
+        errno.EEXIST,
+        f"{path}: already exists{state}; {who} {need}: remove it or choose another path",
+    )

@@ -42,6 +42,7 @@ import numpy as np
 import zstandard
 
 from . import _backend
+from ._errors import destination_exists
 from ._format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -188,6 +189,15 @@ def _positive_int(value, name: str) -> int:
     return number
 
 
+def _create_directory(path: Path, who: str, what: str) -> None:
+    """Create ``path`` (and its parents); if it exists, the reference's ``FileExistsError``,
+    with a sentence that names it and says what to do."""
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        raise destination_exists(path, who, what=what) from None
+
+
 def _check_dict_size(value) -> None:
     assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
 
@@ -296,7 +306,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
                 "compression_strategy SHARED_DICTIONARY_COMPRESSION needs compression_dict"
             )
         self.path = Path(path)
-        self.path.mkdir(parents=True)
+        _create_directory(self.path, "AtlasDatasetShardWriter", "shard")
         self.metadata = AtlasDatasetShardMetadata(
             VERSION, block_size, 0, int(strategy), compression_level, compression_dict_size
         )
@@ -652,7 +662,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         # Whether current_shard is being filled, by this thread only (not yet handed to
         # close() here or on the pool): what abandoning the dataset aborts.
         self._filling = False
-        self.path.mkdir(parents=True)
+        _create_directory(self.path, "AtlasDatasetWriter", "dataset")
         self.current_shard = self._new_shard()
         self._filling = True
 
@@ -964,10 +974,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             return f"What is left in it could not be listed ({exc})"
         parts = []
         if finished:
-            parts.append(f"finished (with their meta.json): {_ranges(finished)}")
+            its = "its" if len(finished) == 1 else "their"
+            parts.append(f"{_shards(finished)} finished (with {its} meta.json)")
         if unfinished:
-            parts.append(f"unfinished (no meta.json): {_ranges(unfinished)}")
-        return "Shard directories left in it for inspection: " + ("; ".join(parts) or "none")
+            parts.append(f"{_shards(unfinished)} unfinished (no meta.json)")
+        return "Shard directories left in it for inspection: " + (", ".join(parts) or "none")
 
     def _stop_finisher(self) -> None:
         """Stop the threads finishing shards, once those running are done (those queued
@@ -976,6 +987,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._finisher.shutdown(wait=True, cancel_futures=True)
             self._finisher = None
         self._finishing.clear()
+
+
+def _shards(numbers: list) -> str:
+    """``[0]`` as ``"shard 0"``, ``[0, 1, 2, 5]`` as ``"shards 0-2, 5"``."""
+    return ("shard " if len(numbers) == 1 else "shards ") + _ranges(numbers)
 
 
 def _ranges(numbers: list) -> str:

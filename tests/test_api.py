@@ -1,5 +1,6 @@
 """atlas_fast is a drop-in replacement: the reference's names, signatures and exceptions."""
 
+import errno
 import inspect
 import os
 import subprocess
@@ -160,9 +161,47 @@ def test_bad_dataset_writer_arguments_raise_assertion_error(tmp_path, kwargs):
         atlas_fast.AtlasDatasetWriter(tmp_path / "ds", **kwargs)
 
 
-def test_writer_refuses_an_existing_path(tmp_path):
-    with pytest.raises(FileExistsError):
-        atlas_fast.AtlasDatasetWriter(tmp_path, shard_size=4, block_size=2)
+def _occupy(path, state: str) -> None:
+    if state == "file":
+        path.write_text("")
+    else:
+        path.mkdir()
+        if state == "full":
+            (path / "keep.txt").write_text("mine")
+
+
+@pytest.mark.parametrize("state", ["empty", "full", "file"])
+@pytest.mark.parametrize("writer", ["AtlasDatasetWriter", "AtlasDatasetShardWriter"])
+def test_writer_refuses_an_existing_path(tmp_path, monkeypatch, writer, state):
+    """The reference's error (FileExistsError, errno EEXIST, from its Path.mkdir), for an
+    empty directory too, with a sentence naming the path and what to do; nothing touched."""
+    path = tmp_path / "my_ds"
+    _occupy(path, state)
+    monkeypatch.chdir(tmp_path)  # a relative path, as in the README's example
+    args = ("my_ds", 4, 2) if writer == "AtlasDatasetWriter" else ("my_ds", 2)
+    with pytest.raises(FileExistsError) as info:
+        getattr(atlas_fast, writer)(*args)
+    exc = info.value
+    assert type(exc) is FileExistsError and exc.errno == errno.EEXIST
+    detail = {"empty": "(an empty directory)", "full": "and is not empty", "file": "and is not a"}
+    what = "dataset" if writer == "AtlasDatasetWriter" else "shard"
+    assert exc.strerror == (
+        f"my_ds: already exists {detail[state]}"
+        + (" directory" if state == "file" else "")
+        + f"; {writer} creates the directory of a new {what} itself: remove it or choose "
+        "another path"
+    )
+    if state == "full":
+        assert sorted(p.name for p in path.iterdir()) == ["keep.txt"]
+    try:
+        import torch_atlas_ds
+    except ImportError:
+        return
+    other = tmp_path / "theirs"
+    _occupy(other, state)
+    with pytest.raises(OSError) as theirs:
+        getattr(torch_atlas_ds, writer)(*(("theirs", *args[1:])))
+    assert type(theirs.value) is type(exc) and theirs.value.errno == exc.errno
 
 
 def test_other_versions_are_refused_with_an_exception(atlas, tmp_path):

@@ -312,7 +312,7 @@ def test_the_destination_must_be_new(ray, tmp_path):
 
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "something").write_text("")
-    with pytest.raises(FileExistsError, match="must be absent or an empty directory"):
+    with pytest.raises(FileExistsError, match="into an absent or empty directory"):
         write_atlas(ray.data.range(3), tmp_path / "ds", shard_size=2, block_size=1)
 
 

@@ -20,6 +20,7 @@ from corrupt import (
 from helpers import FIXTURES, assert_same, load_expected
 
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
+from atlas_fast._errors import AtlasFormatError
 from atlas_fast._format import CHECKSUM_FILE, block_checksum
 from atlas_fast.cli import main
 from atlas_fast.cli.info import info
@@ -185,6 +186,115 @@ def test_info_on_broken_dataset(capsys, tmp_path):
     (root / "0" / "index.npy").write_bytes(b"junk")
     code, _, err = _cli(capsys, "info", str(root))
     assert code == 1 and str(root / "0" / "index.npy") in err
+
+
+def _four_shards(root, strategy=1) -> list:
+    """Four shards of 30, 30, 30 and 10 examples (blocks of 4)."""
+    return write_dataset(root, strategy, n=100, shard_size=30, block_size=4)
+
+
+@pytest.mark.parametrize("strategy", [1, 2])
+def test_info_describes_every_shard_past_a_bad_one(capsys, atlas, tmp_path, strategy):
+    """A shard whose meta.json, index or blocks do not read is reported; the others are
+    described, and the command exits 1 (in --json too)."""
+    root = tmp_path / "ds"
+    _four_shards(root, strategy)
+    (root / "0" / "meta.json").write_text("{")
+    (root / "1" / "index.npy").write_bytes(b"junk")
+    blocks = read_blocks(root / "2")
+    write_blocks(root / "2", [blocks[0], b"\x00" * len(blocks[1]), *blocks[2:]])
+    report = info(root, exact=True, readers=atlas)
+    assert not report["ok"]
+    assert [(p["file"], p["block"]) for p in report["problems"]] == [
+        (str(root / "0" / "meta.json"), None),
+        (str(root / "1" / "index.npy"), None),
+        (str(root / "2" / "data.bin"), 1),
+    ]
+    assert all(p["kind"] == "AtlasFormatError" for p in report["problems"])
+    # Shards 1-3 described (1 without its data bytes), 0 not.
+    assert [d["shard"] for d in report["shard_details"]] == [str(root / n) for n in "123"]
+    assert [d["data_bytes"] is None for d in report["shard_details"]] == [True, False, False]
+    assert report["shards"] == 3 and report["examples"] == 70 and report["blocks"] == 8 + 8 + 3
+    # The ratio over the blocks that decoded: shards 2 (but block 1) and 3.
+    assert report["ratio_blocks"] == 10 and not report["ratio_exact"]
+    assert report["compression_strategy"] == strategy
+
+    code, out, err = _cli(capsys, "info", "--exact", str(root))
+    assert code == 1
+    assert "  shards:       3\n  examples:     70\n" in out
+    lines = err.splitlines()
+    assert lines[:3] == [f"atlas-fast info: problem: {p['message']}" for p in report["problems"]]
+    assert lines[3].startswith("atlas-fast info: 3 problems found; the description covers")
+    code, out, err = _cli(capsys, "info", "--json", "--exact", str(root))
+    assert code == 1 and json.loads(out)["problems"] == report["problems"]
+
+
+def test_info_without_the_shared_dictionary(capsys, atlas, tmp_path):
+    """Strategy 2 without zstd_dict.bin: every shard is still described, none decoded."""
+    root = tmp_path / "ds"
+    _four_shards(root, strategy=2)
+    (root / "zstd_dict.bin").unlink()
+    report = info(root, readers=atlas)
+    assert report["shards"] == 4 and report["examples"] == 100
+    assert report["compression_ratio"] is None and report["ratio_blocks"] == 0
+    files = [p["file"] for p in report["problems"]]
+    assert files == [str(root / "zstd_dict.bin")] + [str(root / n / "meta.json") for n in "0123"]
+    assert report["problems"][4]["message"] == (
+        f"{root / '3' / 'meta.json'}: compression_strategy 2 needs the shared dictionary "
+        f"{root / 'zstd_dict.bin'}, which is unavailable: 3 blocks not read"
+    )
+    code, out, _ = _cli(capsys, "info", str(root))
+    assert code == 1 and "  compression:  n/a (no block decoded)\n" in out
+
+
+def test_info_catches_shard_sizes_that_disagree(capsys, atlas, tmp_path):
+    """Reading refuses a shard whose size the root's shard_sizes misstates (and verify
+    reports it): info reports it too, and exits 1."""
+    root = tmp_path / "ds"
+    _four_shards(root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["shard_sizes"][1] = 7
+    (root / "meta.json").write_text(json.dumps(meta))
+    message = f"{root / '1'}: stored_examples is 30 but {root / 'meta.json'} lists 7 for shard 1"
+    with pytest.raises(AtlasFormatError, match="stored_examples is 30"):
+        read_all(atlas.AtlasDataset(root))
+    assert [p["message"] for p in verify(root, readers=atlas)["problems"]] == [message]
+    report = info(root, readers=atlas)
+    assert not report["ok"] and [p["message"] for p in report["problems"]] == [message]
+    assert report["shards"] == 4 and report["examples"] == 100  # as the shards say
+    for argv in (["info"], ["info", "--json"]):
+        code, _, err = _cli(capsys, *argv, str(root))
+        assert code == 1 and f"atlas-fast info: problem: {message}\n" in err
+
+
+def test_info_of_an_empty_dataset(capsys, atlas, tmp_path):
+    """No shards: no block size to show, and nothing to report."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "meta.json").write_text(
+        json.dumps({"version": 1, "shard_sizes": [], "compression_strategy": 1})
+    )
+    report = info(root, readers=atlas)
+    assert report["ok"] and report["shards"] == 0 and report["blocks"] == 0
+    code, out, err = _cli(capsys, "info", str(root))
+    assert code == 0 and err == ""
+    assert out.splitlines()[1:4] == [
+        "  shards:       0",
+        "  examples:     0",
+        "  blocks:       0",
+    ]
+    assert out.splitlines()[-1] == "  compression:  n/a (no blocks)"
+
+
+def test_info_of_shards_with_different_block_sizes(capsys, tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(root, 1, n=80, shard_size=40, block_size=4)
+    other = tmp_path / "other"
+    write_dataset(other, 1, n=40, shard_size=40, block_size=8)
+    shutil.rmtree(root / "1")
+    shutil.copytree(other / "0", root / "1")
+    code, out, _ = _cli(capsys, "info", str(root))
+    assert code == 0 and "  blocks:       15 (block sizes 4, 8)\n" in out
 
 
 # -- checksums ----------------------------------------------------------------------------

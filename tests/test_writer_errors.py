@@ -307,3 +307,30 @@ def test_a_shard_writer_that_cannot_flush_while_abandoned_keeps_the_with_blocks_
     if hasattr(boom, "add_note"):
         assert boom.__notes__ == [f"atlas_fast: abandoning {path}: {failure}"]
     assert not (path / "meta.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("examples", "left"),
+    [
+        (6, "shard 0 finished (with its meta.json), shard 1 unfinished (no meta.json)"),
+        (10, "shards 0-1 finished (with their meta.json), shard 2 unfinished (no meta.json)"),
+        (2, "shard 0 unfinished (no meta.json)"),
+    ],
+)
+def test_the_warning_of_an_abandoned_dataset_names_its_shards(tmp_path, examples, left):
+    """The warning lists the shard directories left, by number: "shard 0 finished", never a
+    bare "finished ...: 0" that reads as a count."""
+    root = tmp_path / "ds"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError):
+            with AtlasDatasetWriter(root, 4, 2, compression_strategy=1, workers=1) as w:
+                for x in range(examples):
+                    w.add_example(x)
+                raise KeyError("stop")
+    [warning] = [str(c.message) for c in caught]
+    assert warning == (
+        f"{root}: the dataset is incomplete and has no meta.json: the with block raised "
+        f"KeyError. Shard directories left in it for inspection: {left}; remove the "
+        "directory before writing there again."
+    )

@@ -379,7 +379,7 @@ def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
             RuntimeWarning,
             match=r"ds: the dataset is incomplete and has no meta\.json: "
             # shard 1, given to the pool, is abandoned too if it had not started
-            r"closing it raised ZstdError\. .*unfinished \(no meta\.json\): (1-)?2;",
+            r"closing it raised ZstdError\. .*(shards 1-|shard )2 unfinished \(no meta\.json\);",
         ),
         pytest.raises(zstandard.ZstdError, match=r"ds/2: compressing block 1: injected"),
         AtlasDatasetWriter(root, 40, 4, workers=2) as w,
@@ -430,14 +430,15 @@ class Recorded:
 
 
 def spans(numbers) -> str:
-    """``[0, 1, 2, 5]`` as the warning lists shards: ``"0-2, 5"``."""
+    """``[0, 1, 2, 5]`` as the warning lists shards: ``"shards 0-2, 5"`` (``"shard 3"``)."""
     out = []
     for n in sorted(numbers):
         if out and out[-1][1] == n - 1:
             out[-1][1] = n
         else:
             out.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+    listed = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+    return ("shard " if len(numbers) == 1 else "shards ") + listed
 
 
 def no_thread_left(before, compressors) -> bool:
@@ -482,8 +483,9 @@ def test_a_with_block_that_raises_after_many_examples(atlas, tmp_path, monkeypat
     # The last shard was being filled; strategy 2 may still read it ahead (no directory yet).
     assert 24 in unfinished or (strategy == 2 and 24 not in finished)
     if unfinished:
-        assert f"unfinished (no meta.json): {spans(unfinished)};" in warning
-    assert finished and f"finished (with their meta.json): {spans(finished)}" in warning
+        assert f"{spans(unfinished)} unfinished (no meta.json);" in warning
+    its = "its" if len(finished) == 1 else "their"
+    assert finished and f"{spans(finished)} finished (with {its} meta.json)" in warning
     # Strategy 2's dictionary, once the first shard finished and the read-ahead ended.
     zdict = root / "zstd_dict.bin"
     zdict = zdict.read_bytes() if zdict.exists() else None
@@ -568,9 +570,9 @@ def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monke
     [warning] = [str(c.message) for c in caught]
     assert warning == (
         f"{root}: the dataset is incomplete and has no meta.json: the with block raised "
-        "KeyError. Shard directories left in it for inspection: finished (with their "
-        "meta.json): 0-2; unfinished (no meta.json): 3-11; remove the directory before "
-        "writing there again."
+        "KeyError. Shard directories left in it for inspection: shards 0-2 finished (with "
+        "their meta.json), shards 3-11 unfinished (no meta.json); remove the directory "
+        "before writing there again."
     )
 
 
@@ -608,7 +610,7 @@ def test_errors_met_while_abandoning_are_noted_not_raised(tmp_path, monkeypatch)
     ]
     [warning] = [str(c.message) for c in caught]
     assert warning.endswith(
-        "unfinished (no meta.json): 0-2; remove the directory before writing there again. "
+        "shards 0-2 unfinished (no meta.json); remove the directory before writing there again. "
         "Abandoning it also failed: " + "; ".join(failures)
     )
     if hasattr(boom, "add_note"):

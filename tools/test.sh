@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# The project's test command (the README's, and what .ci/run runs): install the test extras,
-# lint, run the tests marked `mds` in an environment of their own, then the main suite.
+# The project's test command (the README's, what .ci/run and .github/workflows/ci.yml run):
+# install the test extras, lint, run the tests marked `mds` in an environment of their own,
+# then the main suite.
+#
+# Versions: pip resolves with tools/ci-constraints.txt (-c), the versions the suite is run
+# against (torch's CPU build, the tested Ray release); the extras themselves pin nothing.
 #
 # mosaicml-streaming (the mds converter's dependency) caps numpy below 2.2 and imports
-# torchvision, whose PyPI build does not load beside the local CPU torch: installing it here
-# would hold the whole project back. So the main run deselects `mds` (pyproject's addopts),
-# and a second venv (ATLAS_FAST_MDS_VENV, default .ci-venvs/mds, kept between runs) gets
-# torch==2.13.0 and '.[mds,test-core]'; tools/mds-test-env/README.md says why its torchvision
-# is a placeholder. Both runs must pass.
+# torchvision, whose PyPI build does not load beside the CPU torch: installing it here would
+# hold the whole project back. So the main run deselects `mds` (pyproject's addopts), and a
+# second venv gets torch and '.[mds,test-core]'; tools/mds-test-env/README.md says why its
+# torchvision is a placeholder. That venv (about 1.9 GB) lives outside the source tree and is
+# kept between runs: ATLAS_FAST_MDS_VENV, default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/mds-venv. Both runs must pass.
+#
+# Env: PYTHON (default python) the interpreter whose environment gets '.[test]';
+#      ATLAS_FAST_MDS_VENV the MDS venv (made if absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
+constraints=$PWD/tools/ci-constraints.txt
+started=$(date +%s)
 
-"$python" -m pip install -e '.[test]'
+"$python" -m pip install -c "$constraints" -e '.[test]'
 ruff check .
 ruff format --check .
 cython-lint atlas_fast/_core/
 
-venv=${ATLAS_FAST_MDS_VENV:-.ci-venvs/mds}
-started=$(date +%s)
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q torch==2.13.0 -e '.[mds,test-core]'
+venv=${ATLAS_FAST_MDS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/mds-venv}
+mds_started=$(date +%s)
+if [ ! -x "$venv/bin/python" ]; then
+    mkdir -p "$(dirname "$venv")"
+    "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q -c "$constraints" torch -e '.[mds,test-core]'
 PYTHONPATH="$PWD/tools/mds-test-env${PYTHONPATH:+:$PYTHONPATH}" \
     "$venv/bin/python" -m pytest -p no:cacheprovider -m mds tests/convert/test_convert_mds.py
-echo "mds tests in $venv: $(( $(date +%s) - started )) s, set-up included"
+echo "mds tests in $venv: $(($(date +%s) - mds_started)) s, set-up included"
 
-# The main suite last, so that its summary is the run's closing line.
-"$python" -m pytest
+# The main suite last, so that its summary closes the run (with the total time).
+status=0
+"$python" -m pytest || status=$?
+echo "tools/test.sh: $(($(date +%s) - started)) s in all"
+exit "$status"

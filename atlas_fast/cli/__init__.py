@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .._version import __version__
@@ -35,8 +36,53 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status when whoever reads our output closed it early (``atlas-fast info --json DS |
+# head``): 128 + SIGPIPE, the status a shell reports for a command that SIGPIPE ended, as it
+# does for cat or seq there; apart from 1 (problems found) and 2 (usage error).
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv=None) -> int:
-    """Run the command line; returns the exit status (2 for usage errors)."""
+    """Run the command line; returns the exit status (2 for usage errors, 141 when standard
+    output was closed before all of it was written)."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            if sys.stdout is not None:  # None: started with file descriptor 1 closed
+                sys.stdout.flush()  # here, not at exit: a closed pipe raises now
+    except BrokenPipeError:
+        # Python ignores SIGPIPE, so writing to a closed pipe raises. What is still buffered
+        # can never be delivered: point stdout at devnull so that the interpreter's own flush
+        # at exit does not fail again, and end quietly. Another pipe's error is not ours to
+        # hide.
+        if not _stdout_is_closed():
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+        return EXIT_CLOSED_PIPE
+
+
+def _stdout_is_closed() -> bool:
+    """Whether standard output is a pipe whose reading end is closed (assumed so where
+    ``poll`` cannot tell: Windows)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return False
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _run(argv) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

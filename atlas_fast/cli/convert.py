@@ -163,7 +163,7 @@ def run(args) -> int:
         ValueError,
     ) as exc:
         if isinstance(exc, FileExistsError):
-            return _error(str(exc))
+            return _error(exc.strerror or str(exc))  # the sentence, without "[Errno 17]"
         return _error(f"{exc}\nno dataset was written at {args.dst}")
     except Exception as exc:
         if not args.ray:

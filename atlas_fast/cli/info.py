@@ -3,8 +3,9 @@
 Shards, examples, strategy, block size, bytes on disk and the compression ratio (decoded
 bytes / stored bytes of data.bin). The ratio is estimated from a sample of blocks spread over
 the dataset (``--sample N``, default 64), or measured on every block with ``--exact``. Nothing
-is unpickled. A malformed dataset is reported (exit 1); run ``atlas-fast verify`` for a full
-check.
+is unpickled. Every shard that can be read is described; each problem met is reported on
+standard error (and in ``--json``'s ``problems``) and the exit status is then 1. Run
+``atlas-fast verify`` for a full check.
 """
 
 from __future__ import annotations
@@ -44,76 +45,120 @@ def _spread(total: int, wanted: int) -> list:
 
 
 def info(path, *, exact=False, sample=64, readers=None) -> dict:
-    """Describe the dataset or shard at ``path``; raises ``AtlasFormatError`` if malformed.
+    """Describe the dataset or shard at ``path``: every shard that can be described.
 
-    ``readers`` is the module whose reader classes decode (default ``atlas_fast.atlas``).
+    What cannot be read is reported, not raised: ``problems`` (dicts with ``file``,
+    ``block``, ``kind`` and ``message``, as ``verify``'s) and ``ok`` (no problem found).
+    A shard whose meta.json reads is described (its ``data_bytes`` None when its index
+    does not read); a root ``shard_sizes`` that disagrees with a shard is a problem, as it is
+    when reading. ``readers`` is the module whose reader classes decode (default
+    ``atlas_fast.atlas``).
     """
     if readers is None:
         from .. import atlas as readers
     from .._errors import AtlasFormatError
-    from .._format import CompressionStrategy, block_count, load_offsets
-    from .verify import open_target
+    from .._format import DATA_FILE, INDEX_FILE, CompressionStrategy, block_count, load_offsets
+    from .verify import _problem, _record, lacks_shared_dict, open_target, read_shard
 
     path = Path(path)
     problems: list = []
     target = open_target(path, problems)
-    if problems:
-        raise AtlasFormatError(problems[0]["message"])
-    if target.kind == "dataset":
-        dataset = readers.AtlasDataset(path)
-        shards = dataset.shards
-        strategy = dataset.metadata.compression_strategy
-    else:
-        shard = readers.AtlasDatasetShard(path, compression_dict_bytes=target.dict_bytes)
-        shards = [shard]
-        strategy = shard.metadata.compression_strategy
+    strategy = target.metadata.compression_strategy if target.metadata is not None else None
 
     rows = []
-    blocks = []  # (shard, block, stored bytes) for the ratio
-    for shard in shards:
-        meta = shard.metadata
-        n_blocks = block_count(meta.stored_examples, meta.block_size)
-        offsets = load_offsets(shard.root, meta)
-        stored = int(offsets[-1])
-        rows.append(
-            {
-                "shard": str(shard.root),
+    blocks = []  # (shard reader, block, stored bytes) for the ratio
+    shards = []  # the readers made (they open their files on first use), all closed at the end
+    try:
+        for shard_dir in target.shard_dirs:
+            meta = read_shard(target, shard_dir, problems)
+            if meta is None:
+                continue
+            if target.kind == "shard":
+                strategy = meta.compression_strategy
+            n_blocks = block_count(meta.stored_examples, meta.block_size)
+            row = {
+                "shard": str(shard_dir),
                 "examples": meta.stored_examples,
                 "blocks": n_blocks,
                 "block_size": meta.block_size,
                 "compression_strategy": meta.compression_strategy,
                 "compression_level": meta.compression_level,
-                "data_bytes": stored,
-                "disk_bytes": _dir_bytes(shard.root),
+                "data_bytes": None,
+                "disk_bytes": None,
             }
-        )
-        blocks.extend((shard, b, int(offsets[b + 1] - offsets[b])) for b in range(n_blocks))
+            rows.append(row)
+            _record(
+                problems,
+                shard_dir,
+                None,
+                lambda r=row, d=shard_dir: r.update(disk_bytes=_dir_bytes(d)),
+            )
+            try:
+                offsets = load_offsets(shard_dir, meta)
+            except AtlasFormatError as exc:
+                problems.append(_problem(shard_dir / INDEX_FILE, None, exc))
+                continue
+            row["data_bytes"] = int(offsets[-1])
+            if lacks_shared_dict(target, shard_dir, meta, problems, "read"):
+                continue
+            try:
+                shard = readers.AtlasDatasetShard(
+                    shard_dir, compression_dict_bytes=target.dict_bytes
+                )
+            except Exception as exc:  # AtlasFormatError; anything else is reported too
+                problems.append(_problem(shard_dir, None, exc))
+                continue
+            shards.append(shard)
+            blocks.extend((shard, b, int(offsets[b + 1] - offsets[b])) for b in range(n_blocks))
 
-    chosen = blocks if exact else [blocks[k] for k in _spread(len(blocks), max(0, sample))]
-    stored_sum = decoded_sum = 0
-    for shard, b, size in chosen:
-        stored_sum += size
-        decoded_sum += len(shard._block_bytes(b))
-    for shard in shards:
-        shard.close()
+        chosen = blocks if exact else [blocks[k] for k in _spread(len(blocks), max(0, sample))]
+        stored_sum = decoded_sum = decoded_blocks = 0
+        current = None  # the shard whose blocks are being decoded; chosen is in shard order
+        for shard, b, size in chosen:
+            if shard is not current:
+                if current is not None:
+                    current.close()  # its files, before the next shard's are opened
+                current = shard
+            data_path = Path(shard.root) / DATA_FILE
+            try:
+                decoded = len(shard._block_bytes(b))
+            except Exception as exc:  # AtlasFormatError; anything else is reported too
+                problems.append(_problem(data_path, b, exc))
+                continue
+            stored_sum += size
+            decoded_sum += decoded
+            decoded_blocks += 1
+    finally:
+        for shard in shards:
+            shard.close()
 
-    root_files = _dir_bytes(path) if target.kind == "dataset" else 0
+    root_files = 0
+    if target.kind == "dataset":
+        try:
+            root_files = _dir_bytes(path)
+        except OSError as exc:
+            problems.append(_problem(path, None, exc))
     block_sizes = sorted({r["block_size"] for r in rows})
+    n_blocks = sum(r["blocks"] for r in rows)
     return {
         "path": str(path),
         "kind": target.kind,
+        "ok": not problems,
         "shards": len(rows),
         "examples": sum(r["examples"] for r in rows),
-        "blocks": len(blocks),
-        "compression_strategy": int(strategy),
-        "compression_strategy_name": CompressionStrategy(strategy).name,
+        "blocks": n_blocks,
+        "compression_strategy": None if strategy is None else int(strategy),
+        "compression_strategy_name": (
+            None if strategy is None else CompressionStrategy(strategy).name
+        ),
         "block_size": block_sizes[0] if len(block_sizes) == 1 else block_sizes,
-        "data_bytes": sum(r["data_bytes"] for r in rows),
-        "disk_bytes": root_files + sum(r["disk_bytes"] for r in rows),
+        "data_bytes": sum(r["data_bytes"] or 0 for r in rows),
+        "disk_bytes": root_files + sum(r["disk_bytes"] or 0 for r in rows),
         "compression_ratio": (decoded_sum / stored_sum) if stored_sum else None,
-        "ratio_exact": len(chosen) == len(blocks),
-        "ratio_blocks": len(chosen),
+        "ratio_exact": decoded_blocks == n_blocks,
+        "ratio_blocks": decoded_blocks,
         "shard_details": rows,
+        "problems": problems,
     }
 
 
@@ -127,8 +172,6 @@ def _size(n: int) -> str:
 
 
 def run(args) -> int:
-    from .._errors import AtlasFormatError
-
     path = Path(args.path)
     if not path.is_dir():
         print(f"atlas-fast info: error: {path} is not a directory", file=sys.stderr)
@@ -136,28 +179,53 @@ def run(args) -> int:
     if args.sample < 1:
         print("atlas-fast info: error: --sample must be at least 1", file=sys.stderr)
         return 2
-    try:
-        report = info(path, exact=args.exact, sample=args.sample)
-    except AtlasFormatError as exc:
-        print(f"atlas-fast info: error: {exc}", file=sys.stderr)
-        return 1
+    report = info(path, exact=args.exact, sample=args.sample)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return 0
+    else:
+        _print(report)
+    problems = report["problems"]
+    for problem in problems:
+        print(f"atlas-fast info: problem: {problem['message']}", file=sys.stderr)
+    if problems:
+        print(
+            f"atlas-fast info: {_count(len(problems), 'problem')} found; the description covers "
+            f"what could be read (atlas-fast verify {path} checks every block)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _print(report: dict) -> None:
+    sizes = report["block_size"]
+    if isinstance(sizes, int):
+        blocks = f"{report['blocks']} (block size {sizes})"
+    elif sizes:
+        blocks = f"{report['blocks']} (block sizes {', '.join(map(str, sizes))})"
+    else:
+        blocks = str(report["blocks"])
+    strategy = report["compression_strategy"]
+    if strategy is not None:
+        strategy = f"{strategy} ({report['compression_strategy_name']})"
+    else:
+        strategy = "unknown (the dataset's meta.json does not read)"
     ratio = report["compression_ratio"]
-    how = "exact" if report["ratio_exact"] else f"sampled over {report['ratio_blocks']} blocks"
+    if ratio is None:
+        compression = "n/a (no blocks)" if not report["blocks"] else "n/a (no block decoded)"
+    else:
+        how = "exact" if report["ratio_exact"] else f"sampled over {report['ratio_blocks']} blocks"
+        compression = f"{ratio:.2f}x decoded/stored ({how})"
     print(f"{report['path']} ({report['kind']})")
     print(f"  shards:       {report['shards']}")
     print(f"  examples:     {report['examples']}")
-    print(f"  blocks:       {report['blocks']} (block size {report['block_size']})")
-    print(
-        f"  strategy:     {report['compression_strategy']} ({report['compression_strategy_name']})"
-    )
+    print(f"  blocks:       {blocks}")
+    print(f"  strategy:     {strategy}")
     print(f"  data.bin:     {_size(report['data_bytes'])}")
     print(f"  on disk:      {_size(report['disk_bytes'])}")
-    print(
-        "  compression:  "
-        + (f"{ratio:.2f}x decoded/stored ({how})" if ratio is not None else "n/a (no blocks)")
-    )
-    return 0
+    print(f"  compression:  {compression}")

@@ -107,6 +107,46 @@ def open_target(path: Path, problems: list) -> Target:
     return target
 
 
+def read_shard(target: Target, shard_dir: Path, problems: list):
+    """The metadata of ``shard_dir``, a shard of ``target``, checked against the root's
+    ``shard_sizes`` (a disagreement is recorded, the metadata still returned); None, recorded,
+    when its meta.json does not read."""
+    from .._errors import AtlasFormatError
+    from .._format import META_FILE, check_shard_sizes, read_shard_metadata
+
+    try:
+        metadata = read_shard_metadata(shard_dir)
+    except AtlasFormatError as exc:
+        problems.append(_problem(shard_dir / META_FILE, None, exc))
+        return None
+    if target.kind == "dataset" and target.metadata is not None:
+        _record(
+            problems,
+            shard_dir / META_FILE,
+            None,
+            lambda: check_shard_sizes(target.path, target.metadata, [(shard_dir, metadata)]),
+        )
+    return metadata
+
+
+def lacks_shared_dict(target: Target, shard_dir: Path, metadata, problems: list, verb: str):
+    """Whether the strategy-2 shard ``shard_dir`` has blocks but its shared dictionary is
+    unavailable (recorded as a problem: its blocks not ``verb``)."""
+    from .._errors import AtlasFormatError
+    from .._format import DICT_FILE, META_FILE, block_count
+
+    n_blocks = block_count(metadata.stored_examples, metadata.block_size)
+    if metadata.compression_strategy != 2 or not n_blocks or target.dict_bytes is not None:
+        return False
+    where = target.dict_path or (shard_dir.parent / DICT_FILE)
+    message = (
+        f"{shard_dir / META_FILE}: compression_strategy 2 needs the shared dictionary {where}, "
+        f"which is unavailable: {n_blocks} blocks not {verb}"
+    )
+    problems.append(_problem(shard_dir / META_FILE, None, AtlasFormatError(message)))
+    return True
+
+
 def _set(target: Target, dict_bytes: bytes) -> None:
     target.dict_bytes = dict_bytes
 
@@ -167,10 +207,8 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
         META_FILE,
         block_checksum,
         block_count,
-        check_shard_sizes,
         load_checksums,
         load_offsets,
-        read_shard_metadata,
     )
 
     path = Path(path)
@@ -211,31 +249,12 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for shard_dir in target.shard_dirs:
-            try:
-                metadata = read_shard_metadata(shard_dir)
-            except AtlasFormatError as exc:
-                problems.append(_problem(shard_dir / META_FILE, None, exc))
+            metadata = read_shard(target, shard_dir, problems)
+            if metadata is None:
                 continue
             totals["shards"] += 1
-            if target.kind == "dataset" and target.metadata is not None:
-                try:
-                    check_shard_sizes(path, target.metadata, [(shard_dir, metadata)])
-                except AtlasFormatError as exc:
-                    problems.append(_problem(shard_dir / META_FILE, None, exc))
             n_blocks = block_count(metadata.stored_examples, metadata.block_size)
-            if metadata.compression_strategy == 2 and target.dict_bytes is None:
-                where = target.dict_path or (shard_dir.parent / "zstd_dict.bin")
-                problems.append(
-                    _problem(
-                        shard_dir / META_FILE,
-                        None,
-                        AtlasFormatError(
-                            f"{shard_dir / META_FILE}: compression_strategy 2 needs the shared "
-                            f"dictionary {where}, which is unavailable: {n_blocks} blocks "
-                            "not checked"
-                        ),
-                    )
-                )
+            if lacks_shared_dict(target, shard_dir, metadata, problems, "checked"):
                 continue
             try:
                 shard = readers.AtlasDatasetShard(

@@ -70,17 +70,45 @@ class ConvertSummary:
     seconds: float = 0.0
     verified: bool = False
     datasets: list = field(default_factory=list)  # (split or None, examples, shards)
+    strategy: int | None = None  # the compression strategy asked
+    strategies: list = field(default_factory=list)  # the one each dataset was written with
 
     def __str__(self) -> str:
         rate = self.examples / self.seconds if self.seconds > 0 else 0.0
         splits = [s for s, _, _ in self.datasets if s is not None]
-        where = f"{self.dst}" + (f" ({len(splits)} splits: {', '.join(splits)})" if splits else "")
+        where = f"{self.dst}" + (
+            f" ({_count(len(splits), 'split')}: {', '.join(splits)})" if splits else ""
+        )
         return (
-            f"converted {self.examples:,} examples ({self.fmt}) into {self.shards:,} shards at "
-            f"{where}: {_size(self.bytes_in)} in, {_size(self.bytes_out)} out, "
+            f"converted {_count(self.examples, 'example')} ({self.fmt}) into "
+            f"{_count(self.shards, 'shard')}{self._strategy_text()} at {where}: "
+            f"{_size(self.bytes_in)} in, {_size(self.bytes_out)} out, "
             f"{self.seconds:.1f} s ({rate:,.0f} examples/s)"
             + (", verified" if self.verified else "")
         )
+
+    def _strategy_text(self) -> str:
+        """`` (strategy 2)``; the strategy written where it is not the one asked (strategy 2
+        with too few examples to train its dictionary: as the writer, zstd without one)."""
+        if self.strategy is None:
+            return ""
+        other = [
+            (split, written)
+            for (split, _, _), written in zip(self.datasets, self.strategies)
+            if written != self.strategy
+        ]
+        if not other:
+            return f" (strategy {self.strategy})"
+        why = "too few examples to train a dictionary"
+        if len(self.datasets) == 1:
+            return f" (strategy {other[0][1]}, not the {self.strategy} asked: {why})"
+        which = ", ".join(f"{written} for {split}" for split, written in other)
+        return f" (strategy {self.strategy}; {which}: {why})"
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 shard``, ``1,000 shards``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _size(n: int) -> str:
@@ -978,14 +1006,12 @@ class _Progress:
 
 
 def _check_destination(dst: Path) -> None:
-    if dst.is_dir():
-        if any(dst.iterdir()):
-            raise FileExistsError(
-                f"{dst}: already exists and is not empty; convert writes a new dataset "
-                "(remove it or choose another destination)"
-            )
-    elif dst.exists() or dst.is_symlink():
-        raise FileExistsError(f"{dst}: already exists and is not a directory")
+    from .._errors import destination_exists
+
+    if (dst.is_dir() and any(dst.iterdir())) or (
+        not dst.is_dir() and (dst.exists() or dst.is_symlink())
+    ):
+        raise destination_exists(dst, "convert", empty_dir_ok=True)
 
 
 def _check_sources(sources: list) -> None:
@@ -1017,6 +1043,8 @@ def run_conversion(
     ray: bool = False,
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
+    from .._format import read_dataset_metadata
+
     started = time.monotonic()
     dst = Path(dst)
     _check_destination(dst)
@@ -1066,6 +1094,11 @@ def run_conversion(
                     RuntimeWarning,
                     stacklevel=2,
                 )
+    summary.strategy = int(options["compression_strategy"])
+    summary.strategies = [
+        read_dataset_metadata(dst if split is None else dst / split).compression_strategy
+        for split, _, _ in summary.datasets
+    ]
     summary.examples = sum(e for _, e, _ in summary.datasets)
     summary.shards = sum(n for _, _, n in summary.datasets)
     summary.bytes_in = sum(p.nbytes for source in sources for p in source.parts)

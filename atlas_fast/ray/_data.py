@@ -16,6 +16,7 @@ import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
+from .._errors import destination_exists
 from .._format import DATA_FILE, DICT_FILE, META_FILE, CompressionStrategy, read_shard_metadata
 from .._writing.commit import commit_staged_shards
 from ..atlas import AtlasDataset
@@ -53,10 +54,7 @@ def check_write_arguments(path: Path, shard_size, block_size, compression_dict_s
             f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
         )
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise FileExistsError(
-            f"{path}: write_atlas writes a new dataset: the path must be absent or an empty "
-            "directory"
-        )
+        raise destination_exists(path, "write_atlas", empty_dir_ok=True)
 
 
 def _task_cpus() -> int:

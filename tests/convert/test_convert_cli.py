@@ -34,7 +34,9 @@ def test_main_writes_and_prints_one_summary_line(tmp_path, capsys, atlas):
     out, err = capsys.readouterr()
     assert err == ""
     (line,) = out.splitlines()
-    assert line.startswith(f"converted 120 examples (jsonl) into 3 shards at {tmp_path / 'out'}: ")
+    assert line.startswith(
+        f"converted 120 examples (jsonl) into 3 shards (strategy 3) at {tmp_path / 'out'}: "
+    )
     assert " in, " in line and " out, " in line and "examples/s)" in line
     assert read_back(atlas, tmp_path / "out") == docs
     assert (tmp_path / "out" / "0" / "checksums.npy").exists()
@@ -67,7 +69,10 @@ def test_errors_exit_1_naming_the_problem(tmp_path, capsys):
     dst.mkdir()
     (dst / "x").write_text("")
     assert cli.main(["convert", str(tmp_path / "src"), str(dst), "--from", "jsonl"]) == 1
-    assert "already exists and is not empty" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"atlas-fast convert: error: {dst}: already exists and is not empty; convert writes a "
+        "new dataset into an absent or empty directory: remove it or choose another path\n"
+    )
 
 
 def test_options_that_do_not_apply(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -85,6 +86,52 @@ def test_small_first_shard_falls_back_to_strategy_1(tmp_path, atlas):
         assert read_back(atlas, dst) == docs
 
 
+def _summary_head(summary) -> str:
+    """The summary line up to its sizes and times."""
+    return str(summary).rsplit(": ", 1)[0]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_summary_of_an_empty_conversion(tmp_path, atlas, workers):
+    """No examples: 0 examples, 0 shards, and the strategy asked (2, the default) beside
+    the one written (1: no dictionary can be trained without examples, as the writer does)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text("")
+    (tmp_path / "src" / "b.jsonl").write_text("")
+    dst = tmp_path / "out"
+    summary = convert(tmp_path / "src", dst, "jsonl", workers=workers)
+    assert (summary.examples, summary.shards) == (0, 0)
+    assert (summary.strategy, summary.strategies) == (2, [1])
+    assert _meta(dst) == {"version": 1, "shard_sizes": [], "compression_strategy": 1}
+    assert read_back(atlas, dst) == []
+    assert _summary_head(summary) == (
+        "converted 0 examples (jsonl) into 0 shards (strategy 1, not the 2 asked: too few "
+        f"examples to train a dictionary) at {dst}"
+    )
+    summary = convert(tmp_path / "src", tmp_path / "s3", "jsonl", compression_strategy=3)
+    assert _summary_head(summary) == (
+        f"converted 0 examples (jsonl) into 0 shards (strategy 3) at {tmp_path / 's3'}"
+    )
+
+
+def test_the_summary_counts_in_words(tmp_path, monkeypatch, atlas):
+    """One example, one shard, one split: singular; more: plural, with thousands marked."""
+    (tmp_path / "one").mkdir()
+    write_jsonl(tmp_path / "one" / "a.jsonl", [{"text": "only"}])
+    summary = convert(tmp_path / "one", tmp_path / "out1", "jsonl", compression_strategy=1)
+    assert _summary_head(summary) == (
+        f"converted 1 example (jsonl) into 1 shard (strategy 1) at {tmp_path / 'out1'}"
+    )
+    assert read_back(atlas, tmp_path / "out1") == [{"text": "only"}]
+    _fake_format(monkeypatch, [Source([_ok_part("t0", 1200)], "train")])
+    summary = convert("x", tmp_path / "out2", "fake", workers=1, shard_size=1000)
+    assert _summary_head(summary) == (
+        "converted 1,200 examples (fake) into 2 shards (strategy 2) at "
+        f"{tmp_path / 'out2'} (1 split: train)"
+    )
+    assert read_back(atlas, tmp_path / "out2" / "train") == _examples(1200)
+
+
 def test_more_workers_than_parts_and_empty_parts(tmp_path, atlas):
     docs = _jsonl_tree(tmp_path / "src", files=2, per_file=40)
     (tmp_path / "src" / "99.jsonl").write_text("")
@@ -96,11 +143,17 @@ def test_destination_must_be_new_or_empty(tmp_path, atlas):
     _jsonl_tree(tmp_path / "src", files=1, per_file=10)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="already exists and is not empty"):
+    with pytest.raises(FileExistsError) as info:
         convert(tmp_path / "src", tmp_path / "full", "jsonl")
+    # The writer's sentence (one helper), saying what to do; errno as the writer's.
+    assert info.value.errno == errno.EEXIST
+    assert info.value.strerror == (
+        f"{tmp_path / 'full'}: already exists and is not empty; convert writes a new dataset "
+        "into an absent or empty directory: remove it or choose another path"
+    )
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(FileExistsError, match="not a directory"):
+    with pytest.raises(FileExistsError, match="already exists and is not a directory; convert"):
         convert(tmp_path / "src", tmp_path / "file", "jsonl")
     (tmp_path / "empty").mkdir()
     convert(tmp_path / "src", tmp_path / "empty", "jsonl")
