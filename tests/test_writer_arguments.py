@@ -16,74 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import BAD_WRITER_OPTIONS as BAD
 
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
 from atlas_fast._errors import InvalidArgumentError, InvalidArgumentTypeError
 from atlas_fast.writer import WriterOptions
-
-# option, bad value, the error's type, its message
-BAD = [
-    ("shard_size", 0, InvalidArgumentError, "shard_size must be a positive integer, not 0"),
-    ("shard_size", -3, InvalidArgumentError, "shard_size must be a positive integer, not -3"),
-    ("shard_size", 2.5, InvalidArgumentTypeError, "shard_size must be a positive integer, not 2.5"),
-    ("block_size", 0, InvalidArgumentError, "block_size must be a positive integer, not 0"),
-    ("block_size", "4", InvalidArgumentTypeError, "block_size must be a positive integer, not '4'"),
-    (
-        "block_size",
-        True,
-        InvalidArgumentTypeError,
-        "block_size must be a positive integer, not True",
-    ),
-    (
-        "compression_strategy",
-        4,
-        InvalidArgumentError,
-        "compression_strategy must be 0, 1, 2 or 3 (a CompressionStrategy), not 4",
-    ),
-    (
-        "compression_level",
-        23,
-        InvalidArgumentError,
-        "compression_level must be an integer of at most 22, not 23",
-    ),
-    (
-        "compression_level",
-        None,
-        InvalidArgumentTypeError,
-        "compression_level must be an integer of at most 22, not None",
-    ),
-    (
-        "compression_dict_size",
-        1.5,
-        InvalidArgumentError,
-        "compression_dict_size must be a number within [0, 1], not 1.5",
-    ),
-    (
-        "compression_dict_size",
-        -0.1,
-        InvalidArgumentError,
-        "compression_dict_size must be a number within [0, 1], not -0.1",
-    ),
-    (
-        "compression_dict_size",
-        float("nan"),
-        InvalidArgumentError,
-        "compression_dict_size must be a number within [0, 1], not nan",
-    ),
-    (
-        "compression_dict_size",
-        "0.1",
-        InvalidArgumentTypeError,
-        "compression_dict_size must be a number within [0, 1], not '0.1'",
-    ),
-    ("workers", 0, InvalidArgumentError, "workers must be a positive integer or None, not 0"),
-    (
-        "workers",
-        1.0,
-        InvalidArgumentTypeError,
-        "workers must be a positive integer or None, not 1.0",
-    ),
-]
 
 GOOD = {"shard_size": 10, "block_size": 4}
 
@@ -188,3 +125,43 @@ def test_the_checks_hold_under_python_O(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "option, value, kind, message", BAD, ids=[f"{o}={v!r}" for o, v, *_ in BAD]
+)
+def test_convert_says_the_same(tmp_path, option, value, kind, message):
+    """convert()'s options (its workers are processes, checked by the same rule)."""
+    from atlas_fast.convert import convert
+
+    src = tmp_path / "src.jsonl"
+    src.write_text('{"a": 1}\n')
+    with pytest.raises(kind) as info:
+        convert(src, tmp_path / "out", "jsonl", **{option: value})
+    assert type(info.value) is kind and str(info.value) == message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--shard-size", "0", "shard_size must be a positive integer, not 0"),
+        ("--block-size", "-2", "block_size must be a positive integer, not -2"),
+        (
+            "--strategy",
+            "4",
+            "compression_strategy must be 0, 1, 2 or 3 (a CompressionStrategy), not 4",
+        ),
+        ("--level", "23", "compression_level must be an integer of at most 22, not 23"),
+        ("--dict-size", "1.5", "compression_dict_size must be a number within [0, 1], not 1.5"),
+        ("--workers", "0", "--workers must be a positive integer, not 0"),
+    ],
+)
+def test_the_command_line_says_the_same(tmp_path, capsys, flag, value, message):
+    from atlas_fast.cli import main
+
+    src = tmp_path / "src.jsonl"
+    src.write_text('{"a": 1}\n')
+    assert main(["convert", str(src), str(tmp_path / "out"), "--from", "jsonl", flag, value]) == 1
+    assert capsys.readouterr().err.startswith(f"atlas-fast convert: error: {message}\n")
+    assert not (tmp_path / "out").exists()

@@ -131,8 +131,15 @@ class WriterOptions:
     def flags(cls) -> list:
         """``(flag, option, default, metavar, help)`` of the options ``atlas-fast convert``
         has flags for, in order."""
+        defaults = cls.defaults()
         return [
-            (f.metadata["flag"], f.name, f.default, f.metadata["metavar"], f.metadata["help"])
+            (
+                f.metadata["flag"],
+                f.name,
+                defaults[f.name],
+                f.metadata["metavar"],
+                f.metadata["help"],
+            )
             for f in dataclasses.fields(cls)
             if f.metadata.get("flag")
         ]

@@ -33,21 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._format import DICT_FILE as _DICT_FILE
+from .._writing.options import WriterOptions
 from ._compare import difference
 from ._source import Source, SourceError
 
 __all__ = ["ConvertSummary", "VerifyError", "WRITER_DEFAULTS", "run_conversion", "split_runs"]
 
-# The writer options of a conversion and their defaults (AtlasDatasetWriter's own defaults
-# for strategy, level and dictionary size; shard and block sizes it leaves to the caller).
-WRITER_DEFAULTS = {
-    "shard_size": 10_000,
-    "block_size": 100,
-    "compression_strategy": 2,
-    "compression_level": 3,
-    "compression_dict_size": 0.01,
-    "checksums": False,
-}
+# The writer options of a conversion and their defaults: WriterOptions' (workers, the
+# writer's threads, is convert's own argument: processes).
+WRITER_DEFAULTS = WriterOptions.defaults(exclude=("workers",))
 
 _NO_DICT = "none"
 _PROGRESS_EVERY = 0.1  # seconds between progress messages of a worker
