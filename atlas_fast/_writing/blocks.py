@@ -18,7 +18,7 @@ import zstandard
 
 from .. import _backend
 from .._format import CHECKSUM_FILE, DATA_FILE, INDEX_FILE, block_checksum, index_dtype
-from .context import add_context, name_file, writing
+from .context import add_context, name_file, note, writing
 
 __all__ = [
     "DIRECT_WRITE_MIN",
@@ -58,8 +58,11 @@ def pickle_examples(examples: list, shard, number) -> bytes:
     try:
         return pickle.dumps(examples)
     except Exception as exc:
-        where = "a block" if number is None else f"block {number}"
-        add_context(exc, f"{shard}: pickling {where}", shard)
+        what = "pickling a block" if number is None else f"pickling block {number}"
+        if shard is None:
+            note(exc, f"atlas_fast: {what}")
+        else:
+            add_context(exc, f"{shard}: {what}", shard)
         raise
 
 
@@ -82,7 +85,7 @@ def train_dictionary(
         return zstandard.train_dictionary(size, blocks, level=compression_level)
     except zstandard.ZstdError as exc:
         warnings.warn(
-            f"{shard}: zstd could not train a dictionary ({exc}); "
+            f"{'' if shard is None else f'{shard}: '}zstd could not train a dictionary ({exc}); "
             "the shard falls back to STANDARD_COMPRESSION",
             RuntimeWarning,
             stacklevel=3,
