@@ -164,6 +164,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
     from .._format import (
         CHECKSUM_FILE,
         DATA_FILE,
+        DICT_FILE,
         META_FILE,
         block_checksum,
         block_count,
@@ -224,7 +225,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                     problems.append(_problem(shard_dir / META_FILE, None, exc))
             n_blocks = block_count(metadata.stored_examples, metadata.block_size)
             if metadata.compression_strategy == 2 and target.dict_bytes is None:
-                where = target.dict_path or (shard_dir.parent / "zstd_dict.bin")
+                where = target.dict_path or (shard_dir.parent / DICT_FILE)
                 problems.append(
                     _problem(
                         shard_dir / META_FILE,
