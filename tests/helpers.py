@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_fast._errors import InvalidArgumentError, InvalidArgumentTypeError
+from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def _default_fixtures() -> Path:

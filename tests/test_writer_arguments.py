@@ -18,8 +18,12 @@ import numpy as np
 import pytest
 from helpers import BAD_WRITER_OPTIONS as BAD
 
-from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
-from atlas_fast._errors import InvalidArgumentError, InvalidArgumentTypeError
+from atlas_fast import (
+    AtlasDatasetShardWriter,
+    AtlasDatasetWriter,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
 from atlas_fast.writer import WriterOptions
 
 GOOD = {"shard_size": 10, "block_size": 4}
