@@ -11,7 +11,13 @@ A drop-in replacement for ``torch_atlas_ds``::
 from . import _backend
 from ._backend import BACKEND
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
-from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
+from ._errors import (
+    AtlasFormatError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    MissingSharedDictionary,
+    UnsafePickleError,
+)
 from ._version import __version__
 from .atlas import (
     AtlasDataset,
@@ -33,6 +39,8 @@ __all__ = [
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
     "AtlasFormatError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
     "CacheInfo",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 __all__ = [
     "AtlasFormatError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
     "destination_exists",
@@ -36,6 +38,22 @@ class UnsafePickleError(pickle.UnpicklingError):
     """A block of an untrusted dataset refers to a global that is not allowed.
 
     Raised by ``trusted=False`` readers before any code of that global runs.
+    """
+
+
+class InvalidArgumentError(ValueError, AssertionError):
+    """An argument's value is refused (a size of 0, a fraction above 1): the message names it.
+
+    A ``ValueError``; also an ``AssertionError``, which the reference's writer raised for a
+    bad ``block_size`` or ``compression_dict_size`` (with ``assert``), so that code catching
+    that keeps working. Raised explicitly: ``python -O`` changes nothing.
+    """
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument is of the wrong type (a float where an integer is needed, a bool).
+
+    A ``TypeError`` too, as the sampler and the readers' cache arguments raised before.
     """
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
+
 
 def _default_fixtures() -> Path:
     """``../shared/fixtures/reference`` beside the checkout (also from a git worktree nested
@@ -170,3 +172,69 @@ def child_report(pid: int, read: int, timeout: float = 60.0) -> bytes:
         time.sleep(0.02)
     with os.fdopen(read, "rb") as f:
         return f.read()
+
+
+# Bad writer options: option, bad value, the error's type and its message, the same
+# everywhere (the writers, WriterOptions, convert, the CLI, atlas_fast.ray).
+BAD_WRITER_OPTIONS = [
+    ("shard_size", 0, InvalidArgumentError, "shard_size must be a positive integer, not 0"),
+    ("shard_size", -3, InvalidArgumentError, "shard_size must be a positive integer, not -3"),
+    ("shard_size", 2.5, InvalidArgumentTypeError, "shard_size must be a positive integer, not 2.5"),
+    ("block_size", 0, InvalidArgumentError, "block_size must be a positive integer, not 0"),
+    ("block_size", "4", InvalidArgumentTypeError, "block_size must be a positive integer, not '4'"),
+    (
+        "block_size",
+        True,
+        InvalidArgumentTypeError,
+        "block_size must be a positive integer, not True",
+    ),
+    (
+        "compression_strategy",
+        4,
+        InvalidArgumentError,
+        "compression_strategy must be 0, 1, 2 or 3 (a CompressionStrategy), not 4",
+    ),
+    (
+        "compression_level",
+        23,
+        InvalidArgumentError,
+        "compression_level must be an integer of at most 22, not 23",
+    ),
+    (
+        "compression_level",
+        None,
+        InvalidArgumentTypeError,
+        "compression_level must be an integer of at most 22, not None",
+    ),
+    (
+        "compression_dict_size",
+        1.5,
+        InvalidArgumentError,
+        "compression_dict_size must be a number within [0, 1], not 1.5",
+    ),
+    (
+        "compression_dict_size",
+        -0.1,
+        InvalidArgumentError,
+        "compression_dict_size must be a number within [0, 1], not -0.1",
+    ),
+    (
+        "compression_dict_size",
+        float("nan"),
+        InvalidArgumentError,
+        "compression_dict_size must be a number within [0, 1], not nan",
+    ),
+    (
+        "compression_dict_size",
+        "0.1",
+        InvalidArgumentTypeError,
+        "compression_dict_size must be a number within [0, 1], not '0.1'",
+    ),
+    ("workers", 0, InvalidArgumentError, "workers must be a positive integer or None, not 0"),
+    (
+        "workers",
+        1.0,
+        InvalidArgumentTypeError,
+        "workers must be a positive integer or None, not 1.0",
+    ),
+]

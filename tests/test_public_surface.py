@@ -23,6 +23,8 @@ PACKAGE = {
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
     "AtlasFormatError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
     "CacheInfo",
@@ -55,7 +57,7 @@ DATASET_WRITER = WRITER_COMMON | {
     "shard_sizes",
     "shared_dict",
 }
-SHARD_WRITER = WRITER_COMMON | {"metadata", "stored_examples", "compressor"}
+SHARD_WRITER = WRITER_COMMON | {"metadata", "stored_examples", "compressor", "add_pickled_block"}
 SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "seed",
     "epoch",

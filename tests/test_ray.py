@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, assert_same, reference_read
+from helpers import BAD_WRITER_OPTIONS, FIXTURES, assert_same, reference_read
 
 import atlas_fast
 import atlas_fast._python
@@ -284,6 +284,21 @@ def test_a_dictionary_needs_seven_sample_blocks_else_strategy_1(ray, tmp_path):
     assert_reads_back(tmp_path / "ds", examples)
 
 
+def test_the_shared_dictionary_is_the_dataset_writers(ray, tmp_path):
+    """Trained from the sample's examples as AtlasDatasetWriter trains its first shard's
+    (the last block short, too): the same dictionary bytes."""
+    from atlas_fast.ray._data import train_shared_dictionary
+
+    examples = dict_examples(430)
+    with atlas_fast.AtlasDatasetWriter(tmp_path / "ds", 430, 50, workers=1) as w:
+        for example in examples:
+            w.add_example(example)
+    trained = train_shared_dictionary(
+        iter(examples), block_size=50, compression_level=3, compression_dict_size=0.01
+    )
+    assert trained == (tmp_path / "ds" / "zstd_dict.bin").read_bytes()
+
+
 def test_a_read_fused_with_the_write(ray, tmp_path):
     from atlas_fast.ray import write_atlas
 
@@ -362,6 +377,16 @@ def test_bad_arguments_are_refused_before_anything_runs(ray, tmp_path):
     from atlas_fast.ray import AtlasDatasink, write_atlas
 
     ds = ray.data.range(3)
+    # The writer's options: the writer's errors, word for word.
+    for option, value, kind, message in BAD_WRITER_OPTIONS:
+        if option == "workers":
+            continue  # not an argument here: Ray decides
+        kwargs = {"shard_size": 2, "block_size": 1, "compression_strategy": 1, option: value}
+        for make in (write_atlas, lambda _, path, **kw: AtlasDatasink(path, **kw)):
+            with pytest.raises(kind) as info:
+                make(ds, tmp_path / "ds", **kwargs)
+            assert type(info.value) is kind and str(info.value) == message
+    assert not (tmp_path / "ds").exists()
     for kwargs, match in [
         ({"shard_size": 0, "block_size": 1}, "shard_size must be a positive integer"),
         ({"shard_size": 2, "block_size": 1.5}, "block_size must be a positive integer"),

@@ -207,8 +207,13 @@ def test_strategy_2_without_the_first_shards_dictionary_names_the_file(monkeypat
     monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", NoDict())
     w = AtlasDatasetWriter(tmp_path / "ds", shard_size=1, block_size=1)
     w.add_example(0)
-    with pytest.raises(FileNotFoundError, match=r"0/zstd_dict\.bin: missing"):
+    with pytest.raises(FileNotFoundError) as info:
         w.add_example(1)
+    assert info.value.filename == str(tmp_path / "ds" / "0" / "zstd_dict.bin")
+    assert info.value.__notes__ == [
+        "atlas_fast: the first shard of a SHARED_DICTIONARY_COMPRESSION dataset says "
+        "compression_strategy 3 in its meta.json but left no dictionary to share"
+    ]
 
 
 def test_our_options_are_passed_only_when_set(factory, tmp_path):

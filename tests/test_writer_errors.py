@@ -1,10 +1,12 @@
-"""Errors in a shard name the shard directory and the problem, once, whichever thread met them.
+"""Errors in a shard keep their type and name the shard directory, once, whichever thread met them.
 
-A shard closed on another thread (``workers=2``; under strategy 3 every full shard is) raises
-its error on the calling thread: as it is when it already names the shard (our writers mark
-the errors they give context to; an ``OSError`` names its file), otherwise as the same type
-with ``<shard>: finishing the shard: `` before its message. What the message says is never
-looked at: an error whose message happens to hold a path is treated as any other.
+The error raised is the one met (the same object: its type, message and attributes); where it
+happened is a note (``atlas_fast: <shard>: pickling block 2``), and an ``OSError`` that names
+no file is made to name the file being written. A shard closed on another thread
+(``workers=2``; under strategy 3 every full shard is) raises its error on the calling thread,
+noted ``<shard>: finishing the shard`` unless it names the shard already (our writers mark the
+errors they note; an ``OSError`` names its file). What the message says is never looked at:
+an error whose message happens to hold a path is treated as any other.
 """
 
 from __future__ import annotations
@@ -41,8 +43,13 @@ def write_failing(root, examples, workers, strategy=3, shard_size=10, block_size
     return info.value
 
 
+def notes(error) -> list:
+    return getattr(error, "__notes__", [])
+
+
 def names_once(error, place) -> bool:
-    return str(error).count(str(place)) == 1
+    """``place`` is in the error's message or its notes, once."""
+    return "\n".join([str(error), *notes(error)]).count(str(place)) == 1
 
 
 def real_shards_with(monkeypatch, shard_name, prepare):
@@ -102,7 +109,8 @@ def test_an_example_that_does_not_pickle_names_its_shard_and_block(tmp_path, wor
     examples = [threading.Lock() if i == 9 else f"example {i}" for i in range(30)]
     error = write_failing(tmp_path / "ds", examples, workers)
     assert type(error) is TypeError
-    assert str(error).startswith(f"{tmp_path / 'ds' / '0'}: pickling block 2: cannot pickle")
+    assert str(error).startswith("cannot pickle")
+    assert notes(error) == [f"atlas_fast: {tmp_path / 'ds' / '0'}: pickling block 2"]
     assert names_once(error, tmp_path / "ds" / "0")
 
 
@@ -135,7 +143,8 @@ def test_a_compression_failure_names_its_shard_and_block(tmp_path, monkeypatch, 
     error = write_failing(tmp_path / "ds", examples, workers, strategy=strategy)
     assert type(error) is RuntimeError
     shard = tmp_path / "ds" / "2"
-    assert str(error) == f"{shard}: compressing block 1: zstd: injected failure"
+    assert str(error) == "zstd: injected failure"
+    assert notes(error) == [f"atlas_fast: {shard}: compressing block 1"]
 
 
 class FailingShardWriter:
@@ -174,39 +183,37 @@ MADE = {
 
 @pytest.mark.parametrize("made", list(MADE))
 def test_an_error_of_a_shard_writer_double_names_the_shard(tmp_path, monkeypatch, made):
-    """Closed on the pool, the double's error is raised here as the same type, the shard
-    named before its message (an OSError keeps its errno): whether the message holds a path
+    """Closed on the pool (strategy 3), the double's error is raised here as it is (an
+    OSError keeps its errno), the shard in its note: whether the message holds a path
     changes nothing."""
+    raised = []
     make = MADE[made]
-    monkeypatch.setattr(FailingShardWriter, "make", staticmethod(make))
+    monkeypatch.setattr(
+        FailingShardWriter,
+        "make",
+        staticmethod(lambda path: raised.append(make(path)) or raised[-1]),
+    )
     monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", FailingShardWriter)
     root = tmp_path / "ds"
     error = write_failing(root, range(30), workers=2)
     shard = root / "0"
-    original = make(shard)
-    assert type(error) is type(original)
-    if isinstance(original, OSError):
-        assert error.errno == original.errno
-        assert str(error) == f"[Errno {original.errno}] {shard}: finishing the shard: " + (
-            original.strerror
-        )
-    else:
-        assert str(error) == f"{shard}: finishing the shard: {original}"
-    assert type(error.__cause__) is type(original) and str(error.__cause__) == str(original)
+    assert error is raised[0]
+    assert str(error) == str(make(shard))
+    assert notes(error) == [f"atlas_fast: {shard}: finishing the shard"]
 
 
-def test_an_error_that_cannot_be_rebuilt_names_its_type(tmp_path, monkeypatch):
+def test_an_error_whose_class_takes_other_arguments_keeps_its_type(tmp_path, monkeypatch):
+    """An exception class whose __init__ takes other arguments than a message is raised as
+    it is too (no rebuilt error of another type)."""
     monkeypatch.setattr(
         FailingShardWriter, "make", staticmethod(lambda path: NeedsTwoArguments("fire", path))
     )
     monkeypatch.setattr(atlas_fast.writer, "AtlasDatasetShardWriter", FailingShardWriter)
     root = tmp_path / "ds"
     error = write_failing(root, range(30), workers=2)
-    assert type(error) is RuntimeError
-    assert (
-        str(error) == f"{root / '0'}: finishing the shard: NeedsTwoArguments: fire at {root / '0'}"
-    )
-    assert type(error.__cause__) is NeedsTwoArguments
+    assert type(error) is NeedsTwoArguments
+    assert str(error) == f"fire at {root / '0'}"
+    assert notes(error) == [f"atlas_fast: {root / '0'}: finishing the shard"]
 
 
 def test_a_double_closed_on_this_thread_raises_its_own_error(tmp_path, monkeypatch):
@@ -236,7 +243,8 @@ def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
         shard_size=40,
     )
     assert type(error) is RuntimeError
-    assert str(error) == f"{tmp_path / 'ds' / '2'}: compressing block 1: zstd: injected failure"
+    assert str(error) == "zstd: injected failure"
+    assert notes(error) == [f"atlas_fast: {tmp_path / 'ds' / '2'}: compressing block 1"]
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -334,3 +342,89 @@ def test_the_warning_of_an_abandoned_dataset_names_its_shards(tmp_path, examples
         f"KeyError. Shard directories left in it for inspection: {left}; remove the "
         "directory before writing there again."
     )
+
+
+class DiskGone(OSError):
+    """An OSError subclass whose __init__ takes other arguments than OSError's."""
+
+    def __init__(self, device, errno_=errno.EIO):
+        if errno_ is None:
+            super().__init__(f"{device} is gone")
+        else:
+            super().__init__(errno_, f"{device} is gone")
+        self.device = device
+
+
+OS_ERRORS = {
+    "subclass with its own __init__": lambda: DiskGone("sdz"),
+    "subclass without an errno": lambda: DiskGone("sdz", errno_=None),
+    "FileNotFoundError": lambda: FileNotFoundError(errno.ENOENT, "gone"),
+    "FileNotFoundError naming its file": lambda: FileNotFoundError(
+        errno.ENOENT, "gone", "/elsewhere/file"
+    ),
+}
+
+
+@pytest.mark.parametrize("made", list(OS_ERRORS))
+@pytest.mark.parametrize("workers", WORKERS)
+def test_an_os_error_writing_the_index_keeps_its_type(tmp_path, monkeypatch, workers, made):
+    """Raised by numpy's save of shard 1's index.npy (on the pool with workers=2): the same
+    exception reaches the caller; one with an errno but no file is made to name index.npy."""
+    raised = []
+    real_save = np.save
+
+    def save(file, array, *args, **kwargs):
+        if os.path.basename(os.path.dirname(file)) == "1":
+            raised.append(OS_ERRORS[made]())
+            raise raised[-1]
+        return real_save(file, array, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", save)
+    root = tmp_path / "ds"
+    error = write_failing(root, [f"example {i}" for i in range(30)], workers)
+    assert error is raised[0]
+    original = OS_ERRORS[made]()
+    assert type(error) is type(original) and error.errno == original.errno
+    if isinstance(error, DiskGone):
+        assert error.device == "sdz"
+    index = root / "1" / "index.npy"
+    if original.filename is None and original.errno is not None:
+        assert error.filename == str(index)
+        assert notes(error) == []
+    else:  # a file of its own, or none it could name: the note names index.npy
+        assert error.filename == original.filename
+        assert notes(error) == [f"atlas_fast: writing {index}"]
+    assert names_once(error, root / "1")
+
+
+class OSErrorCompressor(FailingCompressor):
+    """The block compressor, failing on a block that holds POISON with ``error()``."""
+
+    error = staticmethod(lambda: DiskGone("sdz"))
+
+    def submit(self, block):
+        if POISON in block:
+            raise type(self).error()
+        return self.real.submit(block)
+
+
+@pytest.mark.parametrize("made", list(OS_ERRORS))
+@pytest.mark.parametrize("workers", WORKERS)
+def test_an_os_error_of_the_compressor_keeps_its_type(tmp_path, monkeypatch, workers, made):
+    """As a failed write of data.bin (an errno, no file: it is made to name data.bin), or
+    another error of the compressor (noted as the block's)."""
+    monkeypatch.setattr(OSErrorCompressor, "error", staticmethod(OS_ERRORS[made]))
+    monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", OSErrorCompressor)
+    examples = [POISON if i == 25 else f"example {i}" for i in range(40)]
+    error = write_failing(tmp_path / "ds", examples, workers, strategy=1)
+    original = OS_ERRORS[made]()
+    shard = tmp_path / "ds" / "2"
+    assert type(error) is type(original) and error.errno == original.errno
+    if original.filename is not None:
+        assert error.filename == original.filename
+        assert notes(error) == [f"atlas_fast: {shard}: compressing block 1"]
+    elif original.errno is not None:
+        assert error.filename == str(shard / "data.bin")
+        assert notes(error) == []
+    else:
+        assert notes(error) == [f"atlas_fast: {shard}: compressing block 1"]

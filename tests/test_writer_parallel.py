@@ -12,6 +12,7 @@ import pytest
 import zstandard
 
 import atlas_fast._backend
+import atlas_fast._writing.pipeline as pipeline
 import atlas_fast.writer
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
 from atlas_fast._core._compress_py import IN_FLIGHT_PER_WORKER, PoolCompressor
@@ -165,7 +166,10 @@ def test_a_failed_block_is_reported_on_the_calling_thread(tmp_path, recording, w
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "incomplete": pinned elsewhere
         with (
-            pytest.raises(zstandard.ZstdError, match=r"ds/1: compressing block 2: injected"),
+            pytest.raises(
+                zstandard.ZstdError,
+                match=r"^injected failure\natlas_fast: \S*ds/1: compressing block 2$",
+            ),
             AtlasDatasetWriter(root, 20, 2, compression_strategy=1, workers=workers) as w,
         ):
             for i in range(100):
@@ -178,7 +182,10 @@ def test_a_failed_shard_on_another_thread_is_reported(tmp_path, recording):
     root = tmp_path / "ds"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        with pytest.raises(zstandard.ZstdError, match=r"ds/0: compressing block 3: injected"):
+        with pytest.raises(
+            zstandard.ZstdError,
+            match=r"^injected failure\natlas_fast: \S*ds/0: compressing block 3$",
+        ):
             with AtlasDatasetWriter(root, 20, 2, compression_strategy=3, workers=2) as w:
                 for i in range(200):
                     w.add_example(RecordingCompressor.poison if i == 7 else f"example {i}")
@@ -229,7 +236,9 @@ def test_an_example_that_does_not_pickle_names_the_shard_and_block(tmp_path, str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with (
-            pytest.raises(TypeError, match=r"ds/1: pickling block 1: cannot pickle"),
+            pytest.raises(
+                TypeError, match=r"^cannot pickle .*\natlas_fast: \S*ds/1: pickling block 1$"
+            ),
             AtlasDatasetWriter(
                 tmp_path / "ds", 32, 2, compression_strategy=strategy, workers=workers
             ) as w,
@@ -289,7 +298,7 @@ def test_strategy_2_reads_ahead_while_the_first_shard_trains(tmp_path, monkeypat
 def test_strategy_2_read_ahead_is_bounded(tmp_path, monkeypatch):
     """Beyond READ_AHEAD_BYTES of pickled blocks the caller waits for the dictionary: with a
     1-byte bound, the first block after the first shard is the last one it can add."""
-    monkeypatch.setattr(atlas_fast.writer, "READ_AHEAD_BYTES", 1)
+    monkeypatch.setattr(pipeline, "READ_AHEAD_BYTES", 1)
     training = GatedTraining(monkeypatch)
     root = tmp_path / "ds"
     with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
@@ -325,7 +334,10 @@ def test_a_failed_training_on_another_thread_is_reported(tmp_path, monkeypatch, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with (
-            pytest.raises(RuntimeError, match=r"ds/\d+: finishing the shard: injected training"),
+            pytest.raises(
+                RuntimeError,
+                match=r"^injected training failure\natlas_fast: \S*ds/\d+: finishing the shard$",
+            ),
             AtlasDatasetWriter(root, 40, 4, compression_strategy=strategy, workers=2) as w,
         ):
             for x in examples(230):
@@ -356,7 +368,9 @@ def test_an_example_read_ahead_that_does_not_pickle_names_its_shard_and_block(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with (
-            pytest.raises(TypeError, match=r"ds/1: pickling block 2: cannot pickle"),
+            pytest.raises(
+                TypeError, match=r"^cannot pickle .*\natlas_fast: \S*ds/1: pickling block 2$"
+            ),
             AtlasDatasetWriter(root, 40, 4, workers=2) as w,
         ):
             try:
@@ -381,7 +395,10 @@ def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
             # shard 1, given to the pool, is abandoned too if it had not started
             r"closing it raised ZstdError\. .*(shards 1-|shard )2 unfinished \(no meta\.json\);",
         ),
-        pytest.raises(zstandard.ZstdError, match=r"ds/2: compressing block 1: injected"),
+        pytest.raises(
+            zstandard.ZstdError,
+            match=r"^injected failure\natlas_fast: \S*ds/2: compressing block 1$",
+        ),
         AtlasDatasetWriter(root, 40, 4, workers=2) as w,
     ):
         try:
@@ -511,15 +528,15 @@ def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monke
     eleventh is filled here. The with block raises while the pool's two threads are closing
     shards 1 and 2 (held until the writer waits for them): those finish, shards 3-10 never
     start, 11 is abandoned. Patches private names to hold things: ``_train_dictionary``,
-    ``atlas_fast.writer.ThreadPoolExecutor``, and ``READ_AHEAD_BYTES`` to end the read-ahead
-    at a known block."""
+    the pipeline's ``ThreadPoolExecutor``, and ``READ_AHEAD_BYTES`` to end the read-ahead at
+    a known block."""
     compressors = ClosedCompressors(monkeypatch)
     before = set(threading.enumerate())
     data = [f"example {i:05d}" for i in range(40 * 12)]
     blocks = [pickle.dumps(data[i : i + 4]) for i in range(40, len(data), 4)]
     # The read-ahead ends with the first block of shard 11.
-    monkeypatch.setattr(atlas_fast.writer, "READ_AHEAD_BYTES", sum(map(len, blocks[:101])))
-    monkeypatch.setattr(atlas_fast.writer, "ThreadPoolExecutor", ReleasingPool)
+    monkeypatch.setattr(pipeline, "READ_AHEAD_BYTES", sum(map(len, blocks[:101])))
+    monkeypatch.setattr(pipeline, "ThreadPoolExecutor", ReleasingPool)
     ReleasingPool.release = threading.Event()
     trained = threading.Event()
     real_train = AtlasDatasetShardWriter._train_dictionary
@@ -581,7 +598,7 @@ def test_errors_met_while_abandoning_are_noted_not_raised(tmp_path, monkeypatch)
     abandoning the dataset, waits for them. The with block's exception stays the one raised;
     their errors are in the warning and noted on it (Python 3.11+). Patches the private
     ``_train_dictionary`` (the shard writer's training) and ``ThreadPoolExecutor``."""
-    monkeypatch.setattr(atlas_fast.writer, "ThreadPoolExecutor", ReleasingPool)
+    monkeypatch.setattr(pipeline, "ThreadPoolExecutor", ReleasingPool)
     ReleasingPool.release = threading.Event()
     entered = []
     condition = threading.Condition()
@@ -605,7 +622,7 @@ def test_errors_met_while_abandoning_are_noted_not_raised(tmp_path, monkeypatch)
             raise boom
     assert info.value is boom
     failures = [
-        f"RuntimeError: {root / n}: finishing the shard: injected training failure in {root / n}"
+        f"RuntimeError: injected training failure in {root / n} ({root / n}: finishing the shard)"
         for n in ("0", "1")
     ]
     [warning] = [str(c.message) for c in caught]

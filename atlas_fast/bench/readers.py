@@ -33,6 +33,8 @@ import sys
 import types
 from pathlib import Path
 
+from .._format import DICT_FILE
+
 __all__ = ["READERS", "Skip", "make_reader"]
 
 
@@ -284,7 +286,7 @@ class ZstdFloor(_Base):
         meta = json.loads((root / "meta.json").read_text())
         if meta["compression_strategy"] == 0:
             raise Skip("the dataset is stored uncompressed (strategy 0)")
-        shared = root / "zstd_dict.bin"
+        shared = root / DICT_FILE
         blocks = []  # (mmap view, start, end, examples in block)
         keep = []
         for shard in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -294,7 +296,7 @@ class ZstdFloor(_Base):
                 continue
             zdict = None
             if smeta["compression_strategy"] == 3:
-                zdict = (shard / "zstd_dict.bin").read_bytes()
+                zdict = (shard / DICT_FILE).read_bytes()
             elif smeta["compression_strategy"] == 2:
                 zdict = shared.read_bytes()
             if zdict is None:

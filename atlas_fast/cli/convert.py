@@ -17,29 +17,6 @@ __all__ = ["add_arguments", "run"]
 FORMAT_NAMES = ("parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "flat-tokens")
 
 
-# The writer's options: flag, convert() keyword, type, metavar, help (the defaults are
-# convert's own, WRITER_DEFAULTS; an option not given is not passed).
-_WRITER_FLAGS = (
-    ("--shard-size", "shard_size", int, "N", "examples per shard"),
-    ("--block-size", "block_size", int, "N", "examples per compressed block"),
-    (
-        "--strategy",
-        "compression_strategy",
-        int,
-        "{0,1,2,3}",
-        "compression: 0 none, 1 zstd, 2 a dictionary shared by all shards, 3 one per shard",
-    ),
-    ("--level", "compression_level", int, "L", "zstd compression level"),
-    (
-        "--dict-size",
-        "compression_dict_size",
-        float,
-        "FRACTION",
-        "dictionary size, as a fraction of the bytes it is trained on",
-    ),
-)
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="the dataset to convert (file or directory)")
     parser.add_argument("dst", metavar="DST", help="the Atlas dataset to write (must not exist)")
@@ -51,22 +28,22 @@ def add_arguments(parser) -> None:
         metavar="FORMAT",
         help=f"the format of SRC: {', '.join(FORMAT_NAMES)}",
     )
-    from ..convert._run import WRITER_DEFAULTS
+    from .._writing.options import WriterOptions
 
+    # Flags, defaults and help of the writer's options are WriterOptions'; an option not
+    # given is not passed on (convert's default is the same).
     writer = parser.add_argument_group("writer options (as AtlasDatasetWriter's)")
-    for flag, key, kind, metavar, text in _WRITER_FLAGS:
-        writer.add_argument(
-            flag,
-            dest=key,
-            type=kind,
-            metavar=metavar,
-            help=f"{text} (default {WRITER_DEFAULTS[key]})",
-        )
-    writer.add_argument(
-        "--checksums",
-        action="store_true",
-        help="write checksums.npy per shard (for atlas-fast verify)",
-    )
+    for flag, key, default, metavar, text in WriterOptions.flags():
+        if isinstance(default, bool):
+            writer.add_argument(flag, dest=key, action="store_true", default=None, help=text)
+        else:
+            writer.add_argument(
+                flag,
+                dest=key,
+                type=type(default),
+                metavar=metavar,
+                help=f"{text} (default {default})",
+            )
     run_group = parser.add_argument_group("running")
     run_group.add_argument(
         "--workers",
@@ -110,16 +87,23 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
+    from .._checks import check_int
     from .._errors import AtlasFormatError
     from .._extras import MissingExtraError
+    from .._writing.options import WriterOptions
     from ..convert import FormatUnavailableError, SourceError, VerifyError, convert
 
     if args.ray and args.workers is not None:
         return _error("--ray and --workers exclude each other (Ray decides the parallelism)")
-    if args.workers is not None and args.workers < 1:
-        return _error(f"--workers must be at least 1, not {args.workers}")
+    if args.workers is not None:
+        try:
+            check_int("--workers", args.workers, minimum=1)
+        except ValueError as exc:
+            return _error(str(exc))
     options = {
-        key: getattr(args, key) for _, key, *_ in _WRITER_FLAGS if getattr(args, key) is not None
+        key: getattr(args, key)
+        for _, key, *_ in WriterOptions.flags()
+        if getattr(args, key) is not None
     }
     if args.attributes is not None:
         if args.fmt != "dolma":
@@ -143,7 +127,6 @@ def run(args) -> int:
             verify=args.verify,
             progress=show_bar or None,
             ray=args.ray,
-            checksums=args.checksums,
             **options,
         )
     except KeyboardInterrupt:

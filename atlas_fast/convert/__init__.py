@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import inspect
 
+from .._checks import check_int
+from .._writing.options import WriterOptions
 from ._run import WRITER_DEFAULTS, ConvertSummary, VerifyError
 from ._source import Part, Source, SourceError
 
@@ -68,36 +70,15 @@ def format_module(fmt: str):
         ) from None
 
 
-def _check_writer_options(options: dict) -> dict:
-    opts = {**WRITER_DEFAULTS, **options}
-    for key in ("shard_size", "block_size"):
-        value = opts[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer, not {value!r}")
-    if opts["compression_strategy"] not in (0, 1, 2, 3):
-        raise ValueError(
-            f"compression_strategy must be 0, 1, 2 or 3, not {opts['compression_strategy']!r}"
-        )
-    opts["compression_strategy"] = int(opts["compression_strategy"])
-    if not 0 <= opts["compression_dict_size"] <= 1:
-        raise ValueError(
-            f"compression_dict_size must be within [0, 1], not {opts['compression_dict_size']!r}"
-        )
-    level = opts["compression_level"]
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise ValueError(f"compression_level must be an integer, not {level!r}")
-    opts["checksums"] = bool(opts["checksums"])
-    return opts
-
-
 def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=False, **options):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
     Atlas dataset at ``dst``; returns a ``ConvertSummary``.
 
     ``options`` holds writer options (``shard_size``, ``block_size``, ``compression_strategy``,
-    ``compression_level``, ``compression_dict_size``, ``checksums``; defaults in
-    ``WRITER_DEFAULTS``) and the format's own (``attributes`` for dolma, ``decode`` for
-    wds/energon, ``allow_unsafe_types`` for mds; see docs/convert.md).
+    ``compression_level``, ``compression_dict_size``, ``checksums``: their defaults, also in
+    ``WRITER_DEFAULTS``, and their checks are ``atlas_fast.writer.WriterOptions``') and the
+    format's own (``attributes`` for dolma, ``decode`` for wds/energon,
+    ``allow_unsafe_types`` for mds; see docs/convert.md).
 
     ``dst`` must not exist, or be an empty directory. The shards are written into a staging
     directory next to it and moved in at the end, so ``dst`` is complete or absent: on any
@@ -134,12 +115,12 @@ def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=Fal
         from ..writer import default_workers
 
         workers = 1 if ray else default_workers()
-    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer or None, not {workers!r}")
-    elif ray and workers > 1:
-        raise ValueError(
-            f"ray=True and workers={workers} exclude each other (Ray decides the parallelism)"
-        )
+    else:
+        workers = check_int("workers", workers, minimum=1, none=True)
+        if ray and workers > 1:
+            raise ValueError(
+                f"ray=True and workers={workers} exclude each other (Ray decides the parallelism)"
+            )
     return run_conversion(
         lambda: module.sources(src, **format_options),
         dst,
@@ -147,7 +128,7 @@ def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=Fal
         workers=workers,
         verify=verify,
         progress=progress,
-        options=_check_writer_options(writer_options),
+        options=WriterOptions(**writer_options).as_dict(exclude=("workers",)),
         ray=bool(ray),
     )
 

@@ -32,23 +32,17 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._format import DICT_FILE as _DICT_FILE
+from .._writing.options import WriterOptions
 from ._compare import difference
 from ._source import Source, SourceError
 
 __all__ = ["ConvertSummary", "VerifyError", "WRITER_DEFAULTS", "run_conversion", "split_runs"]
 
-# The writer options of a conversion and their defaults (AtlasDatasetWriter's own defaults
-# for strategy, level and dictionary size; shard and block sizes it leaves to the caller).
-WRITER_DEFAULTS = {
-    "shard_size": 10_000,
-    "block_size": 100,
-    "compression_strategy": 2,
-    "compression_level": 3,
-    "compression_dict_size": 0.01,
-    "checksums": False,
-}
+# The writer options of a conversion and their defaults: WriterOptions' (workers, the
+# writer's threads, is convert's own argument: processes).
+WRITER_DEFAULTS = WriterOptions.defaults(exclude=("workers",))
 
-_DICT_FILE = "zstd_dict.bin"
 _NO_DICT = "none"
 _PROGRESS_EVERY = 0.1  # seconds between progress messages of a worker
 
@@ -369,7 +363,7 @@ def _await_dict(dict_dir: Path):
 
 
 def _writer_classes():
-    from ..writer import AtlasDatasetShardWriter
+    from ..writer import AtlasDatasetShardWriter, train_dictionary
 
     class AwaitingDictShardWriter(AtlasDatasetShardWriter):
         """A strategy-3 shard whose dictionary is not trained but awaited: the one run 0
@@ -377,7 +371,10 @@ def _writer_classes():
 
         dict_dir: Path
 
-        def _train_dictionary(self):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, dictionary_source=self._awaited, **kwargs)
+
+        def _awaited(self, blocks):
             return _await_dict(self.dict_dir)
 
     class PublishingShardWriter(AtlasDatasetShardWriter):
@@ -387,8 +384,16 @@ def _writer_classes():
 
         dict_dir: Path
 
-        def _train_dictionary(self):
-            zdict = super()._train_dictionary()
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, dictionary_source=self._trained, **kwargs)
+
+        def _trained(self, blocks):
+            zdict = train_dictionary(
+                blocks,
+                compression_dict_size=self.metadata.compression_dict_size,
+                compression_level=self.metadata.compression_level,
+                shard=self.path,
+            )
             _publish(self.dict_dir, None if zdict is None else zdict.as_bytes())
             return zdict
 
@@ -422,9 +427,9 @@ class _SpilledShard:
             self._flush()
 
     def _flush(self) -> None:
-        from ..writer import _pickle_block
+        from ..writer import pickle_block
 
-        block = _pickle_block(self.examples, self.shard, len(self.lengths))
+        block = pickle_block(self.examples, shard=self.shard, number=len(self.lengths))
         self.examples = []
         self._write(block)
         self.lengths.append(len(block))
@@ -463,7 +468,7 @@ def _compress_spilled(spill: Path, shard: Path, make_writer) -> None:
             left = examples
             for length in lengths:
                 count = min(left, w.metadata.block_size)
-                w._add_pickled_block(f.read(length), count)
+                w.add_pickled_block(f.read(length), count)
                 left -= count
             w.close()
         except BaseException:

@@ -24,8 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._checks import check_int
 from .._extras import require
 from .._format import CompressionStrategy
+from .._writing.options import WriterOptions
 from ._rows import example_to_row, row_to_example
 
 if TYPE_CHECKING:  # defined on first use, by __getattr__ (they subclass Ray's classes)
@@ -107,19 +109,28 @@ def write_atlas(
     """
     impl = _ray_data("atlas_fast.ray.write_atlas")
     path = Path(path)
-    strategy = CompressionStrategy(compression_strategy)
-    impl.check_write_arguments(path, shard_size, block_size, compression_dict_size)
+    writer_options = WriterOptions(
+        shard_size=shard_size,
+        block_size=block_size,
+        compression_strategy=compression_strategy,
+        compression_level=compression_level,
+        compression_dict_size=compression_dict_size,
+    )
+    shard_size, block_size = writer_options.shard_size, writer_options.block_size
+    strategy = writer_options.compression_strategy
+    impl.check_destination(path)
     zdict = None
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         if dict_sample_rows is None:
             dict_sample_rows = min(shard_size, impl.MAX_SAMPLE_BLOCKS * block_size)
-        impl.check_positive("dict_sample_rows", dict_sample_rows)
+        dict_sample_rows = check_int("dict_sample_rows", dict_sample_rows, minimum=1)
         sample = dataset.limit(dict_sample_rows).take_all()
         zdict = impl.train_shared_dictionary(
             (row_to_example(row, item_column) for row in sample),
             block_size=block_size,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
+            compression_level=writer_options.compression_level,
+            compression_dict_size=writer_options.compression_dict_size,
+            where=path,
         )
         if zdict is None:  # fewer than 7 blocks: the reference's fallback
             strategy = CompressionStrategy.STANDARD_COMPRESSION

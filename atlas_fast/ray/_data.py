@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -17,18 +16,18 @@ from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
 from .._errors import destination_exists
-from .._format import DATA_FILE, DICT_FILE, META_FILE, CompressionStrategy, read_shard_metadata
+from .._format import DATA_FILE, META_FILE, CompressionStrategy, read_shard_metadata
 from .._writing.commit import commit_staged_shards
+from .._writing.options import WriterOptions
 from ..atlas import AtlasDataset
-from ..writer import AtlasDatasetShardWriter
+from ..writer import AtlasDatasetShardWriter, pickle_block, train_dictionary
 from ._rows import example_to_row, plan_read_tasks, row_to_example
 
 __all__ = [
     "AtlasDatasink",
     "AtlasDatasource",
-    "check_positive",
     "block_rows",
-    "check_write_arguments",
+    "check_destination",
     "read_datasource",
     "train_shared_dictionary",
 ]
@@ -40,19 +39,8 @@ MAX_SAMPLE_BLOCKS = 256
 ROWS_PER_RAY_BLOCK = 4096
 
 
-def check_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
-
-
-def check_write_arguments(path: Path, shard_size, block_size, compression_dict_size) -> None:
-    """Refuse bad sizes, and a destination that is not absent or an empty directory."""
-    check_positive("shard_size", shard_size)
-    check_positive("block_size", block_size)
-    if not 0 <= compression_dict_size <= 1:
-        raise ValueError(
-            f"compression_dict_size must be within [0, 1], not {compression_dict_size!r}"
-        )
+def check_destination(path: Path) -> None:
+    """Refuse a destination that is not absent or an empty directory."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise destination_exists(path, "write_atlas", empty_dir_ok=True)
 
@@ -68,34 +56,32 @@ def _task_cpus() -> int:
 
 
 def train_shared_dictionary(
-    examples, *, block_size: int, compression_level: int, compression_dict_size: float
+    examples, *, block_size: int, compression_level: int, compression_dict_size: float, where=None
 ) -> bytes | None:
     """The strategy-2 dictionary of ``examples``, trained as the shard writer trains one.
 
-    The sample is written as a strategy-3 shard in a temporary directory: the shard writer
-    trains the dictionary (zstd on its pickled blocks, ``compression_dict_size`` of their
-    size) or falls back to strategy 1 when it cannot (fewer than 7 blocks), as the reference
-    does with a dataset's first shard. Returns the dictionary's bytes, or None for that
-    fallback.
+    The examples are pickled in blocks of ``block_size`` (``pickle_block``) and given to
+    ``train_dictionary``, the shard writer's own training (zstd on the pickled blocks,
+    ``compression_dict_size`` of their size), which gives None when it cannot train one
+    (fewer than 7 blocks), as the reference does with a dataset's first shard. Returns the
+    dictionary's bytes, or None for that fallback. ``where`` names the dataset in a warning.
     """
-    with tempfile.TemporaryDirectory(prefix="atlas-dictionary-") as tmp:
-        shard = Path(tmp) / "sample"
-        writer = AtlasDatasetShardWriter(
-            path=shard,
-            block_size=block_size,
-            compression_strategy=CompressionStrategy.DICTIONARY_COMPRESSION,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
-        )
-        with writer:
-            for example in examples:
-                writer.add_example(example)
-        if (
-            read_shard_metadata(shard).compression_strategy
-            != CompressionStrategy.DICTIONARY_COMPRESSION
-        ):
-            return None
-        return (shard / DICT_FILE).read_bytes()
+    blocks: list = []
+    block: list = []
+    for example in examples:
+        block.append(example)
+        if len(block) == block_size:
+            blocks.append(pickle_block(block, shard=where, number=len(blocks)))
+            block = []
+    if block:
+        blocks.append(pickle_block(block, shard=where, number=len(blocks)))
+    zdict = train_dictionary(
+        blocks,
+        compression_dict_size=compression_dict_size,
+        compression_level=compression_level,
+        shard=where,
+    )
+    return None if zdict is None else zdict.as_bytes()
 
 
 def block_rows(block):
@@ -146,8 +132,15 @@ class AtlasDatasink(Datasink):
         compression_dict: bytes | None = None,
         item_column: str | None = "item",
     ):
-        check_write_arguments(Path(path), shard_size, block_size, compression_dict_size)
-        strategy = CompressionStrategy(compression_strategy)
+        options = WriterOptions(
+            shard_size=shard_size,
+            block_size=block_size,
+            compression_strategy=compression_strategy,
+            compression_level=compression_level,
+            compression_dict_size=compression_dict_size,
+        )
+        check_destination(Path(path))
+        strategy = options.compression_strategy
         shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         if shared and compression_dict is None:
             raise ValueError(
@@ -157,11 +150,11 @@ class AtlasDatasink(Datasink):
         if not shared and compression_dict is not None:
             raise ValueError("compression_dict is only for compression_strategy 2")
         self.path = Path(path)
-        self.shard_size = shard_size
-        self.block_size = block_size
+        self.shard_size = options.shard_size
+        self.block_size = options.block_size
         self.compression_strategy = strategy
-        self.compression_level = compression_level
-        self.compression_dict_size = compression_dict_size
+        self.compression_level = options.compression_level
+        self.compression_dict_size = options.compression_dict_size
         self.compression_dict = None if compression_dict is None else bytes(compression_dict)
         self.item_column = item_column
         self.staging = self.path / f"{STAGING_PREFIX}{uuid.uuid4().hex}"

@@ -85,7 +85,7 @@ def test_options_that_do_not_apply(tmp_path, capsys):
     assert cli.main([*base, "--from", "jsonl", "--allow-unsafe-types"]) == 1
     assert "--allow-unsafe-types applies to --from mds only" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--workers", "0"]) == 1
-    assert "--workers must be at least 1" in capsys.readouterr().err
+    assert "--workers must be a positive integer, not 0" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--ray", "--workers", "2"]) == 1
     assert "--ray and --workers exclude each other" in capsys.readouterr().err
     assert cli.main([*base, "--from", "jsonl", "--shard-size", "0"]) == 1
