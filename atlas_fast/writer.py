@@ -196,14 +196,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         workers=None,
         dictionary_source=None,
     ):
-        options = WriterOptions(
-            block_size=block_size,
-            compression_strategy=compression_strategy,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
-            checksums=checksums,
-            workers=workers,
-        )
+        options = WriterOptions.from_arguments(locals())
         strategy = options.compression_strategy
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and (
             compression_dict is None
@@ -447,15 +440,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         checksums=False,
         workers=None,
     ):
-        options = WriterOptions(
-            shard_size=shard_size,
-            block_size=block_size,
-            compression_strategy=compression_strategy,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
-            checksums=checksums,
-            workers=workers,
-        )
+        options = WriterOptions.from_arguments(locals())
         self.path = Path(path)
         self.shard_size = options.shard_size
         self.block_size = options.block_size

@@ -123,6 +123,13 @@ class WriterOptions:
         return {k: v for k, v in out.items() if k not in exclude}
 
     @classmethod
+    def from_arguments(cls, arguments) -> WriterOptions:
+        """The options a function was called with: those named in ``arguments`` (its
+        ``locals()`` before anything else is bound), the others at their defaults."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{name: arguments[name] for name in names if name in arguments})
+
+    @classmethod
     def defaults(cls, *, exclude=()) -> dict:
         """Every option's default, as ``as_dict`` gives them."""
         return cls().as_dict(exclude=exclude)

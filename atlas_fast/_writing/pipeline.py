@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 
 from .blocks import pickle_examples
 from .context import add_context, describe
@@ -140,20 +141,20 @@ class _Part:
         self.count = 0
 
 
+@dataclass(eq=False)
 class ReadAhead:
     """The shards after strategy 2's first, held while it closes (``first``: the shard
     writer, ``future``: its closing on the pool). ``root``: the dataset's directory; shard
     ``first_number`` is the first held."""
 
-    def __init__(self, first, future, *, root, first_number, shard_size, block_size) -> None:
-        self.first = first
-        self.future = future
-        self.root = root
-        self.first_number = first_number
-        self.shard_size = shard_size
-        self.block_size = block_size
-        self.parts: list = []
-        self.nbytes = 0  # pickled bytes held
+    first: object
+    future: object
+    root: object = field(kw_only=True)
+    first_number: int = field(kw_only=True)
+    shard_size: int = field(kw_only=True)
+    block_size: int = field(kw_only=True)
+    parts: list = field(default_factory=list, init=False)
+    nbytes: int = field(default=0, init=False)  # pickled bytes held
 
     @property
     def count(self) -> int:

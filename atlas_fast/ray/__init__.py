@@ -109,13 +109,7 @@ def write_atlas(
     """
     impl = _ray_data("atlas_fast.ray.write_atlas")
     path = Path(path)
-    writer_options = WriterOptions(
-        shard_size=shard_size,
-        block_size=block_size,
-        compression_strategy=compression_strategy,
-        compression_level=compression_level,
-        compression_dict_size=compression_dict_size,
-    )
+    writer_options = WriterOptions.from_arguments(locals())
     shard_size, block_size = writer_options.shard_size, writer_options.block_size
     strategy = writer_options.compression_strategy
     impl.check_destination(path)

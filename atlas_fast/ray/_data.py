@@ -132,13 +132,7 @@ class AtlasDatasink(Datasink):
         compression_dict: bytes | None = None,
         item_column: str | None = "item",
     ):
-        options = WriterOptions(
-            shard_size=shard_size,
-            block_size=block_size,
-            compression_strategy=compression_strategy,
-            compression_level=compression_level,
-            compression_dict_size=compression_dict_size,
-        )
+        options = WriterOptions.from_arguments(locals())
         check_destination(Path(path))
         strategy = options.compression_strategy
         shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
