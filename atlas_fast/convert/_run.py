@@ -120,6 +120,7 @@ def run_conversion(
     progress,
     options: dict,
     ray: bool = False,
+    schedule: str = "steal-spill",
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
     started = time.monotonic()
@@ -151,7 +152,7 @@ def run_conversion(
                     )
             else:
                 examples, shards = _convert_source(
-                    pool, source, staging.work(s), root, label, verify, progress, options
+                    pool, source, staging.work(s), root, label, verify, progress, options, schedule
                 )
             summary.datasets.append((source.split, examples, shards))
         staging.move_in()
@@ -169,26 +170,67 @@ def run_conversion(
     return summary
 
 
-def _convert_source(pool, source, work, root, label, verify, progress, options):
+def _convert_source(pool, source, work, root, label, verify, progress, options, schedule):
     """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
     verify it if asked; returns (examples, shards)."""
     from .._format import CompressionStrategy
     from .._writing.commit import commit_staged_shards
 
-    dict_dir = work / "dict"
-    dict_dir.mkdir(parents=True)
     parts = list(source.parts)
     runs = split_runs(parts, len(pool.processes) + 1)
-    ranges, start = [], 0
+    strategy = CompressionStrategy(options["compression_strategy"])
+    bar = Progress(progress, sum(p.nbytes for p in parts), _phase_name("converting", source))
+    try:
+        if schedule == "steal-spill":
+            results, shared = _write_stealing(pool, parts, runs, work, options, bar)
+        else:
+            steal = schedule == "fanout-steal"
+            results, shared = _write_fanning_out(pool, parts, work, options, bar, steal)
+    finally:
+        bar.close()
+    # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
+    groups = sorted(g for run_groups, _ in results for g in run_groups)
+    staged = [d for _, dirs in groups for d in dirs]
+    written = dict(c for _, part_counts in results for c in part_counts)
+    if sorted(written) != list(range(len(parts))):  # every part exactly once
+        raise RuntimeError(f"parts written: {sorted(written)}, expected {len(parts)} of them")
+    counts = [written[i] for i in range(len(parts))]
+    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and shared is None:
+        strategy = CompressionStrategy.STANDARD_COMPRESSION
+    commit_staged_shards(root, staged, compression_strategy=strategy, shared_dict=shared)
+    examples = sum(counts)
+    if verify:
+        phase = _phase_name("verifying", source)
+        verify_source(pool, source, runs, counts, root, label, phase, progress)
+    return examples, len(staged)
+
+
+def _ranges(runs: list, start: int = 0) -> tuple:
+    """The ``(start, stop)`` part indices of each of ``runs`` (the first starting at ``start``)."""
+    ranges = []
     for run in runs:
         ranges.append((start, start + len(run)))
         start += len(run)
-    ranges = tuple(ranges)
+    return tuple(ranges)
+
+
+def _threads(pool, runs: int) -> int:
     # ``workers`` is cores in total: one process per run, whose shard writers compress on its
     # share of them (one thread each when every process has a run; all of them for a source
     # of one part). The output does not depend on it (the writers' files are byte-identical
     # whatever their threads), only the time does.
-    threads = max(1, pool.cores // len(runs))
+    return max(1, pool.cores // runs)
+
+
+def _write_stealing(pool, parts, runs, work, options, bar):
+    """Every run starts at once (work stealing, spill files, the dictionary handed over by
+    files); returns (the runs' results, the shared dictionary or None)."""
+    from .._format import CompressionStrategy
+
+    dict_dir = work / "dict"
+    dict_dir.mkdir(parents=True)
+    ranges = _ranges(runs)
+    threads = _threads(pool, len(runs))
     strategy = CompressionStrategy(options["compression_strategy"])
     spill_dir = None
     if len(runs) > 1 and strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
@@ -202,31 +244,35 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
         )
         for k in range(len(runs))
     ]
-    total_bytes = sum(p.nbytes for p in parts)
-    bar = Progress(progress, total_bytes, _phase_name("converting", source))
-    try:
-        results = pool.run(tasks, bar, ranges)
-    finally:
-        bar.close()
-    # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
-    groups = sorted(g for run_groups, _ in results for g in run_groups)
-    staged = [d for _, dirs in groups for d in dirs]
-    written = dict(c for _, part_counts in results for c in part_counts)
-    if sorted(written) != list(range(len(parts))):  # every part exactly once
-        raise RuntimeError(f"parts written: {sorted(written)}, expected {len(parts)} of them")
-    counts = [written[i] for i in range(len(parts))]
-    shared = None
+    results = pool.run(tasks, bar, ranges)
+    shared = DictionaryHandOver(dict_dir).published()
+    return results, (None if shared is ... else shared)
+
+
+def _write_fanning_out(pool, parts, work, options, bar, steal):
+    """Run 0 writes the first shard and trains the dictionary (strategy 2), then the parts
+    left are shared out; returns (the runs' results, the shared dictionary or None)."""
+    from .._format import CompressionStrategy
+    from ._fanout import FanOutJob, FanOutWriter, fan_out_run
+
+    strategy = CompressionStrategy(options["compression_strategy"])
+    n = len(pool.processes) + 1
+    first = FanOutWriter(work / "0", options, _threads(pool, min(n, len(parts))), None)
+    start = 0
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        shared = DictionaryHandOver(dict_dir).published()
-        if shared is None or shared is ...:
-            shared = None
-            strategy = CompressionStrategy.STANDARD_COMPRESSION
-    commit_staged_shards(root, staged, compression_strategy=strategy, shared_dict=shared)
-    examples = sum(counts)
-    if verify:
-        phase = _phase_name("verifying", source)
-        verify_source(pool, source, runs, counts, root, label, phase, progress)
-    return examples, len(staged)
+        start = first.first_shard(parts, bar, pool.cores)
+    runs = split_runs(parts[start:], n)  # [[]] when none is left
+    ranges = _ranges(runs, start)
+    threads = _threads(pool, len(runs))
+    first.threads = threads
+    zdict = first.zdict_bytes()
+    tasks = [
+        (first.run, FanOutJob(parts, ranges, 0, str(work / "0"), options, threads, zdict, steal))
+    ]
+    for k in range(1, len(runs)):
+        job = FanOutJob(parts, ranges, k, str(work / str(k)), options, threads, zdict, steal)
+        tasks.append((fan_out_run, job))
+    return pool.run(tasks, bar, ranges), zdict
 
 
 def _phase_name(what: str, source: Source) -> str:
