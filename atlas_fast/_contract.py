@@ -33,6 +33,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
+from ._checks import check_int
 from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
 
 __all__ = [
@@ -71,16 +72,8 @@ def cache_limits(cache_blocks, cache_bytes) -> tuple:
 
     Neither: ``DEFAULT_CACHE_BYTES`` and no block bound. One: that bound alone. Both: both.
     """
-    for name, value, minimum in (
-        ("cache_blocks", cache_blocks, 1),
-        ("cache_bytes", cache_bytes, 0),
-    ):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} must be at least {minimum}, not {value}")
+    cache_blocks = check_int("cache_blocks", cache_blocks, minimum=1, none=True)
+    cache_bytes = check_int("cache_bytes", cache_bytes, minimum=0, none=True)
     if cache_blocks is None and cache_bytes is None:
         return DEFAULT_CACHE_BYTES, None
     return cache_bytes, cache_blocks

@@ -6,7 +6,13 @@ is an ``AtlasFormatError``; the subclasses below name the cases a caller handles
 
 import pickle
 
-__all__ = ["AtlasFormatError", "MissingSharedDictionary", "UnsafePickleError"]
+__all__ = [
+    "AtlasFormatError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "MissingSharedDictionary",
+    "UnsafePickleError",
+]
 
 
 class AtlasFormatError(ValueError):
@@ -29,4 +35,20 @@ class UnsafePickleError(pickle.UnpicklingError):
     """A block of an untrusted dataset refers to a global that is not allowed.
 
     Raised by ``trusted=False`` readers before any code of that global runs.
+    """
+
+
+class InvalidArgumentError(ValueError, AssertionError):
+    """An argument's value is refused (a size of 0, a fraction above 1): the message names it.
+
+    A ``ValueError``; also an ``AssertionError``, which the reference's writer raised for a
+    bad ``block_size`` or ``compression_dict_size`` (with ``assert``), so that code catching
+    that keeps working. Raised explicitly: ``python -O`` changes nothing.
+    """
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument is of the wrong type (a float where an integer is needed, a bool).
+
+    A ``TypeError`` too, as the sampler and the readers' cache arguments raised before.
     """

@@ -14,10 +14,9 @@ PCG64 stream), so a rank builds only its own share and a resumed run skips ahead
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
+from ._checks import check_int
 from ._compat import torch_installed
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
@@ -124,18 +123,6 @@ def _said(dealing) -> str:
     return f"dealt to {dealing[1]} workers in batches of {dealing[0]}" if dealing else "not dealt"
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, not {value}")
-    return value
-
-
 class BlockShuffleSampler(*_sampler_bases()):
     """Block-aware shuffling for Atlas datasets, optionally split over distributed ranks.
 
@@ -182,22 +169,20 @@ class BlockShuffleSampler(*_sampler_bases()):
     ):
         if (batch_size is None) != (num_workers is None):
             raise ValueError("batch_size and num_workers go together (the DataLoader's)")
-        self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
-        self.num_workers = (
-            None if num_workers is None else _check_int("num_workers", num_workers, 0)
-        )
+        self.batch_size = check_int("batch_size", batch_size, minimum=1, none=True)
+        self.num_workers = check_int("num_workers", num_workers, minimum=0, none=True)
         if window_blocks is not None:
-            window_blocks = _check_int("window_blocks", window_blocks, 1)
+            window_blocks = check_int("window_blocks", window_blocks, minimum=1)
         self.window_blocks = window_blocks
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, minimum=0)
         if num_replicas is None or rank is None:
             world, own = _distributed_defaults()
             if num_replicas is None:
                 num_replicas = world
             if rank is None:
                 rank = own
-        self.num_replicas = _check_int("num_replicas", num_replicas, 1)
-        self.rank = _check_int("rank", rank, 0)
+        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+        self.rank = check_int("rank", rank, minimum=0)
         if self.rank >= self.num_replicas:
             raise ValueError(f"rank must be below num_replicas ({self.num_replicas}), not {rank}")
         self.drop_last = bool(drop_last)
@@ -220,7 +205,7 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next iteration on."""
-        self.epoch = _check_int("epoch", epoch, 0)
+        self.epoch = check_int("epoch", epoch, minimum=0)
 
     # -- the order ------------------------------------------------------------------------
 
@@ -380,7 +365,7 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole order for ``epoch`` (default: the current one) as an array."""
-        epoch = self.epoch if epoch is None else _check_int("epoch", epoch, 0)
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, minimum=0)
         chunks = list(self._rank_chunks(epoch, 0))
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
 
@@ -426,14 +411,14 @@ class BlockShuffleSampler(*_sampler_bases()):
                 f"cannot resume: the state's order is {_said(theirs)}, this sampler's "
                 f"{_said(ours)} (batch_size, num_workers)"
             )
-        epoch = _check_int("epoch", state["epoch"], 0)
-        yielded = _check_int("yielded", state["yielded"], 0)
+        epoch = check_int("epoch", state["epoch"], minimum=0)
+        yielded = check_int("yielded", state["yielded"], minimum=0)
         if yielded > self.num_samples:
             raise ValueError(
                 f"cannot resume after {yielded} indices: an epoch has {self.num_samples}"
             )
         if "seed" in state:
-            self.seed = _check_int("seed", state["seed"], 0)
+            self.seed = check_int("seed", state["seed"], minimum=0)
         self.epoch = epoch
         self._yielded = yielded
         self._resume = (epoch, yielded)

@@ -59,7 +59,13 @@ from ._format import (
 )
 from ._writing.commit import dump_meta_atomic
 
-__all__ = ["AtlasDatasetWriter", "AtlasDatasetShardWriter"]
+__all__ = [
+    "AtlasDatasetWriter",
+    "AtlasDatasetShardWriter",
+    "default_workers",
+    "pickle_block",
+    "train_dictionary",
+]
 
 # zstd dictionary training needs at least this many samples (here: blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
@@ -170,12 +176,58 @@ def _note(exc: BaseException, text: str) -> None:
         add_note(text)
 
 
+def pickle_block(examples, *, shard=None, number=None) -> bytes:
+    """The bytes the shard writers store for a block of ``examples`` (before compression).
+
+    ``examples`` is the block's examples in order (a list; another iterable is made one).
+    A converter that pickles blocks ahead of time, in another thread or process, gives
+    these bytes to ``AtlasDatasetShardWriter.add_pickled_block`` later: the shard is byte
+    for byte the one ``add_example`` would have written. ``shard`` (the directory the block
+    is for) and ``number`` (its block number there) only name the block in the error raised
+    when an example does not pickle.
+    """
+    if type(examples) is not list:
+        examples = list(examples)
+    try:
+        return pickle.dumps(examples)
+    except Exception as exc:
+        where = "a block" if number is None else f"block {number}"
+        raise _with_context(exc, f"{shard}: pickling {where}", shard) from exc
+
+
 def _pickle_block(examples: list, shard_path, number: int) -> bytes:
-    """One block as every writer stores it; an error names the shard and the block."""
+    """``pickle_block`` on the writers' hot path (a list, always)."""
     try:
         return pickle.dumps(examples)
     except Exception as exc:
         raise _with_context(exc, f"{shard_path}: pickling block {number}", shard_path) from exc
+
+
+def train_dictionary(
+    blocks, *, compression_dict_size=0.01, compression_level=3, shard=None
+) -> zstandard.ZstdCompressionDict | None:
+    """The dictionary a strategy-3 shard writer trains on its pickled ``blocks``, or None.
+
+    zstd's trainer, given the blocks (``pickle_block`` bytes) as samples, makes a dictionary
+    of ``compression_dict_size`` times their total size (at least 1 KiB), tuned for
+    ``compression_level``. None means the shard falls back to STANDARD_COMPRESSION: fewer
+    than 7 blocks (as in the reference), or zstd could not train one (a ``RuntimeWarning``
+    naming ``shard`` says why). Deterministic: the same blocks give the same dictionary.
+    """
+    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
+        return None
+    total = sum(len(b) for b in blocks)
+    size = max(int(compression_dict_size * total) + 1, 1024)
+    try:
+        return zstandard.train_dictionary(size, blocks, level=compression_level)
+    except zstandard.ZstdError as exc:
+        warnings.warn(
+            f"{shard}: zstd could not train a dictionary ({exc}); "
+            "the shard falls back to STANDARD_COMPRESSION",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 def _positive_int(value, name: str) -> int:
@@ -190,6 +242,23 @@ def _positive_int(value, name: str) -> int:
 
 def _check_dict_size(value) -> None:
     assert 0 <= value <= 1, f"compression_dict_size must be within [0, 1], not {value!r}"
+
+
+class _AfterShortBlock(list):
+    """The pending examples of a shard whose last block was added short
+    (``add_pickled_block``): adding one more raises, at no cost to ``add_example``."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path) -> None:
+        super().__init__()
+        self.path = path
+
+    def append(self, example) -> None:
+        raise ValueError(
+            f"{self.path}: the shard ended with a short block (add_pickled_block of fewer "
+            "than block_size examples): nothing can follow it"
+        )
 
 
 class _FinishedOnlyOnSuccess:
@@ -248,6 +317,13 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     a shard of fewer than 7 blocks falls back to strategy 1 and its meta.json says so.
     Strategy 2 compresses with ``compression_dict`` (a ``zstandard.ZstdCompressionDict``).
 
+    ``dictionary_source`` (strategy 3 only) replaces that training: a callable given the
+    shard's pickled blocks (a list of bytes, in order) at ``close()``, on the thread closing
+    the shard, returning the ``zstandard.ZstdCompressionDict`` to compress them with (stored
+    as the shard's zstd_dict.bin), or None to fall back to strategy 1. For a dictionary
+    trained elsewhere (a converter's other process), or training that also hands the
+    dictionary on: ``train_dictionary`` is what the shard writer calls without it.
+
     ``compressor`` is the ``zstandard.ZstdCompressor`` the blocks are compressed with: None
     when uncompressed, and under strategy 3 until the dictionary is trained at ``close()``.
 
@@ -270,6 +346,9 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
     calling thread, naming the shard and the block (a failed write: data.bin); a shard that
     lost a block that way cannot be finished (adding to it or closing it raises again).
 
+    Examples pickled elsewhere (``pickle_block``) are added a block at a time with
+    ``add_pickled_block``.
+
     If the ``with`` block raises, the shard is abandoned (see ``abort()``), not finished.
     """
 
@@ -287,6 +366,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         *,
         checksums=False,
         workers=None,
+        dictionary_source=None,
     ):
         block_size = _positive_int(block_size, "block_size")
         _check_dict_size(compression_dict_size)
@@ -295,6 +375,16 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             assert compression_dict is not None, (
                 "compression_strategy SHARED_DICTIONARY_COMPRESSION needs compression_dict"
             )
+        if dictionary_source is not None:
+            if strategy != CompressionStrategy.DICTIONARY_COMPRESSION:
+                raise ValueError(
+                    "dictionary_source is for compression_strategy 3 "
+                    f"(DICTIONARY_COMPRESSION) only, not {int(strategy)}"
+                )
+            if not callable(dictionary_source):
+                raise TypeError(
+                    f"dictionary_source must be callable, not {type(dictionary_source).__name__}"
+                )
         self.path = Path(path)
         self.path.mkdir(parents=True)
         self.metadata = AtlasDatasetShardMetadata(
@@ -312,6 +402,7 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self.compressor = self._new_compressor(compression_dict)
         self._strategy = strategy
         self._compression_dict = compression_dict
+        self._dictionary_source = dictionary_source
         self._pending: list = []  # examples of the block being filled
         self._blocks: list = []  # strategy 3 only: pickled blocks awaiting the dictionary
         self._offsets: list = [0]
@@ -353,14 +444,47 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         self._pending = []
         self._add_block(block)
 
-    def _add_pickled_block(self, block: bytes, count: int) -> None:
-        """Append a full block the dataset writer pickled (``_pickle_block`` of ``count``
-        examples) while this shard's writer could not exist yet."""
+    def add_pickled_block(self, block, count) -> None:
+        """Append a block pickled elsewhere: ``block`` is ``pickle_block`` of its ``count``
+        examples (a converter pickling ahead of time, or in another process).
+
+        The shard is then byte for byte the one ``add_example`` of those examples writes.
+        The block starts where a block starts (no example added since the last full block)
+        and holds ``block_size`` examples, but for the shard's last block, which may hold
+        fewer (after it nothing more can be added). The bytes are stored as given: what they
+        unpickle to is what readers get, so they must be a list of ``count`` examples.
+        """
         if self._closed:
             raise ValueError(f"{self.path}: the shard writer is closed")
-        assert not self._pending, "a pickled block follows a full block only"
+        if self._pending:
+            raise ValueError(
+                f"{self.path}: add_pickled_block after {len(self._pending)} examples added "
+                f"one by one: a pickled block must start a block (after a multiple of "
+                f"block_size {self._block_size} examples)"
+            )
+        if type(self._pending) is _AfterShortBlock:
+            self._pending.append(None)  # raises
+        if not isinstance(block, bytes):
+            try:
+                block = bytes(memoryview(block))
+            except TypeError:
+                raise TypeError(
+                    f"{self.path}: add_pickled_block needs the bytes of pickle_block, not "
+                    f"{type(block).__name__}"
+                ) from None
+        try:
+            count = operator.index(count)
+        except TypeError:
+            count = -1
+        if not 0 < count <= self._block_size:
+            raise ValueError(
+                f"{self.path}: add_pickled_block's count must be 1 to block_size "
+                f"({self._block_size}), not {count!r}"
+            )
         self.stored_examples += count
         self._add_block(block)
+        if count < self._block_size:  # the shard's last block: nothing may follow it
+            self._pending = _AfterShortBlock(self.path)
 
     def _add_block(self, block: bytes) -> None:
         if self._strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -463,23 +587,16 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._checksums.append(block_checksum(frame))
 
     def _train_dictionary(self):
-        """Train the shard's dictionary, or None (fall back to strategy 1) when it cannot be."""
-        if len(self._blocks) < MIN_BLOCKS_FOR_DICTIONARY:
-            return None
-        total = sum(len(b) for b in self._blocks)
-        size = max(int(self.metadata.compression_dict_size * total) + 1, 1024)
-        try:
-            return zstandard.train_dictionary(
-                size, self._blocks, level=self.metadata.compression_level
-            )
-        except zstandard.ZstdError as exc:
-            warnings.warn(
-                f"{self.path}: zstd could not train a dictionary ({exc}); "
-                "the shard falls back to STANDARD_COMPRESSION",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None
+        """The shard's dictionary (strategy 3, at close), or None to fall back to strategy 1:
+        from ``dictionary_source`` when given, else ``train_dictionary`` on its blocks."""
+        if self._dictionary_source is not None:
+            return self._dictionary_source(self._blocks)
+        return train_dictionary(
+            self._blocks,
+            compression_dict_size=self.metadata.compression_dict_size,
+            compression_level=self.metadata.compression_level,
+            shard=self.path,
+        )
 
     def close(self) -> None:
         """Write the last block, the index, the dictionary (strategy 3) and meta.json."""
@@ -820,7 +937,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             blocks, part.blocks = part.blocks, []
             blocks.reverse()
             while blocks:  # each pickled block is let go once stored
-                shard._add_pickled_block(blocks.pop(), block_size)
+                shard.add_pickled_block(blocks.pop(), block_size)
             for example in part.pending:
                 shard.add_example(example)
             if close:

@@ -61,7 +61,7 @@ class DictionaryHandOver:
 def shard_writer_classes():
     """``(AwaitingDictShardWriter, PublishingShardWriter)``: strategy-3 shard writers whose
     dictionary is the shared one; each instance is given its ``hand_over``."""
-    from ..writer import AtlasDatasetShardWriter
+    from ..writer import AtlasDatasetShardWriter, train_dictionary
 
     class AwaitingDictShardWriter(AtlasDatasetShardWriter):
         """A strategy-3 shard whose dictionary is not trained but awaited: the one run 0
@@ -69,7 +69,10 @@ def shard_writer_classes():
 
         hand_over: DictionaryHandOver
 
-        def _train_dictionary(self):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, dictionary_source=self._awaited, **kwargs)
+
+        def _awaited(self, blocks):
             return self.hand_over.wait()
 
     class PublishingShardWriter(AtlasDatasetShardWriter):
@@ -79,8 +82,16 @@ def shard_writer_classes():
 
         hand_over: DictionaryHandOver
 
-        def _train_dictionary(self):
-            zdict = super()._train_dictionary()
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, dictionary_source=self._trained, **kwargs)
+
+        def _trained(self, blocks):
+            zdict = train_dictionary(
+                blocks,
+                compression_dict_size=self.metadata.compression_dict_size,
+                compression_level=self.metadata.compression_level,
+                shard=self.path,
+            )
             self.hand_over.publish(None if zdict is None else zdict.as_bytes())
             return zdict
 

@@ -41,9 +41,9 @@ class SpilledShard:
             self._flush()
 
     def _flush(self) -> None:
-        from ..writer import _pickle_block
+        from ..writer import pickle_block
 
-        block = _pickle_block(self.examples, self.shard, len(self.lengths))
+        block = pickle_block(self.examples, shard=self.shard, number=len(self.lengths))
         self.examples = []
         self._write(block)
         self.lengths.append(len(block))
@@ -82,7 +82,7 @@ def compress_spilled(spill: Path, shard: Path, make_writer) -> None:
             left = examples
             for length in lengths:
                 count = min(left, w.metadata.block_size)
-                w._add_pickled_block(f.read(length), count)
+                w.add_pickled_block(f.read(length), count)
                 left -= count
             w.close()
         except BaseException:

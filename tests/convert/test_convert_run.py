@@ -459,11 +459,11 @@ def test_shards_spilled_while_the_dictionary_trains(tmp_path, monkeypatch, atlas
     docs = _jsonl_tree(tmp_path / "src", files=8, per_file=100)
     options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
     convert(tmp_path / "src", tmp_path / "one", "jsonl", workers=1, **options)
-    train = writer.AtlasDatasetShardWriter._train_dictionary
+    train = writer.train_dictionary
 
-    def slow_training(self):
+    def slow_training(blocks, **options):
         time.sleep(1.0)  # so that run 1 has read its parts before the dictionary exists
-        return train(self)
+        return train(blocks, **options)
 
     log = tmp_path / "compressed"
     compress = _write.compress_spilled
@@ -473,7 +473,7 @@ def test_shards_spilled_while_the_dictionary_trains(tmp_path, monkeypatch, atlas
             f.write(f"{spill}\n")
         return compress(spill, shard, make_writer)
 
-    monkeypatch.setattr(writer.AtlasDatasetShardWriter, "_train_dictionary", slow_training)
+    monkeypatch.setattr(writer, "train_dictionary", slow_training)
     monkeypatch.setattr(_write, "compress_spilled", recording)
     monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")  # the patches reach the worker
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # TMPDIR, as it were
