@@ -194,12 +194,14 @@ def main(argv=None) -> int:
             times: dict = {1: [], 2: []}
             cpu: dict = {1: [], 2: []}  # (this process, its workers, calling thread) CPU s
             by_schedule: dict = {s: [] for s in schedules}  # --workers 2 times
+            idle: dict = {s: [] for s in schedules}  # --workers 2 on idle cores, from CPU
             summary = None
             for _ in range(args.repeats):
                 for workers, schedule in [(1, schedules[0])] + [(2, s) for s in schedules]:
                     dst = work / f"out-{fmt}-{workers}"
                     shutil.rmtree(dst, ignore_errors=True)
                     cpu_before = _cpu()
+                    FIRST_SHARD.clear()
                     started = time.perf_counter()
                     summary = _convert(
                         schedule,
@@ -214,17 +216,23 @@ def main(argv=None) -> int:
                     cpu_after = _cpu()
                     if workers == 2:
                         by_schedule[schedule].append(elapsed)
+                        used = [a - b for a, b in zip(cpu_after, cpu_before)]
+                        idle[schedule].append(_idle_bound(schedule, used, sum(FIRST_SHARD)))
                     if schedule == schedules[0]:
                         times[workers].append(elapsed)
                         cpu[workers].append(tuple(a - b for a, b in zip(cpu_after, cpu_before)))
                     assert summary.examples == len(docs)
                     shutil.rmtree(dst)
             one, two = statistics.median(times[1]), statistics.median(times[2])
+            serial = [max(c[2], (c[0] + c[1]) / 2) for c in cpu[1]]
             for schedule, seconds in by_schedule.items():
                 paired = [a / b for a, b in zip(by_schedule[schedules[0]], seconds)]
+                bounds = idle[schedule]
                 compared.append(
                     (fmt, schedule, len(docs) / statistics.median(seconds),
-                     one / statistics.median(seconds), paired, seconds)
+                     one / statistics.median(seconds), paired, seconds,
+                     statistics.median(serial) / statistics.median(bounds),
+                     statistics.median(idle[schedules[0]]) / statistics.median(bounds))
                 )  # fmt: skip
             ceiling = parallel_ceiling(args.repeats)
             serial_cpu = statistics.median(c[0] + c[1] for c in cpu[1])
@@ -284,13 +292,17 @@ def main(argv=None) -> int:
             f"\n--workers 2 by schedule (medians of {args.repeats}; 'x {schedules[0]}': its "
             f"time over this one's, paired by repetition: median (min-max))\n"
         )
-        print(f"| format | schedule | ex/s | / 1 worker | x {schedules[0]} | times s |")
-        print("|---|---|---:|---:|---:|---|")
-        for fmt, schedule, rate, to_one, paired, seconds in compared:
+        print(
+            f"| format | schedule | ex/s | / 1 worker | x {schedules[0]} | times s "
+            f"| / 1 worker on idle cores (from CPU) | x {schedules[0]} on idle cores |"
+        )
+        print("|---|---|---:|---:|---:|---|---:|---:|")
+        for fmt, schedule, rate, to_one, paired, seconds, idle_one, idle_first in compared:
             print(
                 f"| {fmt} | {schedule} | {rate:,.0f} | {to_one:.2f}x "
                 f"| {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) "
-                f"| {', '.join(f'{t:.2f}' for t in seconds)} |"
+                f"| {', '.join(f'{t:.2f}' for t in seconds)} | {idle_one:.2f}x "
+                f"| {idle_first:.2f}x |"
             )
     return 0
 
@@ -303,12 +315,42 @@ def main(argv=None) -> int:
 SCHEDULES = ("steal-spill", "fanout-steal", "fanout")
 
 
+# The calling thread's CPU seconds in the fan-out's first shard (run 0 alone: it trains the
+# dictionary while the other processes wait), appended by the wrapper _convert installs.
+FIRST_SHARD: list = []
+
+
+def _idle_bound(schedule: str, used, first_shard: float) -> float:
+    """A --workers 2 conversion's time on two idle cores, from its CPU seconds ``used``
+    (this process, its ended workers, the calling thread), as the main table bounds it: the
+    larger of the calling thread's CPU and half of all of it; for a fan-out, its first shard
+    (one core) plus that bound of the rest."""
+    own, workers, thread = used
+    if schedule == SCHEDULES[0]:
+        return max(thread, (own + workers) / 2)
+    return first_shard + max(thread - first_shard, (own + workers - first_shard) / 2)
+
+
 def _convert(schedule, src, dst, fmt, *, workers, **options):
     """``convert(src, dst, fmt, workers=..., **options)`` with the given schedule."""
     if schedule == SCHEDULES[0]:
         return convert(src, dst, fmt, workers=workers, **options)
     import atlas_fast.convert as conv
+    from atlas_fast.convert import _fanout
     from atlas_fast.convert._run import run_conversion
+
+    if not hasattr(_fanout.FanOutWriter.first_shard, "timed"):
+        first_shard = _fanout.FanOutWriter.first_shard
+
+        def timed(self, *args):
+            started = time.thread_time()
+            try:
+                return first_shard(self, *args)
+            finally:
+                FIRST_SHARD.append(time.thread_time() - started)
+
+        timed.timed = True
+        _fanout.FanOutWriter.first_shard = timed
 
     module = conv.format_module(fmt)
     writer = {k: v for k, v in options.items() if k in conv.WRITER_DEFAULTS}
