@@ -27,8 +27,11 @@ from atlas_fast.convert import (
     VerifyError,
     convert,
 )
+from atlas_fast.convert._claims import Claims
 from atlas_fast.convert._compare import difference
-from atlas_fast.convert._run import WriteJob, _Claims, split_runs
+from atlas_fast.convert._run import split_runs
+from atlas_fast.convert._workers import Worker
+from atlas_fast.convert._write import WriteJob, write_run
 
 
 def _jsonl_tree(root, files=5, per_file=230):
@@ -396,7 +399,7 @@ def _shared_claims(parts, ranges, *, settled=True):
     first shard is closed, nothing of its range is kept)."""
     import threading
 
-    claims = [_Claims(WriteJob(parts, ranges, k, f"r{k}", "d", {}, 1)) for k in range(len(ranges))]
+    claims = [Claims(parts, ranges, k) for k in range(len(ranges))]
     lock = threading.Lock()
     for c in claims:
         c.table, c.lock = claims[0].table, lock
@@ -468,7 +471,7 @@ def test_a_spilled_shard_is_the_shard_its_writer_writes(tmp_path, checksums):
     run), is byte for byte the shard a strategy-2 writer with that dictionary writes."""
     import zstandard
 
-    from atlas_fast.convert._run import _compress_spilled, _SpilledShard
+    from atlas_fast.convert._spill import SpilledShard, compress_spilled
     from atlas_fast.writer import AtlasDatasetShardWriter
 
     docs = documents(95)
@@ -479,7 +482,7 @@ def test_a_spilled_shard_is_the_shard_its_writer_writes(tmp_path, checksums):
             path, 10, compression_strategy=2, compression_dict=zdict, checksums=checksums
         )
 
-    spilled = _SpilledShard(tmp_path / "spill", tmp_path / "spilled", 0, 10)
+    spilled = SpilledShard(tmp_path / "spill", tmp_path / "spilled", 0, 10)
     direct = make_writer(tmp_path / "direct")
     for doc in docs:
         spilled.add_example(doc)
@@ -487,7 +490,7 @@ def test_a_spilled_shard_is_the_shard_its_writer_writes(tmp_path, checksums):
     spilled.close()
     direct.close()
     assert not (tmp_path / "spilled").exists()  # nothing there until it is compressed
-    _compress_spilled(tmp_path / "spill", tmp_path / "spilled", make_writer)
+    compress_spilled(tmp_path / "spill", tmp_path / "spilled", make_writer)
     assert not (tmp_path / "spill").exists()
     names = sorted(f.name for f in (tmp_path / "direct").iterdir())
     assert sorted(f.name for f in (tmp_path / "spilled").iterdir()) == names
@@ -502,29 +505,29 @@ def test_shards_spilled_while_the_dictionary_trains(tmp_path, monkeypatch, atlas
     parts wait in its memory, those it takes from run 0 are spilled, for whichever run is
     free once the dictionary is published: the serial run's examples and dictionary."""
     from atlas_fast import writer
-    from atlas_fast.convert import _run
+    from atlas_fast.convert import _write
 
     if not hasattr(os, "fork"):
         pytest.skip("the patches reach a forked worker only")
     docs = _jsonl_tree(tmp_path / "src", files=8, per_file=100)
     options = {"shard_size": 250, "block_size": 10, "compression_strategy": 2}
     convert(tmp_path / "src", tmp_path / "one", "jsonl", workers=1, **options)
-    train = writer.AtlasDatasetShardWriter._train_dictionary
+    train = writer.train_dictionary
 
-    def slow_training(self):
+    def slow_training(blocks, **options):
         time.sleep(1.0)  # so that run 1 has read its parts before the dictionary exists
-        return train(self)
+        return train(blocks, **options)
 
     log = tmp_path / "compressed"
-    compress = _run._compress_spilled
+    compress = _write.compress_spilled
 
     def recording(spill, shard, make_writer):
         with open(log, "a") as f:
             f.write(f"{spill}\n")
         return compress(spill, shard, make_writer)
 
-    monkeypatch.setattr(writer.AtlasDatasetShardWriter, "_train_dictionary", slow_training)
-    monkeypatch.setattr(_run, "_compress_spilled", recording)
+    monkeypatch.setattr(writer, "train_dictionary", slow_training)
+    monkeypatch.setattr(_write, "compress_spilled", recording)
     monkeypatch.setenv("ATLAS_FAST_CONVERT_START", "fork")  # the patches reach the worker
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # TMPDIR, as it were
     (tmp_path / "tmp").mkdir()
@@ -571,19 +574,18 @@ def test_parts_that_know_their_examples_are_kept_exactly():
     assert run1.next() == 2
 
 
-def _write_run_1_then_0(tmp_path, monkeypatch, ranges) -> dict:
+def _write_run_1_then_0(tmp_path, ranges) -> dict:
     """Runs 1 then 0 of a strategy-1 conversion of the JSON lines under tmp_path/src, split
     into ``ranges`` of parts, over a claim table of their own (nothing kept for run 0's first
     shard), shards of 50 in blocks of 10: ``{run: write_run's result}``."""
     import multiprocessing
 
-    from atlas_fast.convert import _jsonl, _run
+    from atlas_fast.convert import _jsonl
 
     parts = _jsonl.sources(tmp_path / "src")[0].parts
-    layout = _Claims.layout(ranges)
+    layout = Claims.layout(ranges)
     layout[4] = -1  # nothing kept for run 0's first shard (strategy 1)
     table = multiprocessing.get_context("spawn").Array("q", layout)
-    monkeypatch.setattr(_run, "_SHARED_CLAIMS", table)
     options = {**conv.WRITER_DEFAULTS, "shard_size": 50, "block_size": 10}
     options["compression_strategy"] = 1
     (tmp_path / "dict").mkdir()
@@ -592,11 +594,11 @@ def _write_run_1_then_0(tmp_path, monkeypatch, ranges) -> dict:
         job = WriteJob(
             parts, ranges, run, str(tmp_path / f"w{run}"), str(tmp_path / "dict"), options, 1
         )
-        results[run] = _run.write_run(job, lambda examples, nbytes: None)
+        results[run] = write_run(job, Worker(run, lambda examples, nbytes: None, table))
     return results
 
 
-def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
+def test_a_stolen_run_of_parts_shares_shards(tmp_path, atlas):
     """A run that steals several consecutive parts at once writes them into the same shards;
     every group is committed in part order."""
 
@@ -604,7 +606,7 @@ def test_a_stolen_run_of_parts_shares_shards(tmp_path, monkeypatch, atlas):
 
     docs = _jsonl_tree(tmp_path / "src", files=8, per_file=30)
     # run 1 first: it takes its own parts, then steals from run 0's
-    results = _write_run_1_then_0(tmp_path, monkeypatch, ((0, 6), (6, 8)))
+    results = _write_run_1_then_0(tmp_path, ((0, 6), (6, 8)))
     assert [first for first, _ in results[1][0]] == [6, 4, 3, 2, 1]  # 4-5 stolen at once
     assert [first for first, _ in results[0][0]] == [0]
     assert [len(dirs) for _, dirs in results[1][0]] == [2, 2, 1, 1, 1]
@@ -667,7 +669,7 @@ def test_worker_start_methods(tmp_path, monkeypatch, atlas, method):
     assert_absent(tmp_path / "bad")
 
 
-def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
+def test_stolen_parts_are_committed_in_part_order(tmp_path, atlas):
     """Run 1 writes before run 0 has begun, so it takes its own parts and then every part of
     run 0's but the first (each stolen one a group of its own): committed in part order,
     the examples are the source's, in order, whoever wrote them."""
@@ -675,7 +677,7 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     from atlas_fast._writing.commit import commit_staged_shards
 
     docs = _jsonl_tree(tmp_path / "src", files=6, per_file=70)
-    results = _write_run_1_then_0(tmp_path, monkeypatch, ((0, 3), (3, 6)))
+    results = _write_run_1_then_0(tmp_path, ((0, 3), (3, 6)))
     assert [first for first, _ in results[1][0]] == [3, 2, 1]
     assert [first for first, _ in results[0][0]] == [0]
     groups = sorted(g for groups, _ in results.values() for g in groups)
@@ -686,23 +688,21 @@ def test_stolen_parts_are_committed_in_part_order(tmp_path, monkeypatch, atlas):
     assert sizes == [50, 20, 50, 20, 50, 20, 50, 50, 50, 50, 10]
 
 
-def test_a_process_dying_with_the_claim_lock_ends_the_wait(monkeypatch):
+def test_a_process_dying_with_the_claim_lock_ends_the_wait():
     """A worker killed while it holds the shared claim table's lock (by the OOM killer, say)
     must not leave the others waiting forever: the wait checks who died, every second."""
     import multiprocessing
 
-    from atlas_fast.convert import _run
-
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-    table = ctx.Array("q", len(_Claims.layout(((0, 2), (2, 4)))))
+    table = ctx.Array("q", len(Claims.layout(((0, 2), (2, 4)))))
     parts = [Part(str(i), 10, iter) for i in range(4)]
-    claims = _Claims(WriteJob(parts, ((0, 2), (2, 4)), 1, "r1", "d", {}, 1))
-    claims.table, claims.lock = table, table.get_lock()
+    watch = []  # what the watch says, once the holder has died
+    claims = Claims(parts, ((0, 2), (2, 4)), 1, table, lambda: watch[0] if watch else None)
     holder = ctx.Process(target=_hold_and_die, args=(table,))
     holder.start()
     holder.join(10)
     assert holder.exitcode == 3
-    monkeypatch.setattr(_run, "_CLAIMS_WATCH", lambda: f"worker exited ({holder.exitcode})")
+    watch.append(f"worker exited ({holder.exitcode})")
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"convert: worker exited \(3\)"):
         claims.next()
@@ -769,7 +769,7 @@ def test_a_source_of_one_part_compresses_on_every_core_given(tmp_path, monkeypat
     write_jsonl(tmp_path / "one.jsonl", docs)
     log = tmp_path / "compressors.log"
     _record_compressors(monkeypatch, log)
-    monkeypatch.setattr(_run, "_Workers", None)
+    monkeypatch.setattr(_run, "Workers", None)
     convert(tmp_path / "one.jsonl", tmp_path / "out", "jsonl", workers=3, shard_size=100)
     assert read_back(atlas, tmp_path / "out") == docs
     assert _compressors(log) == [(os.getpid(), 3)] * 3
