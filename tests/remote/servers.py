@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-__all__ = ["MotoServer", "NginxServer", "free_port", "upload_tree", "S3_ENV"]
+__all__ = ["MotoServer", "MotoProcess", "NginxServer", "free_port", "upload_tree", "S3_ENV"]
 
 # The credentials and settings every client of the test S3 server uses (moto accepts any
 # credentials until authentication is switched on: see MotoServer.require_auth).
@@ -45,6 +45,9 @@ class MotoServer:
 
         self.port = free_port()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
         self._server.start()
         self.url = f"http://127.0.0.1:{self.port}"
         _wait_http(self.url + "/moto-api/")
@@ -84,6 +87,32 @@ class MotoServer:
 
     def close(self) -> None:
         self._server.stop()
+
+
+class MotoProcess(MotoServer):
+    """moto's S3 server in a process of its own (benchmarks: its CPU time is not the
+    client's), on a free port."""
+
+    def __init__(self) -> None:
+        import sys
+
+        self.port = free_port()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        _wait_http(self.url + "/moto-api/")
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def upload_tree(client, bucket: str, local: Path, prefix: str) -> int:
