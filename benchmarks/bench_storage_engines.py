@@ -31,14 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "remote"))
 
-from faultproxy import ProxyProcess  # noqa: E402
-from servers import S3_ENV, MotoProcess, NginxServer  # noqa: E402
+from faultproxy import ProxyProcess
+from servers import S3_ENV, MotoProcess, NginxServer
 
 BLOCK = 100_000
 BLOCKS = 320  # 32 MB: moto copies the whole object per ranged GET, keep it modest
 RANDOM = 64
 MERGED = 8 << 20
 CONCURRENCY = 16
+LINKS = (("direct", None), ("proxy 0 ms", 0.0), ("proxy 50 ms", 0.05))
 REPS = 5
 BUCKET = "bench"
 KEY = "ds/0/data.bin"
@@ -154,6 +155,14 @@ def _bench(endpoint: str, reps: int) -> dict:
     return out
 
 
+def _line(pattern: str, r: dict) -> str:
+    return (
+        f"{pattern}: obstore {r['obstore']['wall_s'] * 1e3:7.1f} ms"
+        f" fsspec {r['fsspec']['wall_s'] * 1e3:7.1f} ms"
+        f" ratio {r['fsspec/obstore wall']:.2f} (cpu {r['fsspec/obstore cpu']:.2f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the results here")
@@ -173,7 +182,7 @@ def main() -> None:
         nginx = NginxServer(www)
         try:
             for server_name, port in (("nginx", nginx.port), ("moto", moto.port)):
-                for label, latency in (("direct", None), ("proxy 0 ms", 0.0), ("proxy 50 ms", 0.05)):
+                for label, latency in LINKS:
                     if server_name == "moto" and label == "direct":
                         continue
                     if latency is None:
@@ -184,17 +193,7 @@ def main() -> None:
                             row = _bench(proxy.url, args.reps)
                     key = f"{server_name} {label}"
                     results["runs"][key] = row
-                    print(
-                        f"{key:20s} single: obstore {row['single']['obstore']['wall_s'] * 1e3:7.1f} ms"
-                        f" fsspec {row['single']['fsspec']['wall_s'] * 1e3:7.1f} ms"
-                        f" ratio {row['single']['fsspec/obstore wall']:.2f}"
-                        f" (cpu {row['single']['fsspec/obstore cpu']:.2f}) |"
-                        f" merged: obstore {row['merged']['obstore']['wall_s'] * 1e3:7.1f} ms"
-                        f" fsspec {row['merged']['fsspec']['wall_s'] * 1e3:7.1f} ms"
-                        f" ratio {row['merged']['fsspec/obstore wall']:.2f}"
-                        f" (cpu {row['merged']['fsspec/obstore cpu']:.2f})",
-                        flush=True,
-                    )
+                    print(f"{key:20s}", " | ".join(_line(p, row[p]) for p in row), flush=True)
         finally:
             nginx.close()
             moto.close()

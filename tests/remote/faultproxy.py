@@ -333,7 +333,9 @@ class ProxyProcess:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve_in_child, args=(child, upstream_host, upstream_port, settings), daemon=True
+            target=_serve_in_child,
+            args=(child, upstream_host, upstream_port, settings),
+            daemon=True,
         )
         self._proc.start()
         self.port = self._conn.recv()
