@@ -6,7 +6,14 @@ is an ``AtlasFormatError``; the subclasses below name the cases a caller handles
 
 import pickle
 
-__all__ = ["AtlasFormatError", "MissingSharedDictionary", "UnsafePickleError"]
+__all__ = [
+    "AtlasFormatError",
+    "MissingSharedDictionary",
+    "UnsafePickleError",
+    "StorageError",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
+]
 
 
 class AtlasFormatError(ValueError):
@@ -30,3 +37,37 @@ class UnsafePickleError(pickle.UnpicklingError):
 
     Raised by ``trusted=False`` readers before any code of that global runs.
     """
+
+
+class StorageError(OSError):
+    """An object of a dataset in object storage (or behind a URL) could not be read.
+
+    Raised after retries when the failure is transient (connection errors, timeouts, 5xx,
+    throttling, short bodies) and at once when it is not (access denied, a bucket that does
+    not exist). The message and the attributes name what was being read: ``url`` (the object),
+    ``shard`` and ``block`` (None when not a block of a shard), ``attempts`` (requests made).
+    Constructible from a message alone, as exceptions crossing DataLoader workers must be.
+    """
+
+    def __init__(self, message="", url=None, shard=None, block=None, attempts=None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.shard = shard
+        self.block = block
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.url, self.shard, self.block, self.attempts))
+
+
+class ObjectChangedError(StorageError):
+    """An object changed after this process first read it (its ETag, or its size, is not the
+    one it was pinned to): the dataset was replaced while being read. Never retried: reading
+    on would mix two versions of the dataset."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object a dataset needs does not exist (or the bucket holding it does not)."""

@@ -273,10 +273,10 @@ class FaultProxy:
         for pos in range(0, len(body), step):
             part = body[pos : pos + step]
             await self._pace(len(part))
+            with self._lock:  # counted before the client can see them
+                self._counts["body_bytes"] += len(part)
             cwriter.write(part)
             await cwriter.drain()
-            with self._lock:
-                self._counts["body_bytes"] += len(part)
         if not body:
             await cwriter.drain()
 
