@@ -11,7 +11,14 @@ A drop-in replacement for ``torch_atlas_ds``::
 from ._backend import BACKEND
 from ._backend import core as _core
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
-from ._errors import AtlasFormatError, MissingSharedDictionary, UnsafePickleError
+from ._errors import (
+    AtlasFormatError,
+    MissingSharedDictionary,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StorageError,
+    UnsafePickleError,
+)
 from ._version import __version__
 from .atlas import (
     AtlasDataset,
@@ -35,6 +42,9 @@ __all__ = [
     "AtlasFormatError",
     "MissingSharedDictionary",
     "UnsafePickleError",
+    "StorageError",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
