@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 from ._object import fetch_pool, merge_ranges
 
@@ -33,18 +34,39 @@ __all__ = ["BlockFetcher", "read_ahead_held"]
 
 
 class _Budget:
-    """Bytes fetched ahead and not yet read, process-wide."""
+    """Bytes fetched ahead and not yet read, process-wide.
+
+    ``holders`` are the fetchers holding such bytes, least recently active first. When a pass
+    needs room, what the least recently active other fetchers hold ready is dropped first (a
+    pass that stopped, or a dataset no longer read, must not starve the passes that go on).
+    """
 
     def __init__(self) -> None:
         self.held = 0
         self.lock = threading.Lock()
+        self.holders: dict = {}  # id(fetcher) -> weakref, least recently active first
 
-    def take(self, n: int, limit: int) -> bool:
+    def take(self, n: int, limit: int, fetcher) -> bool:
         with self.lock:
-            if self.held and self.held + n > limit:
-                return False
-            self.held += n
-            return True
+            self.holders.pop(id(fetcher), None)
+            self.holders[id(fetcher)] = weakref.ref(fetcher)
+            if not self.held or self.held + n <= limit:
+                self.held += n
+                return True
+            others = [ref for key, ref in self.holders.items() if key != id(fetcher)]
+        for ref in others:  # without self.lock: dropping gives bytes back through give()
+            other = ref()
+            if other is not None:
+                other._drop_ready_ahead()
+            with self.lock:
+                if self.held + n <= limit:
+                    self.held += n
+                    return True
+        return False
+
+    def forget(self, fetcher) -> None:
+        with self.lock:
+            self.holders.pop(id(fetcher), None)
 
     def give(self, n: int) -> None:
         with self.lock:
@@ -155,6 +177,27 @@ class BlockFetcher:
             self._explicit.clear()
             self._last = -2
 
+    def _drop_ready_ahead(self) -> None:
+        """Give back what was fetched ahead and is ready (another pass needs the room); skipped
+        when another thread holds this fetcher's lock (its pass is active)."""
+        if self._pid != os.getpid() or not self._lock.acquire(blocking=False):
+            return
+        try:
+            for k in [k for k in self._ahead if k in self._ready]:
+                self._take_lock_held(k)
+            self._next_ahead = 0  # a pass going on asks again from where it reads
+        finally:
+            self._lock.release()
+
+    def __del__(self) -> None:
+        try:
+            if self._pid == os.getpid():
+                for k in [k for k in self._ahead if k in self._ready]:
+                    _BUDGET.give(len(self._ready[k]))
+                _BUDGET.forget(self)
+        except Exception:
+            pass
+
     def held(self) -> tuple:
         """``(blocks ready, blocks in flight)``: for tests."""
         with self._lock:
@@ -203,7 +246,7 @@ class BlockFetcher:
             ):
                 end += 1
             size = offsets[end] - offsets[b]
-            if not _BUDGET.take(size, settings.read_ahead_bytes):
+            if not _BUDGET.take(size, settings.read_ahead_bytes, self):
                 break
             self._submit_lock_held(list(range(b, end)), offsets[b], offsets[end], settings, True)
             b = end

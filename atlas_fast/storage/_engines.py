@@ -453,6 +453,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
+
 def _freeze(value):
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
@@ -461,7 +464,7 @@ def _freeze(value):
     return value
 
 
-def engine_for(scheme: str, container: str, options: dict):
+def engine_for(scheme: str, container: str, options: dict, small: bool = False):
     """``(engine, key prefix style)``: the engine of this process for ``scheme://container``
     with ``options`` (made now if needed). ``style`` is "key" when the engine is given object
     keys under the container, "url" when it is given whole URLs (fsspec), "path" for local
@@ -471,15 +474,20 @@ def engine_for(scheme: str, container: str, options: dict):
     if scheme == "file":
         return LocalEngine(), "path"
     kind = OBSTORE_SCHEMES.get(scheme)
-    key = (scheme, container if kind is not None else None, _freeze(options))
+    # The environment is part of the key: an engine reads its settings from it when made.
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
+    # Small whole objects (metadata) in a process that has not started obstore's runtime go
+    # through the fork-safe engine: opening a dataset in a DataLoader's parent must not start
+    # the runtime, or the workers it forks could not use obstore.
+    fallback = kind is not None and (not obstore_usable() or (small and not _obstore_started))
+    key = (scheme, container if kind is not None else None, _freeze(options), env, fallback)
     with _engines_lock:
         engine = _engines.get(key)
     if engine is None:
-        if kind is not None and not obstore_usable():
+        if fallback:
             engine = _fallback(kind, scheme, container, options)
         elif kind is not None:
-            global _obstore_started, _obstore_pid
-            _obstore_started, _obstore_pid = True, os.getpid()
+            _mark_obstore_started()
             try:
                 engine = ObstoreEngine(kind, scheme, container, options)
             except ImportError:
@@ -493,6 +501,11 @@ def engine_for(scheme: str, container: str, options: dict):
         with _engines_lock:
             engine = _engines.setdefault(key, engine)
     return engine, ("url" if isinstance(engine, FsspecEngine) else "key")
+
+
+def _mark_obstore_started() -> None:
+    global _obstore_started, _obstore_pid
+    _obstore_started, _obstore_pid = True, os.getpid()
 
 
 def _fallback(kind: str, scheme: str, container: str, options: dict):

@@ -136,8 +136,11 @@ class Location:
         """The object ``name`` under this location (nothing is requested yet)."""
         return StoredObject(self, name)
 
-    def engine(self):
-        """``(engine, style)`` of this process (see ``_engines.engine_for``)."""
+    def engine(self, small: bool = False):
+        """``(engine, style)`` of this process (see ``_engines.engine_for``); ``small``: for a
+        whole small object (a fork-safe engine unless obstore runs in this process already)."""
+        if small:
+            return _engines.engine_for(self.scheme, self.container, self._engine_options, True)
         pid = os.getpid()
         if self._engine is None or self._engine_pid != pid:
             self._engine = _engines.engine_for(self.scheme, self.container, self._engine_options)
@@ -229,7 +232,7 @@ class StoredObject:
         first = start or 0
         while True:
             attempts += 1
-            engine, style = self.location.engine()
+            engine, style = self.location.engine(end is None)
             if start is None and not got:
                 begin = stop = None  # the whole object, its size not known yet
             else:
