@@ -411,6 +411,8 @@ def read_ahead(blocks):
                 if nxt is None:
                     break
                 reader = nxt[0]
+                if reader._source is not None and nxt[1] == 0:
+                    reader._source.warm()  # a remote shard this pass reaches soon
                 on_pool = pooled.get(id(reader))
                 if on_pool is None:
                     on_pool = pooled[id(reader)] = _worth_the_pool(reader)

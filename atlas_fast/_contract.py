@@ -247,6 +247,9 @@ class ShardSourceProtocol(Protocol):
     def prefetch(self, blocks) -> None:
         """Fetch ``blocks`` now, neighbours merged: a batch about to be read."""
 
+    def warm(self) -> None:
+        """A pass in order reaches this shard soon: fetch its index and first blocks now."""
+
     def close(self) -> None:
         """Drop the bytes fetched and not read."""
 

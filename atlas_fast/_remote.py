@@ -141,6 +141,22 @@ class ShardSource:
         if fetcher is not None:
             fetcher.prefetch(blocks)
 
+    def warm(self) -> None:
+        """A pass in order will read this shard next: read its index.npy and start fetching
+        its first blocks now, on the fetch pool (a failure is left for the read to raise)."""
+        if self._fetcher is not None and self._offsets is not None:
+            return
+        from .storage._object import fetch_pool
+
+        fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
+
+    def _warm(self) -> None:
+        try:
+            self.offsets(self.metadata())
+            self._fetcher.start_pass(0)
+        except Exception:
+            pass  # raised again, with its context, by the read that needs it
+
     def close(self) -> None:
         """Drop the bytes fetched and not read (metadata and offsets stay: they are pinned)."""
         fetcher = self._fetcher

@@ -717,7 +717,11 @@ cdef class ShardCore:
         if not self._compressed or self._cache._find((self._tag, b)) is not None:
             return 0
         if self._source is not None:
-            return 0  # its blocks are fetched ahead by the source, decoded on this thread
+            # Its blocks are fetched ahead by the source and decoded on this thread; a pass
+            # reaching this shard soon starts its fetching now.
+            if b <= 1:
+                self._source.warm()
+            return 0
         if _ra_queued(<void*>self, b):
             return 0
         if self._offsets is None:

@@ -165,6 +165,16 @@ class BlockFetcher:
             ):
                 self._submit_lock_held([wanted[k] for k in members], start, end, settings, False)
 
+    def start_pass(self, first: int = 0) -> None:
+        """A pass in order is about to read from block ``first``: start its read-ahead now
+        (unless this fetcher is being read already)."""
+        self._here()
+        settings = self.obj.location.settings
+        with self._lock:
+            if self._last == -2 and not self._inflight and not self._ready:
+                self._last = first - 1
+                self._ahead_lock_held(first, settings)
+
     def close(self) -> None:
         """Drop what was fetched and not read (requests in flight are left to finish and
         their bytes dropped)."""

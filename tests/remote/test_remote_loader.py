@@ -265,3 +265,15 @@ def test_opening_does_not_start_the_engine_forked_workers_need(remote):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_pass_in_order_fetches_the_next_shards_ahead(remote, s3, atlas):
+    ds = atlas.AtlasDataset(remote)
+    assert list(ds) == [example(i) for i in range(N)]
+    paths = s3.proxy.stats()["paths"]
+    data = [paths.get(f"/{s3.bucket}/ds/{s}/data.bin", 0) for s in range(5)]
+    # The first shard: two blocks alone start the pass, then one request for the rest; each
+    # later shard: one request, started before the pass reached it.
+    assert data[0] <= 3 and data[1:] == [1, 1, 1, 1], data
+    # The root's meta.json and shared dictionary, each shard's meta.json and index.npy.
+    assert sum(paths.values()) == 2 + 5 * 2 + sum(data)
