@@ -82,6 +82,7 @@ class ShardSource:
         self._offsets = None
         self._fetcher = None
         self._checked = False
+        self._warm_wanted = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -120,6 +121,8 @@ class ShardSource:
                 offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
                 offsets.setflags(write=False)
                 self._fetcher = BlockFetcher(self._data, offsets, self.shard)
+                if self._warm_wanted:  # before any reader waiting for this lock reads a block
+                    self._fetcher.start_pass(0)
                 self._offsets = offsets
             return self._offsets
 
@@ -144,8 +147,9 @@ class ShardSource:
     def warm(self) -> None:
         """A pass in order will read this shard next: read its index.npy and start fetching
         its first blocks now, on the fetch pool (a failure is left for the read to raise)."""
-        if self._fetcher is not None and self._offsets is not None:
+        if self._warm_wanted or self._offsets is not None:
             return
+        self._warm_wanted = True
         from .storage._object import fetch_pool
 
         fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
@@ -153,7 +157,6 @@ class ShardSource:
     def _warm(self) -> None:
         try:
             self.offsets(self.metadata())
-            self._fetcher.start_pass(0)
         except Exception:
             pass  # raised again, with its context, by the read that needs it
 

@@ -485,8 +485,14 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
         engine = _engines.get(key)
     if engine is None:
         if fallback:
-            engine = _fallback(kind, scheme, container, options)
-        elif kind is not None:
+            try:
+                engine = _fallback(kind, scheme, container, options)
+            except ValueError:
+                if not obstore_usable():
+                    raise
+                # Its package is missing: obstore reads the metadata too (this process's
+                # forked children then use the fallback, and need that package).
+        if engine is None and kind is not None:
             _mark_obstore_started()
             try:
                 engine = ObstoreEngine(kind, scheme, container, options)
@@ -496,7 +502,7 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
                 ) from None
             except Exception as exc:
                 raise ValueError(f"{scheme}://{container}: bad storage options: {exc}") from exc
-        else:
+        elif engine is None:
             engine = FsspecEngine(scheme, options)
         with _engines_lock:
             engine = _engines.setdefault(key, engine)

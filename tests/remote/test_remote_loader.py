@@ -272,8 +272,32 @@ def test_a_pass_in_order_fetches_the_next_shards_ahead(remote, s3, atlas):
     assert list(ds) == [example(i) for i in range(N)]
     paths = s3.proxy.stats()["paths"]
     data = [paths.get(f"/{s3.bucket}/ds/{s}/data.bin", 0) for s in range(5)]
-    # The first shard: two blocks alone start the pass, then one request for the rest; each
-    # later shard: one request, started before the pass reached it.
-    assert data[0] <= 3 and data[1:] == [1, 1, 1, 1], data
+    # At most two blocks alone start a shard's pass, then one request for the rest; a later
+    # shard's request starts before the pass reaches it (one request in all) unless the pass
+    # outruns it (a timing this test does not depend on: see the next test).
+    assert all(1 <= d <= 3 for d in data), data
     # The root's meta.json and shared dictionary, each shard's meta.json and index.npy.
     assert sum(paths.values()) == 2 + 5 * 2 + sum(data)
+
+
+def test_a_warmed_shard_is_fetched_in_one_request(remote, s3, tmp_path):
+    """ShardSource.warm (private: what a pass in order calls on the shard it reaches next)
+    reads the index and fetches the first blocks before any is read."""
+    import time
+
+    from atlas_fast._remote import RemoteDataset
+
+    source = RemoteDataset(remote).source(1)
+    source.metadata()
+    source.warm()
+    deadline = time.monotonic() + 30
+    while (source._fetcher is None or source._fetcher.held() != (16, 0)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    local = tmp_path / "local-ds" / "1"
+    offsets = [int(x) for x in __import__("numpy").load(local / "index.npy")]
+    stored = (local / "data.bin").read_bytes()
+    got = [source.block(b) for b in range(16)]
+    assert got == [stored[offsets[b] : offsets[b + 1]] for b in range(16)]
+    assert s3.proxy.stats()["paths"][f"/{s3.bucket}/ds/1/data.bin"] == 1
