@@ -56,3 +56,19 @@ def test_file_url_reads_the_local_path(atlas, reference_case):
     ds = atlas.AtlasDataset(f"file://{path}")
     assert ds.root == path
     _check_all(ds, load_expected(reference_case))
+
+
+def test_fsspec_scheme_reads_like_local(atlas, reference_case):
+    """A scheme obstore lacks goes through fsspec (its in-memory filesystem here)."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    base = f"/atlas-{reference_case}"
+    for path in sorted((FIXTURES / reference_case / "dataset").rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(FIXTURES / reference_case / "dataset").as_posix()
+            fs.pipe(f"{base}/{rel}", path.read_bytes())
+    try:
+        with atlas.AtlasDataset(f"memory://{base.lstrip('/')}") as ds:
+            _check_all(ds, load_expected(reference_case))
+    finally:
+        fs.rm(base, recursive=True)
