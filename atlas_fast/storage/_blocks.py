@@ -5,7 +5,9 @@ boundaries are ``offsets`` (a shard's data.bin and its index.npy):
 
 - a block read alone (uniform random access) is one request for exactly its bytes;
 - ``prefetch(blocks)`` (a batch) fetches the blocks not held yet, neighbours merged into
-  requests of up to ``request_bytes``, concurrently; each is kept until read;
+  requests of up to ``request_bytes``, concurrently; each is kept until read; batches that
+  follow each other in order (a DataLoader's pass, each worker taking every other batch)
+  start the read-ahead below;
 - a pass in order (two blocks read one after the other) starts a read-ahead: the blocks after
   it, merged into requests of ``request_bytes``, with at most ``requests_in_flight`` requests
   of this fetcher in flight and at most ``read_ahead_bytes`` fetched ahead and not yet read in
@@ -111,6 +113,7 @@ class BlockFetcher:
         self._runs = 0  # read-ahead requests in flight
         self._last = -2  # the block read last
         self._next_ahead = 0  # the first block the read-ahead has not asked for
+        self._batch_end = None  # the block after the last block of the last batch
 
     def _here(self) -> None:
         if self._pid != os.getpid():
@@ -155,15 +158,25 @@ class BlockFetcher:
         self._here()
         settings = self.obj.location.settings
         with self._lock:
-            wanted = sorted({b for b in blocks if b not in self._ready and b not in self._inflight})
-            self._explicit.update(blocks)
-            if not wanted:
-                return
-            ranges = [(self._offsets[b], self._offsets[b + 1]) for b in wanted]
-            for start, end, members in merge_ranges(
-                ranges, settings.request_bytes, settings.merge_gap
-            ):
-                self._submit_lock_held([wanted[k] for k in members], start, end, settings, False)
+            asked = sorted(set(blocks))
+            wanted = [b for b in asked if b not in self._ready and b not in self._inflight]
+            self._explicit.update(asked)
+            if wanted:
+                ranges = [(self._offsets[b], self._offsets[b + 1]) for b in wanted]
+                for start, end, members in merge_ranges(
+                    ranges, settings.request_bytes, settings.merge_gap
+                ):
+                    run = [wanted[k] for k in members]
+                    self._submit_lock_held(run, start, end, settings, False)
+            # Batches of a pass in order (each a run of blocks starting where the last one
+            # ended, give or take a block: DataLoader workers take every other batch) read
+            # ahead as a pass does.
+            if asked:
+                end = self._batch_end
+                contiguous = asked[-1] - asked[0] + 1 == len(asked)
+                if contiguous and end is not None and end - 1 <= asked[0] <= end + 2:
+                    self._ahead_lock_held(asked[-1] + 1, settings)
+                self._batch_end = asked[-1] + 1
 
     def start_pass(self, first: int = 0) -> None:
         """A pass in order is about to read from block ``first``: start its read-ahead now

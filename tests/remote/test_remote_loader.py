@@ -143,13 +143,19 @@ def test_dataloader_two_epochs(remote, atlas, workers, context):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_pass_in_order_with_workers(remote, atlas, context):
+def test_dataloader_pass_in_order_with_workers(remote, s3, atlas, context):
     ds = atlas.AtlasDataset(remote)
     loader = DataLoader(
-        ds, batch_size=32, num_workers=2, multiprocessing_context=context, collate_fn=list
+        ds, batch_size=8, num_workers=2, multiprocessing_context=context, collate_fn=list
     )
     for _ in range(2):
         assert _epoch(loader) == [example(i) for i in range(N)]
+    # Each worker takes every other batch (one block each): its batches, in order, read
+    # ahead, so not one request per batch (75 batches an epoch, 150 in two): a few per shard
+    # and worker (blocks alone before the read-ahead starts, one request after).
+    paths = s3.proxy.stats()["paths"]
+    data = sum(v for k, v in paths.items() if k.endswith("data.bin"))
+    assert data <= 100, paths
 
 
 # -- faults ---------------------------------------------------------------------------------
