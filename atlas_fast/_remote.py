@@ -72,9 +72,12 @@ class ShardSource:
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
     threads and in a forked or spawned child (it pickles as its location)."""
 
-    def __init__(self, location: Location, shard=None) -> None:
+    def __init__(self, location: Location, shard=None, following=None) -> None:
         self.location = location
         self.shard = shard
+        # The next shard's source, when this one is a dataset's (None: the last, or alone):
+        # warming this shard reads that one's meta.json too, so a pass finds it read.
+        self._following = following
         self.url = location.url
         self.data_url = location.object(DATA_FILE).url
         self._data = location.object(DATA_FILE)
@@ -87,7 +90,7 @@ class ShardSource:
         self._pid = os.getpid()
 
     def __reduce__(self):
-        return (ShardSource, (self.location, self.shard))
+        return (ShardSource, (self.location, self.shard))  # alone: its neighbours stay
 
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: the parent's lock may be held forever
@@ -157,6 +160,9 @@ class ShardSource:
     def _warm(self) -> None:
         try:
             self.offsets(self.metadata())
+            following = self._following() if self._following is not None else None
+            if following is not None:
+                following.metadata()
         except Exception:
             pass  # raised again, with its context, by the read that needs it
 
@@ -207,7 +213,8 @@ class RemoteDataset:
         """Shard ``s``'s source (one per shard and dataset)."""
         source = self._sources[s]
         if source is None:
-            made = ShardSource(self.location.child(self.names[s]), s)
+            following = (lambda: self.source(s + 1)) if s + 1 < len(self.names) else None
+            made = ShardSource(self.location.child(self.names[s]), s, following)
             with self._lock:
                 source = self._sources[s]
                 if source is None:

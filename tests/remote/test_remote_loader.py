@@ -307,3 +307,21 @@ def test_a_warmed_shard_is_fetched_in_one_request(remote, s3, tmp_path):
     got = [source.block(b) for b in range(16)]
     assert got == [stored[offsets[b] : offsets[b + 1]] for b in range(16)]
     assert s3.proxy.stats()["paths"][f"/{s3.bucket}/ds/1/data.bin"] == 1
+
+
+def test_warming_a_shard_reads_the_next_shards_metadata(remote, s3):
+    """What lets iter(ds) find a shard's meta.json read when it reaches the shard (private:
+    ShardSource.warm is what a pass calls)."""
+    import time
+
+    from atlas_fast._remote import RemoteDataset
+
+    dataset = RemoteDataset(remote)
+    dataset.source(1).metadata()
+    dataset.source(1).warm()
+    deadline = time.monotonic() + 30
+    while dataset.source(2)._metadata is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dataset.source(2)._metadata.stored_examples == 128
+    assert f"/{s3.bucket}/ds/2/meta.json" in s3.proxy.stats()["paths"]
+    assert dataset.source(4)._following is None
