@@ -16,6 +16,9 @@ from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingSharedDictionary,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StorageError,
     UnsafePickleError,
 )
 from ._version import __version__
@@ -43,6 +46,9 @@ __all__ = [
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
+    "StorageError",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",

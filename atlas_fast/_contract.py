@@ -46,6 +46,7 @@ __all__ = [
     "ShardCoreProtocol",
     "DatasetCoreProtocol",
     "BatchSource",
+    "ShardSourceProtocol",
     "CoreModule",
     "RAISES",
 ]
@@ -174,9 +175,11 @@ class ShardCoreProtocol(_Reader, Protocol):
         loads: Callable,
         cache: BlockCacheCore,
         tag: int,
+        source: ShardSourceProtocol | None = None,
     ) -> None:
         """Nothing is opened yet. Raises ``MissingSharedDictionary`` for a strategy-2 shard
-        without ``dict_bytes``."""
+        without ``dict_bytes``. ``source``: a shard in object storage, whose files and
+        blocks are read through it (None: the files under ``root``)."""
 
     def read_block(self, b: int) -> list:
         """The examples of block ``b``, through the cache."""
@@ -208,7 +211,41 @@ class DatasetCoreProtocol(_Reader, Protocol):
         dict_bytes: bytes | None,
         loads: Callable,
         cache: BlockCacheCore,
-    ) -> None: ...
+        sources: Callable | None = None,
+    ) -> None:
+        """``sources``: a dataset in object storage: ``sources(s)`` is shard ``s``'s
+        ``ShardSourceProtocol`` (its metadata, when None in ``metadatas``, comes from it)."""
+
+
+class ShardSourceProtocol(Protocol):
+    """Where a remote shard's bytes come from (``atlas_fast._remote.ShardSource``, over
+    ``atlas_fast.storage``). A core given one reads nothing under ``root``; it decodes the
+    stored bytes of a block as it decodes a mapped block's. Errors: ``AtlasFormatError``
+    (malformed or missing files), ``atlas_fast.StorageError`` and its subclasses (the object
+    store: after retries; ``ObjectChangedError`` when the dataset was replaced)."""
+
+    url: str  # the shard's URL, for messages
+
+    def metadata(self):
+        """The shard's parsed meta.json (``AtlasDatasetShardMetadata``)."""
+
+    def offsets(self, metadata):
+        """The validated block offsets (read-only uint64 array) from index.npy."""
+
+    def dictionary(self) -> bytes:
+        """The shard's own zstd_dict.bin (strategy 3)."""
+
+    def block(self, b: int) -> bytes:
+        """Block ``b``'s stored bytes, exactly (after ``offsets``)."""
+
+    def prefetch(self, blocks) -> None:
+        """Fetch ``blocks`` now, neighbours merged: a batch about to be read."""
+
+    def warm(self) -> None:
+        """A pass in order reaches this shard soon: fetch its index and first blocks now."""
+
+    def close(self) -> None:
+        """Drop the bytes fetched and not read."""
 
 
 class BatchSource(Protocol):
@@ -221,6 +258,7 @@ class BatchSource(Protocol):
     _block_size: int
     _n_blocks: int
     _compressed: bool
+    _source: ShardSourceProtocol | None  # a remote shard's (None: local files)
 
     def _lookup(self, b: int) -> list | None:
         """Block ``b``'s cached examples or None, counted as a hit or a miss."""
@@ -235,6 +273,9 @@ class BatchSource(Protocol):
         """The same as ``_store``, not cached."""
 
     def _block_bytes(self, b: int) -> bytes: ...
+
+    def _prefetch(self, blocks) -> None:
+        """A remote shard: ask its source for ``blocks`` at once (no-op for local files)."""
 
 
 class BlockCompressorProtocol(Protocol):

@@ -13,6 +13,9 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
+    "StorageError",
     "UnsafePickleError",
     "destination_exists",
 ]
@@ -83,3 +86,37 @@ def destination_exists(path, who: str, *, empty_dir_ok: bool = False, what: str 
         errno.EEXIST,
         f"{path}: already exists{state}; {who} {need}: remove it or choose another path",
     )
+
+
+class StorageError(OSError):
+    """An object of a dataset in object storage (or behind a URL) could not be read.
+
+    Raised after retries when the failure is transient (connection errors, timeouts, 5xx,
+    throttling, short bodies) and at once when it is not (access denied, a bucket that does
+    not exist). The message and the attributes name what was being read: ``url`` (the object),
+    ``shard`` and ``block`` (None when not a block of a shard), ``attempts`` (requests made).
+    Constructible from a message alone, as exceptions crossing DataLoader workers must be.
+    """
+
+    def __init__(self, message="", url=None, shard=None, block=None, attempts=None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.shard = shard
+        self.block = block
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.url, self.shard, self.block, self.attempts))
+
+
+class ObjectChangedError(StorageError):
+    """An object changed after this process first read it (its ETag, or its size, is not the
+    one it was pinned to): the dataset was replaced while being read. Never retried: reading
+    on would mix two versions of the dataset."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object a dataset needs does not exist (or the bucket holding it does not)."""

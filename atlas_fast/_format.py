@@ -38,6 +38,13 @@ __all__ = [
     "check_shard_sizes",
     "load_offsets",
     "read_dict_file",
+    "parse_json_object",
+    "shard_metadata_from",
+    "dataset_metadata_from",
+    "check_offsets",
+    "parse_npy",
+    "check_dict_bytes",
+    "NPY_HEADER_LIMIT",
     "block_count",
     "index_dtype",
     "dump_meta",
@@ -172,6 +179,13 @@ def _read_json_object(path: Path, what: str) -> dict:
         ) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    return parse_json_object(text, path)
+
+
+def parse_json_object(text: bytes, path) -> dict:
+    """The JSON object in ``text``, the bytes of the meta.json at ``path`` (a path or URL)."""
+    if len(text) > MAX_META_BYTES:
+        raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
     try:
         value = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -235,7 +249,11 @@ def _check_strategy(path: Path, value: dict) -> int:
 def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
     """Parse and validate ``shard_dir/meta.json``."""
     path = os.path.join(shard_dir, META_FILE)  # a string: read on every shard's first use
-    value = _read_json_object(path, "shard")
+    return shard_metadata_from(_read_json_object(path, "shard"), path)
+
+
+def shard_metadata_from(value: dict, path) -> AtlasDatasetShardMetadata:
+    """Validate a shard's parsed meta.json (``path`` names it in errors)."""
     _check_keys(path, value, AtlasDatasetShardMetadata._fields)
     version = _check_version(path, value)
     block_size = _check_int(path, value, "block_size", minimum=1, maximum=MAX_COUNT)
@@ -253,7 +271,11 @@ def read_shard_metadata(shard_dir: Path) -> AtlasDatasetShardMetadata:
 def read_dataset_metadata(root: Path) -> AtlasDatasetMetadata:
     """Parse and validate ``root/meta.json``."""
     path = Path(root) / META_FILE
-    value = _read_json_object(path, "dataset")
+    return dataset_metadata_from(_read_json_object(path, "dataset"), path)
+
+
+def dataset_metadata_from(value: dict, path) -> AtlasDatasetMetadata:
+    """Validate a dataset root's parsed meta.json (``path`` names it in errors)."""
     _check_keys(path, value, AtlasDatasetMetadata._fields)
     version = _check_version(path, value)
     sizes = value["shard_sizes"]
@@ -332,6 +354,31 @@ def load_offsets(
     path = os.path.join(shard_dir, INDEX_FILE)
     data_path = os.path.join(shard_dir, DATA_FILE)
     raw = _load_npy(path, block_count(metadata.stored_examples, metadata.block_size) + 1)
+    offsets = check_offsets(raw, path, metadata)
+    blocks = len(offsets) - 1
+    if not check_data:
+        offsets.setflags(write=False)
+        return offsets
+    try:
+        size = _regular_size(data_path)
+    except FileNotFoundError:
+        if blocks == 0:
+            return offsets  # an empty shard needs no data.bin
+        raise AtlasFormatError(f"{data_path}: missing") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
+    if int(offsets[-1]) != size:
+        raise AtlasFormatError(
+            f"{path}: the last offset is {int(offsets[-1])} but {data_path} has {size} bytes"
+        )
+    offsets.setflags(write=False)
+    return offsets
+
+
+def check_offsets(raw, path, metadata: AtlasDatasetShardMetadata) -> np.ndarray:
+    """``raw`` (the array of the index.npy at ``path``) as validated uint64 block offsets:
+    a 1-D unsigned integer array of the length the metadata implies, starting at 0 and
+    increasing. Not checked here: that the last offset is data.bin's size."""
     if not isinstance(raw, np.ndarray) or raw.ndim != 1:
         raise AtlasFormatError(f"{path}: expected a 1-D array, found shape {np.shape(raw)}")
     if raw.dtype.kind != "u":
@@ -357,22 +404,6 @@ def load_offsets(
                 f"({int(offsets[bad])} then {int(offsets[bad + 1])})"
             )
         raise AtlasFormatError(f"{path}: block {bad} is empty (offset {int(offsets[bad])} twice)")
-    if not check_data:
-        offsets.setflags(write=False)
-        return offsets
-    try:
-        size = _regular_size(data_path)
-    except FileNotFoundError:
-        if blocks == 0:
-            return offsets  # an empty shard needs no data.bin
-        raise AtlasFormatError(f"{data_path}: missing") from None
-    except OSError as exc:
-        raise AtlasFormatError(f"{data_path}: cannot be read: {exc}") from exc
-    if int(offsets[-1]) != size:
-        raise AtlasFormatError(
-            f"{path}: the last offset is {int(offsets[-1])} but {data_path} has {size} bytes"
-        )
-    offsets.setflags(write=False)
     return offsets
 
 
@@ -405,7 +436,7 @@ def _npy_header(data: bytes) -> tuple:
 
 
 # What a .npy header may take beyond its array's bytes (numpy writes 64 to a few hundred).
-_NPY_HEADER_LIMIT = 1 << 16
+NPY_HEADER_LIMIT = 1 << 16
 
 
 def _load_npy(path, items: int | None = None) -> np.ndarray:
@@ -415,13 +446,18 @@ def _load_npy(path, items: int | None = None) -> np.ndarray:
     8-byte values is refused before it is read. ``np.load`` alone would treat a non-.npy file
     as a pickle (refused, with a confusing message) and trust a header's shape when allocating.
     """
-    limit = None if items is None else _NPY_HEADER_LIMIT + 8 * items
+    limit = None if items is None else NPY_HEADER_LIMIT + 8 * items
     try:
         data = _read_regular_file(path, limit, ": not the .npy array expected here")
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    return parse_npy(data, path)
+
+
+def parse_npy(data: bytes, path) -> np.ndarray:
+    """The array of a .npy file's bytes ``data`` (``path`` names it in errors)."""
     if not data.startswith(_NPY_MAGIC):
         raise AtlasFormatError(f"{path}: not a .npy file (no NUMPY magic)")
     try:
@@ -452,6 +488,11 @@ def read_dict_file(path: Path) -> bytes:
         raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot be read: {exc}") from exc
+    return check_dict_bytes(data, path)
+
+
+def check_dict_bytes(data: bytes, path) -> bytes:
+    """``data``, a zstd dictionary file's bytes, which must not be empty."""
     if not data:
         raise AtlasFormatError(f"{path}: empty dictionary")
     return data

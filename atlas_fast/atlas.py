@@ -34,7 +34,9 @@ from ._format import (
     read_shard_metadata,
     shard_dir_names,
 )
+from ._remote import RemoteDataset, ShardSource, is_remote, to_local
 from ._safe_pickle import make_loads
+from .storage import Location
 
 __all__ = [
     "AtlasDataset",
@@ -77,8 +79,15 @@ def _block_loads(trusted: bool, allowed_globals: tuple):
 class _Settings:
     """Settings shared by shards and datasets: trust, the cache, pickling, ``with``."""
 
-    def _init_settings(self, cache_blocks, cache_bytes, trusted, allowed_globals) -> tuple:
+    def _init_settings(
+        self, cache_blocks, cache_bytes, trusted, allowed_globals, storage_options=None
+    ) -> tuple:
         limits = cache_limits(cache_blocks, cache_bytes)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(
+                f"storage_options must be a dict or None, not {type(storage_options).__name__}"
+            )
+        self.storage_options = storage_options
         self.cache_blocks = cache_blocks
         self.cache_bytes = cache_bytes
         self.trusted, self.allowed_globals = _check_trust(trusted, allowed_globals)
@@ -86,11 +95,14 @@ class _Settings:
 
     def _settings_kwargs(self) -> dict:
         """The keyword arguments a reader pickles with: its cache and trust settings."""
-        return {
+        kwargs = {
             "cache_blocks": self.cache_blocks,
             "cache_bytes": self.cache_bytes,
             **_trust_kwargs(self),
         }
+        if self.storage_options is not None:
+            kwargs["storage_options"] = self.storage_options
+        return kwargs
 
     def __enter__(self):
         return self
@@ -124,6 +136,10 @@ class _ShardMethods(_Settings):
     least recently used evicted first, reported by ``cache_info()``; ``shard.read_block(b)``
     returns block ``b``'s examples; ``shard.__getitems__(indices)`` reads a batch decoding
     each block once, in parallel; ``iter(shard)`` reads ahead.
+
+    ``root`` may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, or
+    any fsspec scheme): see ``AtlasDataset`` and docs/remote.md; ``storage_options`` configures
+    the client and the reading (``atlas_fast.storage``).
     """
 
     VERSION = 1
@@ -138,15 +154,24 @@ class _ShardMethods(_Settings):
         cache_bytes=None,
         trusted=True,
         allowed_globals=(),
+        storage_options=None,
         _dataset_cache=None,
+        _source=None,
     ):
         max_bytes, max_blocks = self._init_settings(
-            cache_blocks, cache_bytes, trusted, allowed_globals
+            cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
         )
-        self.root = Path(root)
+        source = _source
+        if source is None and is_remote(root):
+            source = ShardSource(Location(root, storage_options))
+        if source is not None:  # in object storage: its files are read through the source
+            self.root = source.url
+            self.metadata = source.metadata()
+        else:
+            self.root = Path(to_local(root))
+            self.metadata = read_shard_metadata(self.root)
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
-        self.metadata = read_shard_metadata(self.root)
         if _dataset_cache is None:  # a shard of its own
             self._block_cache, tag = self._backend.BlockCache(max_bytes, max_blocks), 0
         else:  # one of AtlasDataset.shards: the dataset's cache, under its shard number
@@ -158,6 +183,7 @@ class _ShardMethods(_Settings):
             _block_loads(self.trusted, self.allowed_globals),
             self._block_cache,
             tag,
+            source,
         )
 
     def __reduce__(self):
@@ -210,6 +236,9 @@ class _Shards(Sequence):
         self._dirs = dataset._shard_dirs
         self._args = (dataset.mmap_index, dataset._dict_bytes)
         self._kwargs = _trust_kwargs(dataset)
+        self._remote = dataset._remote
+        if self._remote is not None:
+            self._kwargs["storage_options"] = dataset.storage_options
         self._cache = cache
         self._made = [None] * len(self._dirs)
 
@@ -225,8 +254,13 @@ class _Shards(Sequence):
             # Looked up in the module at call time, as the reference does, so that patching
             # ``atlas_fast.atlas.AtlasDatasetShard`` is honoured.
             shard_class = sys.modules[self._module].AtlasDatasetShard
+            source = None if self._remote is None else self._remote.source(k)
             shard = shard_class(
-                self._dirs[k], *self._args, **self._kwargs, _dataset_cache=(self._cache, k)
+                self._dirs[k],
+                *self._args,
+                **self._kwargs,
+                _dataset_cache=(self._cache, k),
+                _source=source,
             )
             self._made[k] = shard
         return shard
@@ -262,6 +296,16 @@ class _DatasetMethods(_Settings):
     least recently used evicted first, reported by ``cache_info()``;
     ``ds.__getitems__(indices)`` reads a batch decoding each block once, in parallel, and
     ``iter(ds)`` reads ahead.
+
+    ``root`` may be a URL: ``s3://bucket/path``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://``, or any other fsspec scheme (``hf://`` ...). Credentials and endpoints come
+    from the standard environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP, or the GCS and Azure ones) or from
+    ``storage_options`` (see ``atlas_fast.storage``). Opening reads the root meta.json alone
+    (and a strategy-2 dataset's shared dictionary); nothing is listed: the shards are those it
+    counts. Blocks are fetched by exact byte ranges, neighbours merged into large requests for
+    batches and passes in order, retried, and pinned to the version first read. The dataset
+    pickles as its URL and settings (DataLoader workers make their own clients).
     """
 
     VERSION = 1
@@ -275,21 +319,35 @@ class _DatasetMethods(_Settings):
         cache_bytes=None,
         trusted=True,
         allowed_globals=(),
+        storage_options=None,
     ):
         max_bytes, max_blocks = self._init_settings(
-            cache_blocks, cache_bytes, trusted, allowed_globals
+            cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
         )
-        self.root = Path(root)
         self.mmap_index = mmap_index
-        self.metadata = read_dataset_metadata(self.root)
-        names = shard_dir_names(self.root)
+        shared = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         dict_bytes = None
-        if self.metadata.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if names or (self.root / DICT_FILE).exists():  # an empty root needs none
-                dict_bytes = read_dict_file(self.root / DICT_FILE)
-        sizes, metadatas = _shard_sizes(self.root, self.metadata, names)
-        base = os.path.join(self.root, "")
-        self._shard_dirs = [base + n for n in names]  # strings: 10,000 Paths cost
+        self._remote = sources = None
+        if is_remote(root):  # in object storage: one request, nothing listed
+            remote = self._remote = RemoteDataset(root, storage_options)
+            self.root = remote.url
+            self.metadata = remote.metadata
+            names = remote.names
+            if self.metadata.compression_strategy == shared and names:
+                dict_bytes = remote.dictionary()
+            sizes, metadatas = list(self.metadata.shard_sizes), [None] * len(names)
+            self._shard_dirs = [remote.shard_url(s) for s in range(len(names))]
+            sources = remote.source
+        else:
+            self.root = Path(to_local(root))
+            self.metadata = read_dataset_metadata(self.root)
+            names = shard_dir_names(self.root)
+            if self.metadata.compression_strategy == shared:
+                if names or (self.root / DICT_FILE).exists():  # an empty root needs none
+                    dict_bytes = read_dict_file(self.root / DICT_FILE)
+            sizes, metadatas = _shard_sizes(self.root, self.metadata, names)
+            base = os.path.join(self.root, "")
+            self._shard_dirs = [base + n for n in names]  # strings: 10,000 Paths cost
         self._dict_bytes = dict_bytes
         self._block_cache = self._backend.BlockCache(max_bytes, max_blocks)
         self.actual_shard_sizes = sizes
@@ -303,6 +361,7 @@ class _DatasetMethods(_Settings):
             dict_bytes,
             _block_loads(self.trusted, self.allowed_globals),
             self._block_cache,
+            sources,
         )
 
     def close(self) -> None:

@@ -26,6 +26,9 @@ PACKAGE = {
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
+    "ObjectChangedError",
+    "ObjectNotFoundError",
+    "StorageError",
     "UnsafePickleError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
@@ -43,6 +46,7 @@ READER = {"VERSION", "root", "mmap_index", "metadata"} | {
     "cache_info",
     "cache_reserve",
     "close",
+    "storage_options",
 }
 DATASET = READER | {"shards", "actual_shard_sizes", "cumulative_shard_sizes"}
 SHARD = READER | {"compression_dict_bytes", "read_block"}
@@ -92,7 +96,7 @@ def test_the_package_exports_exactly_its_names():
     # process: a submodule another test imported becomes an attribute of the package)
     code = "import atlas_fast; print(' '.join(n for n in dir(atlas_fast) if n[0] != '_'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler"}
+    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage"}
 
 
 def test_readers_show_their_declared_names_only(atlas, tmp_path):

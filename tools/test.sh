@@ -23,6 +23,10 @@ constraints=$PWD/tools/ci-constraints.txt
 started=$(date +%s)
 
 "$python" -m pip install -c "$constraints" -e '.[test]'
+# tests/remote serve files with nginx (the Debian package) on 127.0.0.1.
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx
+fi
 ruff check .
 ruff format --check .
 cython-lint atlas_fast/_core/

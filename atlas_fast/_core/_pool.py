@@ -111,10 +111,19 @@ def gather(reader_of, located: list) -> list:
         else:
             places.append((pos, j % size))
     todo = []
+    missed = []
     for key, places in wanted.items():
         reader = readers[key[0]][0]
         examples = reader._lookup(key[1])
-        if examples is None and not reader._compressed:
+        if examples is None:
+            missed.append((reader, key))
+        else:
+            _place(examples, places, out)
+    _prefetch(missed)
+    for reader, key in missed:
+        places = wanted[key]
+        examples = None
+        if not reader._compressed:
             # Nothing to decompress: a thread would only add hand-offs (and the compiled
             # core unpickles straight from the mapping on this path).
             examples = reader._load(key[1])
@@ -128,6 +137,17 @@ def gather(reader_of, located: list) -> list:
     elif todo:
         _decode_in_parallel(todo, wanted, out)
     return out
+
+
+def _prefetch(missed: list) -> None:
+    """Ask the remote shards among ``missed`` for their blocks at once: neighbours merged into
+    large requests, made concurrently, while the blocks are decoded in order."""
+    blocks: dict = {}
+    for reader, key in missed:
+        if reader._source is not None:
+            blocks.setdefault(id(reader), (reader, []))[1].append(key[1])
+    for reader, wanted in blocks.values():
+        reader._source.prefetch(wanted)
 
 
 def _place(examples: list, places: list, out: list) -> None:
@@ -210,7 +230,9 @@ POOL_MIN_BLOCK_BYTES = 16 * 1024
 def _worth_the_pool(reader) -> bool:
     """Whether ``reader``'s blocks are worth decompressing on the pool: compressed, and
     large enough on average."""
-    if not reader._compressed:
+    if not reader._compressed or reader._source is not None:
+        # A remote shard's blocks arrive in order from its own read-ahead (storage): decoded
+        # on the calling thread, in order, so that the read-ahead sees a pass in order.
         return False
     blocks = reader._n_blocks
     try:
@@ -240,6 +262,8 @@ def read_ahead(blocks):
                 if nxt is None:
                     break
                 reader = nxt[0]
+                if reader._source is not None and nxt[1] == 0:
+                    reader._source.warm()  # a remote shard this pass reaches soon
                 on_pool = pooled.get(id(reader))
                 if on_pool is None:
                     on_pool = pooled[id(reader)] = _worth_the_pool(reader)

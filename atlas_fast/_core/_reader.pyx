@@ -261,6 +261,9 @@ cdef class ShardCore:
     cdef object _dict_bytes
     cdef BlockCache _cache
     cdef object _tag
+    # A remote shard's _remote.ShardSource (None: the local files under _root). Its blocks
+    # come from it as bytes, decoded by the same _decompress as the mapped ones.
+    cdef readonly object _source
     # The entry of the block last read: a hit on it skips the dict. Read and replaced under
     # the GIL; only trusted while live.
     cdef _Entry _last
@@ -283,7 +286,8 @@ cdef class ShardCore:
         self._lock = _new_lock()
         self._lock_generation = _generation
 
-    def __init__(self, root, metadata, dict_bytes=None, loads=None, cache=None, tag=0):
+    def __init__(self, root, metadata, dict_bytes=None, loads=None, cache=None, tag=0,
+                 source=None):
         (self._root, self._data_path, self._n, self._block_size, self._n_blocks,
          self._compressed) = shard_layout(root, metadata, dict_bytes)
         self._metadata = metadata
@@ -295,6 +299,7 @@ cdef class ShardCore:
         self._loads = pickle.loads if loads is None else loads
         self._cache = BlockCache(DEFAULT_CACHE_BYTES, None) if cache is None else cache
         self._tag = tag
+        self._source = source
 
     def __len__(self):
         return self._n
@@ -473,6 +478,8 @@ cdef class ShardCore:
         PyThread_release_lock(lock)
         del dropped
         self._cache._discard(self._tag)
+        if self._source is not None:
+            self._source.close()
 
     # -- for _pool ---------------------------------------------------------------------------
 
@@ -491,6 +498,11 @@ cdef class ShardCore:
         cdef _Entry e = self._cache._put((self._tag, b), b, examples, _data_size(data))
         return examples if e.examples is None else e.examples
 
+    def _prefetch(self, blocks):
+        """A remote shard: fetch ``blocks`` now, neighbours merged (no-op for local files)."""
+        if self._source is not None:
+            self._source.prefetch(blocks)
+
     # -- opening ----------------------------------------------------------------------------
 
     cdef inline PyThread_type_lock _lock_get(self) noexcept:
@@ -502,7 +514,10 @@ cdef class ShardCore:
 
     cdef int _open_lock_held(self) except -1:
         # In the order the Python backend checks them (index.npy, data.bin, the dictionary),
-        # data.bin's size checked by _map_file on the descriptor it maps.
+        # data.bin's size checked by _map_file on the descriptor it maps (a remote shard's by
+        # its source, against the size of the object its first block came from).
+        if self._source is not None:
+            return self._open_remote_lock_held()
         offsets = load_offsets(self._root, self._metadata, self._n_blocks == 0)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:
@@ -517,6 +532,17 @@ cdef class ShardCore:
         zdict = open_dictionary(self._root, self._metadata, self._dict_bytes, ZstdDict)
         # Published together, with no Python code in between.
         self._mapping = mapping
+        self._zdict = zdict
+        self._offs = &view[0]
+        self._offsets = offsets
+        return 0
+
+    cdef int _open_remote_lock_held(self) except -1:
+        offsets = self._source.offsets(self._metadata)
+        cdef const uint64_t[::1] view = offsets
+        zdict = open_dictionary(self._root, self._metadata, self._dict_bytes, ZstdDict,
+                                self._source)
+        self._mapping = None
         self._zdict = zdict
         self._offs = &view[0]
         self._offsets = offsets
@@ -555,6 +581,8 @@ cdef class ShardCore:
         cdef char* dst
         cdef _BlockView block_view
         cdef size_t size = <size_t>(end - start)
+        if self._source is not None:
+            return self._decoded_remote(b, decode, zdict, start, end)
         _check_extent(mapping, self._data_path, b, start, end)
         if decode and self._compressed:
             return _decompress(mapping.ptr + start, size, zdict, self._data_path, b)
@@ -571,6 +599,20 @@ cdef class ShardCore:
         with nogil:
             memcpy(dst, mapping.ptr + start, size)
         return out
+
+    cdef object _decoded_remote(self, Py_ssize_t b, bint decode, ZstdDict zdict, uint64_t start,
+                                uint64_t end):
+        """_decoded for a remote shard: the stored bytes from the source, decoded as a mapped
+        block's are (``raw`` holds them while _decompress reads them)."""
+        raw = self._source.block(b)
+        if type(raw) is not bytes:
+            raw = bytes(raw)
+        cdef Py_ssize_t got = PyBytes_GET_SIZE(raw)
+        if <uint64_t>got != end - start:
+            raise truncated_block_error(self._data_path, b, start, end, got)
+        if decode and self._compressed:
+            return _decompress(PyBytes_AS_STRING(raw), <size_t>got, zdict, self._data_path, b)
+        return raw
 
     cdef list _unpickle_c(self, data, Py_ssize_t b):
         """Block ``b``'s examples from its pickle bytes, checked to be a list of its length."""
@@ -628,6 +670,12 @@ cdef class ShardCore:
         uncompressed, or its shard cannot be opened (reading the block will say why)."""
         cdef struct_stat st
         if not self._compressed or self._cache._find((self._tag, b)) is not None:
+            return 0
+        if self._source is not None:
+            # Its blocks are fetched ahead by the source and decoded on this thread; a pass
+            # reaching this shard soon starts its fetching now.
+            if b <= 1:
+                self._source.warm()
             return 0
         if _ra_queued(<void*>self, b):
             return 0
@@ -724,7 +772,8 @@ cdef class DatasetCore:
         self._c_ends = NULL
         self._readers = []
 
-    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache):
+    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache,
+                 sources=None):
         cdef Py_ssize_t n = len(sizes)
         cdef Py_ssize_t total = 0
         cdef Py_ssize_t* c_ends = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
@@ -737,7 +786,8 @@ cdef class DatasetCore:
         self._c_ends = c_ends
         self._n_shards = n
         self._total = total
-        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache)
+        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache,
+                                   sources)
         self._sizes = self._opener.sizes
         self._cache = cache
         self._readers = [None] * n

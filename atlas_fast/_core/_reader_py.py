@@ -320,7 +320,9 @@ class BlockCache:
 class ShardCore:
     """Reads the blocks of one shard (the pure-Python core)."""
 
-    def __init__(self, root, metadata, dict_bytes=None, loads=pickle.loads, cache=None, tag=0):
+    def __init__(
+        self, root, metadata, dict_bytes=None, loads=pickle.loads, cache=None, tag=0, source=None
+    ):
         (
             self._root,
             self._data_path,
@@ -334,6 +336,8 @@ class ShardCore:
         self._loads = loads
         self._cache = BlockCache() if cache is None else cache
         self._tag = tag
+        # A remote shard's _remote.ShardSource (None: the local files under _root).
+        self._source = source
         self._last = None  # the _Entry of the block last read (a fast path for hits)
         self._next = -1  # the example after the one __getitem__ read last
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
@@ -423,6 +427,8 @@ class ShardCore:
             self._tls = _ThreadState()
             _files.forget(self._data_path)
         self._cache._discard(self._tag)
+        if self._source is not None:
+            self._source.close()
 
     # -- for _pool ---------------------------------------------------------------------------
 
@@ -437,6 +443,11 @@ class ShardCore:
 
     def _store(self, b: int, data) -> list:
         return self._cache._put((self._tag, b), b, self._unpickle(data, b), len(data))[1]
+
+    def _prefetch(self, blocks) -> None:
+        """A remote shard: fetch ``blocks`` now, neighbours merged (no-op for local files)."""
+        if self._source is not None:
+            self._source.prefetch(blocks)
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -457,7 +468,7 @@ class ShardCore:
                     # replaced at this path: read the file that is validated now.
                     _files.forget(self._data_path)
                     opened = self._opened = open_files(
-                        self._root, self._metadata, self._dict_bytes, ZstdDict
+                        self._root, self._metadata, self._dict_bytes, ZstdDict, self._source
                     )
         return opened
 
@@ -466,6 +477,11 @@ class ShardCore:
             offsets = self._opened_files()[0]
         start = int(offsets[b])
         end = int(offsets[b + 1])
+        if self._source is not None:
+            raw = self._source.block(b)
+            if len(raw) != end - start:
+                raise truncated_block_error(self._data_path, b, start, end, len(raw))
+            return raw
         try:
             raw = _files.pread(self._data_path, end - start, start)
         except OSError as exc:
@@ -582,8 +598,12 @@ class ShardCore:
 class DatasetCore:
     """Maps global indices onto the shards of a dataset; shard readers made on first use."""
 
-    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
-        self._opener = ShardOpener(root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache)
+    def __init__(
+        self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache, sources=None
+    ) -> None:
+        self._opener = ShardOpener(
+            root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache, sources
+        )
         self._sizes = self._opener.sizes
         self._cache = cache
         self._readers = [None] * len(self._sizes)

@@ -82,20 +82,27 @@ def shard_layout(root, metadata, dict_bytes) -> tuple:
     return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
 
 
-def open_files(root: str, metadata, dict_bytes, zstd_dict_type) -> tuple:
-    """What reading a shard needs: (validated offsets, digested dictionary or None)."""
-    offsets = load_offsets(root, metadata)
-    return offsets, open_dictionary(root, metadata, dict_bytes, zstd_dict_type)
+def open_files(root: str, metadata, dict_bytes, zstd_dict_type, source=None) -> tuple:
+    """What reading a shard needs: (validated offsets, digested dictionary or None). A remote
+    shard's (``source``: a ``_remote.ShardSource``) come from it."""
+    if source is None:
+        offsets = load_offsets(root, metadata)
+    else:
+        offsets = source.offsets(metadata)
+    return offsets, open_dictionary(root, metadata, dict_bytes, zstd_dict_type, source)
 
 
-def open_dictionary(root: str, metadata, dict_bytes, zstd_dict_type):
+def open_dictionary(root: str, metadata, dict_bytes, zstd_dict_type, source=None):
     """The shard's digested dictionary, or None when its strategy uses none."""
     strategy = metadata.compression_strategy
     if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        if source is not None:
+            path = f"{source.url}/{DICT_FILE}"
+            return _digested_dict(zstd_dict_type, source.dictionary(), path)
         path = Path(root) / DICT_FILE
         return _digested_dict(zstd_dict_type, read_dict_file(path), path)
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        path = Path(root).parent / DICT_FILE
+        path = f"{root.rpartition('/')[0]}/{DICT_FILE}" if source else Path(root).parent / DICT_FILE
         return _digested_dict(zstd_dict_type, bytes(dict_bytes), path)
     return None
 
@@ -103,9 +110,20 @@ def open_dictionary(root: str, metadata, dict_bytes, zstd_dict_type):
 class ShardOpener:
     """What a dataset core needs to make the reader of shard ``s`` on its first use."""
 
-    __slots__ = ("root", "shard_dirs", "sizes", "metadatas", "dict_bytes", "loads", "cache")
+    __slots__ = (
+        "root",
+        "shard_dirs",
+        "sizes",
+        "metadatas",
+        "dict_bytes",
+        "loads",
+        "cache",
+        "sources",
+    )
 
-    def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache) -> None:
+    def __init__(
+        self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache, sources=None
+    ) -> None:
         self.root = str(root)
         self.shard_dirs = list(shard_dirs)
         self.sizes = list(sizes)
@@ -113,22 +131,27 @@ class ShardOpener:
         self.dict_bytes = dict_bytes
         self.loads = loads
         self.cache = cache
+        self.sources = sources  # s -> shard s's ShardSource (a remote dataset), or None
 
     def make(self, shard_type, s: int):
         """Shard ``s``'s reader. Its meta.json, when not parsed yet, is read now and must
         agree with the size the dataset's meta.json gives it."""
         shard_dir = self.shard_dirs[s]
         metadata = self.metadatas[s]
+        source = None if self.sources is None else self.sources(s)
         if metadata is None:
-            metadata = read_shard_metadata(shard_dir)
+            metadata = read_shard_metadata(shard_dir) if source is None else source.metadata()
             if metadata.stored_examples != self.sizes[s]:
+                where = os.path.join(shard_dir, META_FILE) if source is None else source.url
                 raise AtlasFormatError(
-                    f"{os.path.join(shard_dir, META_FILE)}: stored_examples is "
+                    f"{where}: stored_examples is "
                     f"{metadata.stored_examples} but {os.path.join(self.root, META_FILE)} "
                     f"lists {self.sizes[s]} for shard {s}"
                 )
         try:
-            return shard_type(shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s)
+            return shard_type(
+                shard_dir, metadata, self.dict_bytes, self.loads, self.cache, s, source
+            )
         except MissingSharedDictionary as exc:
             raise AtlasFormatError(
                 f"{os.path.join(self.root, META_FILE)}: the dataset has no shared dictionary "

@@ -1,0 +1,236 @@
+"""Atlas datasets in object storage: the format's files read through ``atlas_fast.storage``.
+
+Shared by both cores and the facade (plain Python, below the contract). Metadata is read once
+per object and process: opening a dataset reads its root meta.json (one request; a strategy-2
+dataset also its shared zstd_dict.bin); each shard's meta.json and index.npy are read on its
+first use. Nothing is listed: a remote dataset is whole, its shards those its root meta.json
+counts, named as the writer names them (numbers zero-padded to the width of the last), and a
+missing one is an error naming it when it is first read.
+
+A ``ShardSource`` is what a core reads a remote shard's bytes through
+(``_contract.ShardSourceProtocol``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ._errors import AtlasFormatError, ObjectNotFoundError
+from ._format import (
+    DATA_FILE,
+    DICT_FILE,
+    INDEX_FILE,
+    MAX_META_BYTES,
+    META_FILE,
+    NPY_HEADER_LIMIT,
+    block_count,
+    check_dict_bytes,
+    check_offsets,
+    dataset_metadata_from,
+    parse_json_object,
+    parse_npy,
+    shard_metadata_from,
+)
+from .storage import BlockFetcher, Location, is_url, local_path
+
+__all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names"]
+
+
+def is_remote(path) -> bool:
+    """Whether ``path`` names a dataset to read through storage (a URL other than file://)."""
+    return is_url(path) and not (isinstance(path, str) and path[:7].lower() == "file://")
+
+
+def to_local(path):
+    """``path`` with a ``file://`` URL turned into the local path it names."""
+    return local_path(path) if isinstance(path, str) else path
+
+
+def shard_names(count: int) -> list:
+    """The shard folder names a writer gives ``count`` shards: numbers, zero-padded to the
+    width of the last one."""
+    width = len(str(count - 1)) if count else 1
+    return [str(k).zfill(width) for k in range(count)]
+
+
+def _read(obj, what: str, limit: int | None = None) -> bytes:
+    """The whole of ``obj``; a missing object is an ``AtlasFormatError`` worded by ``what``
+    (a missing bucket stays an ``ObjectNotFoundError``)."""
+    try:
+        return obj.read(limit)
+    except ObjectNotFoundError as exc:
+        if "bucket" in str(exc):
+            raise
+        raise AtlasFormatError(f"{obj.url}: missing{what}") from exc
+    except ValueError as exc:
+        raise AtlasFormatError(f"{exc}{what}") from exc
+
+
+class ShardSource:
+    """The bytes of one remote shard: its meta.json, index.npy, zstd_dict.bin (strategy 3) and
+    the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
+    threads and in a forked or spawned child (it pickles as its location)."""
+
+    def __init__(self, location: Location, shard=None, following=None) -> None:
+        self.location = location
+        self.shard = shard
+        # The next shard's source, when this one is a dataset's (None: the last, or alone):
+        # warming this shard reads that one's meta.json too, so a pass finds it read.
+        self._following = following
+        self.url = location.url
+        self.data_url = location.object(DATA_FILE).url
+        self._data = location.object(DATA_FILE)
+        self._metadata = None
+        self._offsets = None
+        self._fetcher = None
+        self._checked = False
+        self._warm_wanted = False
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __reduce__(self):
+        return (ShardSource, (self.location, self.shard))  # alone: its neighbours stay
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():  # forked: the parent's lock may be held forever
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+        return self._lock
+
+    def metadata(self):
+        """The shard's parsed meta.json (read on first use)."""
+        with self._locked():
+            if self._metadata is None:
+                obj = self.location.object(META_FILE)
+                text = _read(
+                    obj,
+                    ": the shard has no meta.json (its writer did not finish, or this is not "
+                    "an Atlas shard)",
+                    MAX_META_BYTES,
+                )
+                self._metadata = shard_metadata_from(parse_json_object(text, obj.url), obj.url)
+            return self._metadata
+
+    def offsets(self, metadata):
+        """The validated block offsets from index.npy (read on first use)."""
+        with self._locked():
+            if self._offsets is None:
+                obj = self.location.object(INDEX_FILE)
+                blocks = block_count(metadata.stored_examples, metadata.block_size)
+                data = _read(
+                    obj, ": not the .npy array expected here", NPY_HEADER_LIMIT + 8 * (blocks + 1)
+                )
+                offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
+                offsets.setflags(write=False)
+                self._fetcher = BlockFetcher(self._data, offsets, self.shard)
+                if self._warm_wanted:  # before any reader waiting for this lock reads a block
+                    self._fetcher.start_pass(0)
+                self._offsets = offsets
+            return self._offsets
+
+    def dictionary(self) -> bytes:
+        """The shard's own zstd_dict.bin (strategy 3)."""
+        obj = self.location.object(DICT_FILE)
+        return check_dict_bytes(_read(obj, " (the compression strategy needs it)"), obj.url)
+
+    def block(self, b: int) -> bytes:
+        """Block ``b``'s stored bytes (after ``offsets``)."""
+        data = self._fetcher.get(b)
+        if not self._checked:
+            self._check_size()
+        return data
+
+    def prefetch(self, blocks) -> None:
+        """Fetch ``blocks`` now, neighbours merged (a batch about to be read)."""
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.prefetch(blocks)
+
+    def warm(self) -> None:
+        """A pass in order will read this shard next: read its index.npy and start fetching
+        its first blocks now, on the fetch pool (a failure is left for the read to raise)."""
+        if self._warm_wanted or self._offsets is not None:
+            return
+        self._warm_wanted = True
+        from .storage._object import fetch_pool
+
+        fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
+
+    def _warm(self) -> None:
+        try:
+            self.offsets(self.metadata())
+            following = self._following() if self._following is not None else None
+            if following is not None:
+                following.metadata()
+        except Exception:
+            pass  # raised again, with its context, by the read that needs it
+
+    def close(self) -> None:
+        """Drop the bytes fetched and not read (metadata and offsets stay: they are pinned)."""
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.close()
+
+    def _check_size(self) -> None:
+        size = self._data.size
+        end = int(self._offsets[-1])
+        if size is not None and size != end:
+            raise AtlasFormatError(
+                f"{self.location.object(INDEX_FILE).url}: the last offset is {end} but "
+                f"{self.data_url} has {size} bytes"
+            )
+        self._checked = size is not None
+
+
+class RemoteDataset:
+    """A dataset root in object storage: its meta.json, shared dictionary and shards."""
+
+    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+        self.location = Location(url, storage_options)
+        self.url = self.location.url
+        obj = self.location.object(META_FILE)
+        text = _read(
+            obj,
+            ": not an Atlas dataset (no root meta.json: its writer did not finish, or the URL "
+            "does not name a dataset root)",
+            MAX_META_BYTES,
+        )
+        self.metadata = dataset_metadata_from(parse_json_object(text, obj.url), obj.url)
+        self.names = shard_names(len(self.metadata.shard_sizes))
+        self._sources: list = [None] * len(self.names)
+        self._lock = threading.Lock()
+
+    def shard_url(self, s: int) -> str:
+        return self.location.child(self.names[s]).url
+
+    def dictionary(self) -> bytes:
+        """The dataset's shared zstd_dict.bin (strategy 2)."""
+        obj = self.location.object(DICT_FILE)
+        return check_dict_bytes(_read(obj, " (the compression strategy needs it)"), obj.url)
+
+    def source(self, s: int) -> ShardSource:
+        """Shard ``s``'s source (one per shard and dataset)."""
+        source = self._sources[s]
+        if source is None:
+            following = (lambda: self.source(s + 1)) if s + 1 < len(self.names) else None
+            made = ShardSource(self.location.child(self.names[s]), s, following)
+            with self._lock:
+                source = self._sources[s]
+                if source is None:
+                    source = self._sources[s] = made
+        return source
+
+    def __reduce__(self):
+        return (_rebuild_dataset, (self.location, self.metadata, self.names))
+
+
+def _rebuild_dataset(location, metadata, names):
+    out = RemoteDataset.__new__(RemoteDataset)
+    out.location = location
+    out.url = location.url
+    out.metadata = metadata
+    out.names = names
+    out._sources = [None] * len(names)
+    out._lock = threading.Lock()
+    return out

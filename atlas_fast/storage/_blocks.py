@@ -1,0 +1,327 @@
+"""Blocks of one object by exact byte ranges: merged requests, bounded read-ahead.
+
+A ``BlockFetcher`` serves the stored bytes of block ``b`` of an object whose block
+boundaries are ``offsets`` (a shard's data.bin and its index.npy):
+
+- a block read alone (uniform random access) is one request for exactly its bytes;
+- ``prefetch(blocks)`` (a batch) fetches the blocks not held yet, neighbours merged into
+  requests of up to ``request_bytes``, concurrently; each is kept until read; batches that
+  follow each other in order (a DataLoader's pass, each worker taking every other batch)
+  start the read-ahead below;
+- a pass in order (two blocks read one after the other) starts a read-ahead: the blocks after
+  it, merged into requests of ``request_bytes``, with at most ``requests_in_flight`` requests
+  of this fetcher in flight and at most ``read_ahead_bytes`` fetched ahead and not yet read in
+  the whole process (``_BUDGET``). A read elsewhere ends it: what was fetched ahead and not
+  read is dropped.
+
+Every block is fetched at most once per use; bytes read are handed over and forgotten (the
+reader's block cache keeps decoded examples, not this).
+
+Invariants: ``_lock`` guards ``_ready``, ``_inflight``, ``_ahead``, ``_explicit`` and the
+pass state; requests run on the fetch pool without it and deposit their blocks under it
+before their future completes, so a reader woken by a future finds its block in ``_ready``.
+A forked child never waits on the parent's requests: it drops that state on first use
+(``_pid``), taking a new lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from .._fork import after_fork_in_child
+from ._object import fetch_pool, merge_ranges
+
+__all__ = ["BlockFetcher", "read_ahead_held"]
+
+
+class _Budget:
+    """Bytes fetched ahead and not yet read, process-wide.
+
+    ``holders`` are the fetchers holding such bytes, least recently active first. When a pass
+    needs room, what the least recently active other fetchers hold ready is dropped first (a
+    pass that stopped, or a dataset no longer read, must not starve the passes that go on).
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.lock = threading.Lock()
+        self.holders: dict = {}  # id(fetcher) -> weakref, least recently active first
+
+    def take(self, n: int, limit: int, fetcher) -> bool:
+        with self.lock:
+            self.holders.pop(id(fetcher), None)
+            self.holders[id(fetcher)] = weakref.ref(fetcher)
+            if not self.held or self.held + n <= limit:
+                self.held += n
+                return True
+            others = [ref for key, ref in self.holders.items() if key != id(fetcher)]
+        for ref in others:  # without self.lock: dropping gives bytes back through give()
+            other = ref()
+            if other is not None:
+                other._drop_ready_ahead()
+            with self.lock:
+                if self.held + n <= limit:
+                    self.held += n
+                    return True
+        return False
+
+    def forget(self, fetcher) -> None:
+        with self.lock:
+            self.holders.pop(id(fetcher), None)
+
+    def give(self, n: int) -> None:
+        with self.lock:
+            self.held -= n
+
+
+_BUDGET = _Budget()
+
+
+def read_ahead_held() -> int:
+    """Bytes this process has fetched ahead and not read yet (all fetchers together)."""
+    return _BUDGET.held
+
+
+def _after_fork_in_child() -> None:
+    global _BUDGET
+    _BUDGET = _Budget()
+
+
+after_fork_in_child(_after_fork_in_child)
+
+
+class BlockFetcher:
+    """The stored bytes of the blocks of ``obj`` (a ``StoredObject``), block ``b`` being bytes
+    ``offsets[b]..offsets[b + 1]``. ``shard`` names the shard in errors."""
+
+    def __init__(self, obj, offsets, shard=None) -> None:
+        self.obj = obj
+        self.shard = shard
+        self._offsets = [int(x) for x in offsets]
+        self._n = len(self._offsets) - 1
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._ready: dict = {}  # block -> bytes, fetched and not read yet
+        self._inflight: dict = {}  # block -> the _Run fetching it
+        self._ahead: set = set()  # blocks of _ready/_inflight charged to _BUDGET (read-ahead)
+        self._explicit: set = set()  # blocks of _ready/_inflight asked for by prefetch()
+        self._runs = 0  # read-ahead requests in flight
+        self._last = -2  # the block read last
+        self._next_ahead = 0  # the first block the read-ahead has not asked for
+        self._batch_end = None  # the block after the last block of the last batch
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():
+            # Forked: the parent's requests will never finish here, and its lock may be held.
+            self._reset()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, b: int) -> bytes:
+        """Block ``b``'s stored bytes: from what was fetched ahead or for a batch, else one
+        request for exactly its bytes."""
+        self._here()
+        settings = self.obj.location.settings
+        with self._lock:
+            explicit = b in self._explicit
+            if explicit:
+                self._explicit.discard(b)
+            else:
+                in_order = b == self._last + 1
+                self._last = b
+                if not in_order:
+                    self._end_pass_lock_held(b)
+            data = self._take_lock_held(b)
+            run = None if data is not None else self._inflight.get(b)
+            if not explicit and in_order:
+                self._ahead_lock_held(b + 1, settings)
+        if data is not None:
+            return data
+        if run is not None:
+            run.future.result()  # raises the request's error
+            with self._lock:
+                data = self._take_lock_held(b)
+            if data is not None:
+                return data
+        return self.obj.read_range(
+            self._offsets[b], self._offsets[b + 1], shard=self.shard, block=b
+        )
+
+    def prefetch(self, blocks) -> None:
+        """Fetch ``blocks`` (those not held or asked for yet), neighbours merged, concurrently;
+        each is kept until ``get`` reads it."""
+        self._here()
+        settings = self.obj.location.settings
+        with self._lock:
+            asked = sorted(set(blocks))
+            wanted = [b for b in asked if b not in self._ready and b not in self._inflight]
+            self._explicit.update(asked)
+            if wanted:
+                ranges = [(self._offsets[b], self._offsets[b + 1]) for b in wanted]
+                for start, end, members in merge_ranges(
+                    ranges, settings.request_bytes, settings.merge_gap
+                ):
+                    run = [wanted[k] for k in members]
+                    self._submit_lock_held(run, start, end, settings, False)
+            # Batches of a pass in order (each a run of blocks starting where the last one
+            # ended, give or take a block: DataLoader workers take every other batch) read
+            # ahead as a pass does.
+            if asked:
+                end = self._batch_end
+                contiguous = asked[-1] - asked[0] + 1 == len(asked)
+                if contiguous and end is not None and end - 1 <= asked[0] <= end + 2:
+                    self._ahead_lock_held(asked[-1] + 1, settings)
+                self._batch_end = asked[-1] + 1
+
+    def start_pass(self, first: int = 0) -> None:
+        """A pass in order is about to read from block ``first``: start its read-ahead now
+        (unless this fetcher is being read already)."""
+        self._here()
+        settings = self.obj.location.settings
+        with self._lock:
+            if self._last == -2 and not self._inflight and not self._ready:
+                self._last = first - 1
+                self._ahead_lock_held(first, settings)
+
+    def close(self) -> None:
+        """Drop what was fetched and not read (requests in flight are left to finish and
+        their bytes dropped)."""
+        self._here()
+        with self._lock:
+            self._end_pass_lock_held(-1)
+            for b in list(self._ready):
+                self._take_lock_held(b)
+            self._inflight.clear()
+            self._explicit.clear()
+            self._last = -2
+
+    def _drop_ready_ahead(self) -> None:
+        """Give back what was fetched ahead and is ready (another pass needs the room); skipped
+        when another thread holds this fetcher's lock (its pass is active)."""
+        if self._pid != os.getpid() or not self._lock.acquire(blocking=False):
+            return
+        try:
+            for k in [k for k in self._ahead if k in self._ready]:
+                self._take_lock_held(k)
+            self._next_ahead = 0  # a pass going on asks again from where it reads
+        finally:
+            self._lock.release()
+
+    def __del__(self) -> None:
+        try:
+            if self._pid == os.getpid():
+                for k in [k for k in self._ahead if k in self._ready]:
+                    _BUDGET.give(len(self._ready[k]))
+                _BUDGET.forget(self)
+        except Exception:
+            pass
+
+    def held(self) -> tuple:
+        """``(blocks ready, blocks in flight)``: for tests."""
+        with self._lock:
+            return len(self._ready), len(self._inflight)
+
+    # -- internals (``_lock`` held) ----------------------------------------------------------
+
+    def _take_lock_held(self, b: int):
+        data = self._ready.pop(b, None)
+        if data is not None and b in self._ahead:
+            self._ahead.discard(b)
+            _BUDGET.give(len(data))
+        return data
+
+    def _end_pass_lock_held(self, b: int) -> None:
+        """A read elsewhere than the next block: drop the read-ahead (not the batch blocks)."""
+        if not self._ahead:
+            self._next_ahead = 0
+            return
+        for k in list(self._ahead):
+            if k == b:
+                continue
+            data = self._ready.pop(k, None)
+            if data is not None:
+                self._ahead.discard(k)
+                _BUDGET.give(len(data))
+            elif self._inflight.pop(k, None) is not None:
+                self._ahead.discard(k)  # its request gives its bytes back when it lands
+        self._next_ahead = 0
+
+    def _ahead_lock_held(self, first: int, settings) -> None:
+        """Ask for the blocks from ``first`` on, in requests of ``request_bytes``, within the
+        limits of requests in flight and bytes held ahead."""
+        b = max(first, self._next_ahead)
+        offsets = self._offsets
+        while b < self._n and self._runs < settings.requests_in_flight:
+            if b in self._ready or b in self._inflight:
+                b += 1
+                continue
+            end = b + 1
+            while (
+                end < self._n
+                and end not in self._ready
+                and end not in self._inflight
+                and offsets[end + 1] - offsets[b] <= settings.request_bytes
+            ):
+                end += 1
+            size = offsets[end] - offsets[b]
+            if not _BUDGET.take(size, settings.read_ahead_bytes, self):
+                break
+            self._submit_lock_held(list(range(b, end)), offsets[b], offsets[end], settings, True)
+            b = end
+        self._next_ahead = b
+
+    def _submit_lock_held(self, blocks: list, start: int, end: int, settings, ahead: bool):
+        run = _Run()
+        for k in blocks:
+            self._inflight[k] = run
+            if ahead:
+                self._ahead.add(k)
+        if ahead:
+            self._runs += 1
+        pool = fetch_pool(settings.requests_in_flight)
+        run.future = pool.submit(self._fetch, run, blocks, start, end, ahead)
+
+    def _fetch(self, run, blocks: list, start: int, end: int, ahead: bool) -> None:
+        """One request (on the pool): blocks ``blocks``, bytes ``start..end``. Blocks dropped
+        while it was in flight (``_inflight`` no longer names this run) are not kept."""
+        pid = self._pid
+        data = error = None
+        try:
+            data = self.obj.read_range(start, end, shard=self.shard, block=blocks[0])
+        except BaseException as exc:
+            error = exc
+        view = None if data is None else memoryview(data)
+        with self._lock:
+            if pid != self._pid:
+                return
+            if ahead:
+                self._runs -= 1
+            for k in blocks:
+                size = self._offsets[k + 1] - self._offsets[k]
+                if self._inflight.get(k) is not run:
+                    if ahead:  # dropped while in flight (the pass ended): charged, not kept
+                        _BUDGET.give(size)
+                    continue
+                del self._inflight[k]
+                if view is not None:
+                    pos = self._offsets[k] - start
+                    self._ready[k] = bytes(view[pos : pos + size])
+                elif k in self._ahead:
+                    self._ahead.discard(k)
+                    _BUDGET.give(size)
+        if error is not None:
+            raise error
+
+
+class _Run:
+    """One request in flight: ``future`` completes once its blocks are in ``_ready``."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future = None

@@ -1,0 +1,71 @@
+"""Fixtures of the remote-reading tests: moto's S3 server (one per session, reset for each
+test, its bucket made anew), the fault-injecting proxy in front of it, and nginx.
+
+``s3`` sets the standard AWS_* environment variables for the test (AWS_ENDPOINT_URL pointing
+at the proxy, so every request is counted) and yields an ``S3`` with the bucket name, the
+boto3 client (talking to moto directly: uploads are not counted) and the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from faultproxy import FaultProxy
+from servers import S3_ENV, MotoServer, NginxServer
+
+
+@dataclass
+class S3:
+    server: MotoServer
+    proxy: FaultProxy
+    bucket: str
+    client: object
+
+    @property
+    def endpoint(self) -> str:
+        return self.proxy.url
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    server = MotoServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3(moto_server, monkeypatch):
+    moto_server.reset()
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with FaultProxy("127.0.0.1", moto_server.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        bucket = "atlas-" + uuid.uuid4().hex[:12]
+        client = moto_server.client()
+        client.create_bucket(Bucket=bucket)
+        yield S3(moto_server, proxy, bucket, client)
+    moto_server.reset()
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    """nginx serving tmp_path/www (created empty), behind a FaultProxy: ``(root, proxy)``."""
+    if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
+        pytest.fail("nginx is not installed: apt-get install -y nginx")
+    root = tmp_path / "www"
+    root.mkdir()
+    server = NginxServer(root)
+    try:
+        with FaultProxy("127.0.0.1", server.port) as proxy:
+            yield root, proxy
+    finally:
+        server.close()

@@ -1,0 +1,225 @@
+"""Servers on 127.0.0.1 for remote-reading tests and benchmarks: moto's S3 server (semantics:
+credentials, ETags, ranges, errors) and nginx (the Debian package; throughput: files served
+with ranges at disk speed, path-style S3 GETs mapped onto its root).
+
+Both bind a free port chosen by the kernel, and stop when closed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+__all__ = ["MotoServer", "MotoProcess", "NginxServer", "free_port", "upload_tree", "S3_ENV"]
+
+# The credentials and settings every client of the test S3 server uses (moto accepts any
+# credentials until authentication is switched on: see MotoServer.require_auth).
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """moto's S3 server in this process (ThreadedMotoServer), on a free port."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._server.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+        _wait_http(self.url + "/moto-api/")
+
+    def reset(self) -> None:
+        """Forget every bucket, object and user; authentication off again."""
+        requests.post(self.url + "/moto-api/reset-auth", data=b"inf", timeout=10)
+        requests.post(self.url + "/moto-api/reset", timeout=10)
+
+    def client(self, service: str = "s3", **credentials):
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id=credentials.get("key", S3_ENV["AWS_ACCESS_KEY_ID"]),
+            aws_secret_access_key=credentials.get("secret", S3_ENV["AWS_SECRET_ACCESS_KEY"]),
+        )
+
+    def require_auth(self) -> tuple:
+        """Create a user allowed everything on S3, then make the server check every
+        request's signature: ``(access key id, secret)`` of that user."""
+        iam = self.client("iam")
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(
+            UserName="reader",
+            PolicyName="s3",
+            PolicyDocument=(
+                '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
+                '"Action": "s3:*", "Resource": "*"}]}'
+            ),
+        )
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        requests.post(self.url + "/moto-api/reset-auth", data=b"0", timeout=10)
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def close(self) -> None:
+        self._server.stop()
+
+
+class MotoProcess(MotoServer):
+    """moto's S3 server in a process of its own (benchmarks: its CPU time is not the
+    client's), on a free port."""
+
+    def __init__(self) -> None:
+        import sys
+
+        self.port = free_port()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        _wait_http(self.url + "/moto-api/")
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def upload_tree(client, bucket: str, local: Path, prefix: str) -> int:
+    """Upload every file under ``local`` to ``bucket`` under ``prefix``; the count."""
+    count = 0
+    local = Path(local)
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            key = f"{prefix}/{path.relative_to(local).as_posix()}".lstrip("/")
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            count += 1
+    return count
+
+
+class NginxServer:
+    """nginx serving ``root`` on a free port of 127.0.0.1, from a config in a temporary folder.
+
+    Ranges, ETags (If-Match honoured) and keep-alive as nginx does them for static files;
+    ``/bucket/key`` GETs map onto ``root/bucket/key``, so an S3 client pointed at it with
+    path-style addressing reads objects (unsigned requests are fine: nginx ignores the
+    signature). Raises RuntimeError when nginx is not installed.
+    """
+
+    def __init__(self, root) -> None:
+        binary = shutil.which("nginx") or (
+            "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+        )
+        if binary is None:
+            raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
+        self.root = Path(root).resolve()
+        self._dir = Path(tempfile.mkdtemp(prefix="atlas-nginx-"))
+        self.port = free_port()
+        conf = self._dir / "nginx.conf"
+        conf.write_text(
+            f"""
+daemon off;
+{"user root root;" if os.geteuid() == 0 else ""}
+worker_processes 1;
+pid {self._dir}/nginx.pid;
+error_log {self._dir}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    sendfile on;
+    keepalive_requests 100000;
+    keepalive_timeout 60s;
+    client_body_temp_path {self._dir}/body;
+    proxy_temp_path {self._dir}/proxy;
+    fastcgi_temp_path {self._dir}/fastcgi;
+    uwsgi_temp_path {self._dir}/uwsgi;
+    scgi_temp_path {self._dir}/scgi;
+    types {{ }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location / {{ }}
+    }}
+}}
+"""
+        )
+        self._proc = subprocess.Popen(
+            [binary, "-c", str(conf), "-p", str(self._dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        try:
+            _wait_port(self.port, self._proc)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGQUIT)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _wait_port(port: int, proc=None, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"the server exited ({proc.returncode}): {err}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _wait_http(url: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            requests.get(url, timeout=2)
+            return
+        except requests.RequestException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
