@@ -128,14 +128,16 @@ class RunWriter:
             claims.keep_for_first_shard(self._read_rate(), shard_size - done - part.examples)
         count = 0
         progress = self.progress
+        writer = self.writer  # self.writer too, while open (the loop reads it as a local)
         for example in part.read():
-            if self.writer is None:
-                self.writer = self._open_shard()
-            self.writer.add_example(example)
+            if writer is None:
+                writer = self.writer = self._open_shard()
+            writer.add_example(example)
             count += 1
             progress.example()
-            if self.writer.stored_examples == shard_size:
+            if writer.stored_examples == shard_size:
                 self._close_shard()
+                writer = None
         self.counts.append((index, count))
         progress.flush(part.nbytes)
         if job.first and not self.known and self.writer is not None and len(self.shard_dirs) == 1:
