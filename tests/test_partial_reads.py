@@ -203,3 +203,48 @@ def test_one_scan_leaves_nothing_for_the_next(atlas, tmp_path):
         else:
             assert_same(ds[b * 4 + j], examples[b][j], f"block {b} example {j}")
         ds[20 + (b % 2)]  # block 5 between reads: never in order
+
+
+def _array_with_dtype_flags(flags: int, protocol: int) -> bytes:
+    """The pickle of ``[np.arange(3), 1, 2, 3]`` with the int64 dtype's state flags set to
+    ``flags``: one damaged byte, which numpy accepts, giving an array whose dtype claims to
+    hold objects. numpy cannot free such an array: its deallocation reports a RuntimeError
+    ("get_clear_loop not set") as unraisable, clearing any exception being raised meanwhile,
+    so a load that fails after building one can return NULL with no exception set."""
+    data = bytearray(pickle.dumps([np.arange(3), 1, 2, 3], protocol=protocol))
+    at = data.index(b"J\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00") + 11
+    data[at] = flags
+    return bytes(data)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_load_that_loses_its_error_is_a_named_error(atlas, tmp_path, trusted, protocol):
+    """Flags 63 make the load fail and lose its error (CPython then reports SystemError where
+    the call protocol checks the result). Read at random (partial decoding) and in order, on
+    both backends: AtlasFormatError naming the block, never SystemError."""
+    from corrupt import write_blocks
+
+    root = tmp_path / "flags"
+    with atlas_fast.AtlasDatasetWriter(root, 12, 4, compression_strategy=0) as w:
+        for k in range(12):
+            w.add_example(k)
+    write_blocks(
+        root / "0",
+        [
+            pickle.dumps([0, 1, 2, 3]),
+            _array_with_dtype_flags(63, protocol),
+            pickle.dumps([8, 9, 10, 11]),
+        ],
+    )
+    # The array read at random (after block 2: partial decoding; the other examples of the
+    # block may still be served that way), then block 1 read in order (after block 0).
+    for before, reads in ((9, (4, 4)), (3, (4, 5))):
+        ds = atlas.AtlasDataset(root, trusted=trusted)
+        ds[before]
+        for i in reads:
+            with pytest.raises(atlas_fast.AtlasFormatError, match=r"data\.bin: block 1 does not"):
+                ds[i]
+        assert ds[11] == 11
+        ds.close()

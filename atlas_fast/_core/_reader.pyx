@@ -88,6 +88,14 @@ cdef extern from "<fcntl.h>":
     enum:
         O_CLOEXEC
 
+cdef extern from "Python.h":
+    # Through CPython's call protocol, which checks the result: a callee that returns NULL
+    # with no exception set raises SystemError here. Cython's own calls jump straight to a
+    # vectorcall slot and skip that check, and pickle.loads can return so: a damaged block
+    # may build objects whose deallocation, while the load unwinds, clears the error (a
+    # bytearray freed with its buffer still exported prints and clears one).
+    object PyObject_CallOneArg(object callable, object arg)
+
 cdef extern from *:
     """
     #define ATLAS_MAX_ZSTD_RATIO 32768ULL
@@ -392,7 +400,7 @@ cdef class ShardCore:
         if _first_decode:
             _first_decode_in_process()
         try:
-            example = self._loads(synthetic)
+            example = PyObject_CallOneArg(self._loads, synthetic)
         except Exception:
             return _WHOLE
         # The pickle stays (a second read of the block unpickles it whole), not its scan.
@@ -620,7 +628,7 @@ cdef class ShardCore:
         if _first_decode:
             _first_decode_in_process()
         try:
-            examples = self._loads(data)
+            examples = PyObject_CallOneArg(self._loads, data)
         except Exception as exc:
             raise unpickle_error(exc, self._data_path, b) from exc
         expected = self._block_size if b < self._n_blocks - 1 else self._last_length
