@@ -266,8 +266,11 @@ def _loads_in_a_child(blocks: list) -> bool:
     if pid == 0:  # pragma: no cover (the child)
         code = 0
         try:
+            import faulthandler
             import io
             import resource
+
+            faulthandler.disable()  # a crash here is an answer, not a report
 
             with open("/proc/self/statm") as f:
                 mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -391,6 +394,17 @@ def _read_at_random(atlas, root, trusted, block_size, n_blocks, order_seed) -> N
     except (AtlasFormatError, UnsafePickleError):
         pass
     ds.close()
+    # And in order: an iteration stops at the first block that fails, with its error.
+    first_bad = next((b for b, w in enumerate(whole) if isinstance(w, Exception)), None)
+    read = 0
+    try:
+        for _ in atlas.AtlasDataset(root, trusted=trusted):
+            read += 1
+    except (AtlasFormatError, UnsafePickleError) as exc:
+        assert first_bad is not None and type(exc) is type(whole[first_bad]), (exc, whole)
+        assert read == first_bad * block_size
+    else:
+        assert first_bad is None
 
 
 def _holds_numpy_scalars(x) -> bool:
