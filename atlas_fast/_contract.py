@@ -14,6 +14,15 @@ standalone ``AtlasDatasetShard`` has its own). ``ds[i]``, ``__getitems__``, ``it
 cache holds more than ``max_bytes`` bytes or more than ``max_blocks`` blocks (``None``: no bound
 of that kind), but the ``reserved`` most recently used blocks (at least 1) are always kept.
 
+Passes in order (``iter(ds)``; ``ds[i]`` for ``i`` in order, from a shard's first example or
+continuing from the example before, across shards too; a ``__getitems__`` batch of a pass in
+order, ``run_start``) follow one rule. With ``passes_fill`` (a budget the user set:
+``cache_bytes`` or ``cache_blocks``) a pass keeps each block it has read while the cache has
+room for it, and never evicts one to keep its own: one pass warms a cache sized for the
+dataset. Without (the default budget) it keeps none: it holds only the block it is reading
+(``ds[i]`` holds it in the cache, for its next hits) and drops it when it moves on. A block
+the cache held before the pass read it stays.
+
 A block held whole is charged what its examples take as Python objects: its decoded pickle's
 size times the ratio of objects to pickle bytes the cache has measured lately, never less than
 the pickle's size (``atlas_fast._core._objsize.ChargeMeter``), so that a budget bounds memory
@@ -69,15 +78,17 @@ DEFAULT_CACHE_BYTES = 32 << 20
 
 
 def cache_limits(cache_blocks, cache_bytes) -> tuple:
-    """``(max_bytes, max_blocks)`` for the readers' ``cache_blocks`` / ``cache_bytes`` arguments.
+    """``(max_bytes, max_blocks, passes_fill)``, the ``BlockCache`` arguments for the readers'
+    ``cache_blocks`` / ``cache_bytes`` arguments.
 
-    Neither: ``DEFAULT_CACHE_BYTES`` and no block bound. One: that bound alone. Both: both.
+    Neither: ``DEFAULT_CACHE_BYTES`` and no block bound, and passes in order do not fill the
+    cache (see the module's doc). One: that bound alone. Both: both. Either: passes fill it.
     """
     cache_blocks = check_int("cache_blocks", cache_blocks, minimum=1, none=True)
     cache_bytes = check_int("cache_bytes", cache_bytes, minimum=0, none=True)
     if cache_blocks is None and cache_bytes is None:
-        return DEFAULT_CACHE_BYTES, None
-    return cache_bytes, cache_blocks
+        return DEFAULT_CACHE_BYTES, None, False
+    return cache_bytes, cache_blocks, True
 
 
 def normalize_index(i, n: int) -> int:
@@ -126,7 +137,9 @@ def block_number(b, n_blocks: int) -> int:
 class BlockCacheCore(Protocol):
     """A bounded LRU of decoded blocks (see the module docstring)."""
 
-    def __init__(self, max_bytes: int | None, max_blocks: int | None) -> None: ...
+    def __init__(
+        self, max_bytes: int | None, max_blocks: int | None, passes_fill: bool = True
+    ) -> None: ...
 
     def cache_info(self) -> CacheInfo: ...
 
@@ -269,8 +282,9 @@ class BatchSource(Protocol):
     def _store(self, b: int, data) -> list:
         """Unpickle ``data`` (block ``b``'s decoded bytes), check and cache the examples."""
 
-    def _unpickle_block(self, b: int, data) -> list:
-        """The same as ``_store``, not cached."""
+    def _pass_block(self, b: int, data) -> list:
+        """The same as ``_store`` for a pass in order: cached only as such a pass keeps its
+        blocks (see the module's doc)."""
 
     def _block_bytes(self, b: int) -> bytes: ...
 

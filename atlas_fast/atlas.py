@@ -158,7 +158,7 @@ class _ShardMethods(_Settings):
         _dataset_cache=None,
         _source=None,
     ):
-        max_bytes, max_blocks = self._init_settings(
+        limits = self._init_settings(
             cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
         )
         source = _source
@@ -173,7 +173,7 @@ class _ShardMethods(_Settings):
         self.mmap_index = mmap_index
         self.compression_dict_bytes = compression_dict_bytes
         if _dataset_cache is None:  # a shard of its own
-            self._block_cache, tag = self._backend.BlockCache(max_bytes, max_blocks), 0
+            self._block_cache, tag = self._backend.BlockCache(*limits), 0
         else:  # one of AtlasDataset.shards: the dataset's cache, under its shard number
             self._block_cache, tag = _dataset_cache
         super().__init__(
@@ -321,7 +321,7 @@ class _DatasetMethods(_Settings):
         allowed_globals=(),
         storage_options=None,
     ):
-        max_bytes, max_blocks = self._init_settings(
+        limits = self._init_settings(
             cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
         )
         self.mmap_index = mmap_index
@@ -349,7 +349,7 @@ class _DatasetMethods(_Settings):
             base = os.path.join(self.root, "")
             self._shard_dirs = [base + n for n in names]  # strings: 10,000 Paths cost
         self._dict_bytes = dict_bytes
-        self._block_cache = self._backend.BlockCache(max_bytes, max_blocks)
+        self._block_cache = self._backend.BlockCache(*limits)
         self.actual_shard_sizes = sizes
         self.cumulative_shard_sizes = np.cumsum(sizes, dtype=np.int64)
         self.shards = _Shards(self, self._block_cache)

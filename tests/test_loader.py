@@ -258,13 +258,74 @@ def test_a_byte_budget_bounds_what_the_examples_take(atlas, rows_root):
     assert per_block > 3 * len(ds.shards[0]._block_bytes(0))
 
 
-def test_a_pass_in_order_warms_a_cache_with_room(atlas, root, expected):
+# Every kind of pass in order, read by one rule (see atlas_fast._contract).
+PASSES = {
+    "iter": list,
+    "ds[i] in order": lambda ds: [ds[i] for i in range(len(ds))],
+    "batches in order": lambda ds: [
+        x for k in range(0, len(ds), 50) for x in ds.__getitems__(list(range(k, len(ds))[:50]))
+    ],
+}
+
+
+@pytest.mark.parametrize("budget", [{"cache_bytes": 1 << 30}, {"cache_blocks": 38}])
+@pytest.mark.parametrize("read", sorted(PASSES))
+def test_one_pass_in_order_fills_a_cache_the_user_sized(atlas, root, expected, read, budget):
+    ds = atlas.AtlasDataset(root, **budget)  # room for the whole dataset
+    assert PASSES[read](ds) == expected
+    info = ds.cache_info()
+    assert (info.misses, info.blocks) == (38, 38)  # every block decoded once, and kept
+    order = list(range(N))
+    random.Random(3).shuffle(order)
+    assert [ds[i] for i in order] == [expected[i] for i in order]
+    assert decodes(ds) == 38  # uniform random afterwards: every read served from the cache
+
+
+@pytest.mark.parametrize("read", sorted(PASSES))
+def test_a_pass_in_order_fills_only_the_room_there_is(atlas, root, expected, read):
+    ds = atlas.AtlasDataset(root, cache_blocks=6)
+    ds[100], ds[200]  # blocks others read: (1, 4) and (3, 1)
+    assert PASSES[read](ds) == expected
+    # The pass kept its first blocks while there was room and evicted nothing for them;
+    # ds[i] (and its batches) holds the block it reads last too, for its next hits.
+    kept = {(0, 0), (0, 1), (0, 2), (0, 3)} if read == "iter" else {(0, 0), (0, 1), (0, 2)}
+    held = set(cached(ds))
+    assert held == {(1, 4), (3, 1)} | kept | (set() if read == "iter" else {(4, 5)})
+
+
+@pytest.mark.parametrize("read", sorted(PASSES))
+def test_a_pass_in_order_at_the_default_budget_keeps_none_of_its_blocks(
+    atlas, root, expected, read
+):
     ds = atlas.AtlasDataset(root)  # the default budget holds this dataset many times over
-    assert [ds[i] for i in range(N)] == expected
-    assert len(cached(ds)) == 38  # every block kept: the pass warmed the cache
-    misses = decodes(ds)
-    assert [ds[i] for i in range(N)[::-7]] == expected[::-7]
-    assert decodes(ds) == misses  # and what follows is served from it
+    ds[100], ds[200]  # blocks others read: (1, 4) and (3, 1), read through by the pass too
+    assert PASSES[read](ds) == expected
+    assert ds.cache_info().misses == 2 + 36  # the others' two blocks: hits of the pass
+    # What others read stays; of the pass's blocks, only the one ds[i] reads last.
+    held = sorted(cached(ds))
+    assert held == ([(1, 4), (3, 1)] if read == "iter" else [(1, 4), (3, 1), (4, 5)])
+
+
+@pytest.mark.parametrize("read", sorted(PASSES))
+def test_a_pass_in_order_evicts_nothing_from_a_full_cache(atlas, root, expected, read, monkeypatch):
+    """At the default budget (made small here: three blocks), a cache full of blocks others
+    read loses none to a pass: ds[i] holds the block it reads over the budget, until it moves
+    on; iter holds its blocks itself."""
+    # Two reads of each block: held whole (one read leaves the compiled core's cache its
+    # pickle only, which a second read, the pass's too, unpickles and charges anew).
+    others = (100, 101, 200, 201, 250, 251)  # blocks (1, 4), (3, 1) and (3, 7)
+    probe = atlas.AtlasDataset(root, cache_bytes=1 << 30)
+    for i in others:
+        probe[i]
+    monkeypatch.setattr(atlas_fast._contract, "DEFAULT_CACHE_BYTES", probe.cache_info().currsize)
+    ds = atlas.AtlasDataset(root)
+    for i in others:  # the cache is full
+        ds[i]
+    others = sorted(cached(ds))
+    assert len(others) == 3
+    assert PASSES[read](ds) == expected
+    held = sorted(cached(ds))
+    assert held == sorted([*others, *([] if read == "iter" else [(4, 5)])])
 
 
 def test_a_pass_in_order_in_a_full_cache_keeps_only_its_current_blocks(atlas, root, expected):
@@ -456,7 +517,7 @@ def test_small_blocks_are_read_ahead_inline(atlas, backend, root, expected, monk
         return submit(fn, *args)
 
     monkeypatch.setattr(atlas_fast._core._pool, "_submit", counting)
-    ds = atlas.AtlasDataset(root, cache_blocks=1)
+    ds = atlas.AtlasDataset(root)  # the default budget: a pass keeps no block for the next
     monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 1 << 30)
     assert list(ds) == expected
     assert submitted == []

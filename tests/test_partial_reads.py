@@ -203,3 +203,74 @@ def test_one_scan_leaves_nothing_for_the_next(atlas, tmp_path):
         else:
             assert_same(ds[b * 4 + j], examples[b][j], f"block {b} example {j}")
         ds[20 + (b % 2)]  # block 5 between reads: never in order
+
+
+def _with_dtype_flags(example, flags: int, protocol: int) -> bytes:
+    """The pickle of ``[example, 1, 2, 3]`` (``example`` a numpy array or scalar of int64) with
+    the dtype's state flags set to ``flags``: one damaged byte, which numpy accepts."""
+    data = bytearray(pickle.dumps([example, 1, 2, 3], protocol=protocol))
+    at = data.index(b"J\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00") + 11
+    data[at] = flags
+    return bytes(data)
+
+
+# Two loads that fail inside numpy, and the exception each leaves behind (the cause of the
+# AtlasFormatError): flags 63 on an array's dtype make it claim to hold objects; numpy cannot
+# free such an array, reports a RuntimeError ("get_clear_loop not set") as unraisable and so
+# clears the exception the failing load was raising: the load returns NULL with no exception
+# set, which CPython's call protocol reports as SystemError. Flags 2 (NPY_LIST_PICKLE) on a
+# scalar's dtype make numpy's own unpickling raise RuntimeError.
+DAMAGED_NUMPY = {
+    "array, flags 63: the load loses its error": (np.arange(3), 63, SystemError),
+    "scalar, flags 2: numpy raises RuntimeError": (np.int64(5), 2, RuntimeError),
+}
+
+# Every way a reader reads the damaged example 4 (block 1 of the dataset below: blocks of 4),
+# from a fresh reader: at random (block 2 read before: the compiled core decodes one example
+# out of block 1), again after a failed read, in order (after block 0), in a batch, its block
+# read whole, and by iterating. (Other examples of the block read at random may be decoded
+# without it.)
+READS = {
+    "at random": lambda ds: (ds[9], ds[4]),
+    "at random, twice": lambda ds: (ds[9], _raises(ds, 4), ds[4]),
+    "in order": lambda ds: (ds[3], ds[4]),
+    "in order, from the shard's first example": lambda ds: [ds[i] for i in range(8)],
+    "a batch": lambda ds: ds.__getitems__([9, 5, 0]),
+    "a batch in order": lambda ds: ds.__getitems__(list(range(8))),
+    "the block whole": lambda ds: ds.shards[0].read_block(1),
+    "iterating": list,
+}
+
+
+def _raises(ds, i):
+    with pytest.raises(atlas_fast.AtlasFormatError):
+        ds[i]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("read", sorted(READS))
+@pytest.mark.parametrize("damage", sorted(DAMAGED_NUMPY))
+@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_load_that_fails_in_numpy_is_a_named_error(
+    atlas, tmp_path, trusted, protocol, damage, read
+):
+    """However block 1 is read, on both backends, trusted or not: AtlasFormatError naming the
+    block, from the exception the load left (never SystemError or numpy's RuntimeError
+    unwrapped), and the other blocks read on."""
+    from corrupt import write_blocks
+
+    example, flags, cause = DAMAGED_NUMPY[damage]
+    root = tmp_path / "flags"
+    with atlas_fast.AtlasDatasetWriter(root, 12, 4, compression_strategy=0) as w:
+        for k in range(12):
+            w.add_example(k)
+    blocks = [pickle.dumps([0, 1, 2, 3]), _with_dtype_flags(example, flags, protocol)]
+    write_blocks(root / "0", [*blocks, pickle.dumps([8, 9, 10, 11])])
+    ds = atlas.AtlasDataset(root, trusted=trusted)
+    with pytest.raises(atlas_fast.AtlasFormatError, match=r"data\.bin: block 1 does not") as info:
+        READS[read](ds)
+    assert type(info.value.__cause__) is cause
+    assert f"{cause.__name__}: " in str(info.value)
+    assert [ds[i] for i in (11, 0, 8)] == [11, 0, 8]
+    ds.close()

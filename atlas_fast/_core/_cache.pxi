@@ -18,7 +18,8 @@ cdef class _Entry:
     ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None);
     ``nbytes`` what it counts against the budget.
     ``live``: the cache holds it (it is then in the dict and the list); a reader's last entry
-    may outlive it, emptied.
+    may outlive it, emptied. ``for_pass``: held only for the pass in order reading it, until
+    the pass moves on (``BlockCache._forget``).
     """
 
     cdef object key
@@ -27,6 +28,7 @@ cdef class _Entry:
     cdef object data
     cdef Py_ssize_t nbytes
     cdef bint live
+    cdef bint for_pass
     cdef PyObject* newer  # borrowed: the cache's dict owns every live entry
     cdef PyObject* older
 
@@ -47,13 +49,16 @@ cdef class BlockCache:
     cdef unsigned long long _hits
     cdef unsigned long long _misses
     cdef object _meter  # what a block is charged (atlas_fast._core._objsize.ChargeMeter)
+    cdef bint _passes_fill  # passes in order keep their blocks while there is room
+    cdef Py_ssize_t _n_for_pass  # live entries held for a pass (_Entry.for_pass)
 
-    def __cinit__(self, max_bytes=None, max_blocks=None):
+    def __cinit__(self, max_bytes=None, max_blocks=None, passes_fill=True):
         self._entries = {}
         self._meter = ChargeMeter()
         self._max_bytes = -1 if max_bytes is None else max_bytes
         self._max_blocks = -1 if max_blocks is None else max_blocks
         self._reserved = 1
+        self._passes_fill = passes_fill
 
     def cache_info(self):
         return CacheInfo(
@@ -141,9 +146,12 @@ cdef class BlockCache:
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         return None if found == NULL else <_Entry>found
 
-    cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes):
+    cdef _Entry _put(self, object key, Py_ssize_t block, list examples, Py_ssize_t nbytes,
+                     bint for_pass=False):
         """Cache ``examples`` (a pickle of ``nbytes``) as block ``key``, charged what the meter
-        says; an entry already there (another thread's) wins."""
+        says; an entry already there (another thread's) wins. ``for_pass``: the block a pass
+        in order reads, held for it until it moves on (``_forget``); it evicts only blocks
+        held for passes (``_add``)."""
         cdef Py_ssize_t charge = self._meter.charge(examples, nbytes)  # Python: before look-up
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef list dropped = []
@@ -161,7 +169,33 @@ cdef class BlockCache:
         e.block = block
         e.examples = examples
         e.nbytes = charge
+        e.for_pass = for_pass
         return self._add(e, dropped)
+
+    cdef int _keep_passed(self, object key, Py_ssize_t block, list examples,
+                          Py_ssize_t nbytes) except -1:
+        """A block that ``iter`` read (a pass in order): cached only if passes fill this cache
+        and it has room for the block (nothing is evicted for it)."""
+        cdef Py_ssize_t charge
+        cdef _Entry e
+        if not self._passes_fill:
+            return 0
+        charge = self._meter.charge(examples, nbytes)  # Python: before look-up
+        if PyDict_GetItem(self._entries, key) != NULL or not self._has_room(charge):
+            return 0
+        e = _Entry.__new__(_Entry)
+        e.key = key
+        e.block = block
+        e.examples = examples
+        e.nbytes = charge
+        self._add(e, [])
+        return 0
+
+    cdef inline bint _has_room(self, Py_ssize_t nbytes) noexcept:
+        """Whether one more block charged ``nbytes`` fits the budget without evicting."""
+        return (self._max_bytes < 0 or self._bytes + nbytes <= self._max_bytes) and (
+            self._max_blocks < 0 or self._count < self._max_blocks
+        )
 
     cdef _Entry _put_partial(self, object key, Py_ssize_t block, object data, Py_ssize_t nbytes):
         """Cache block ``key`` as its pickle bytes (partial decoding returned one example; a
@@ -178,28 +212,44 @@ cdef class BlockCache:
         return self._add(e, [])
 
     cdef _Entry _add(self, _Entry e, list dropped):
-        """Insert new entry ``e`` as the most recent, then evict down to the budget."""
+        """Insert new entry ``e`` as the most recent, then evict down to the budget: least
+        recently used first; for a block held for a pass (``for_pass``), only other such
+        blocks (a pass evicts nothing else: the cache may hold that one block over budget)."""
+        cdef PyObject* p
         self._entries[e.key] = e
         e.live = True
         self._push(e)
         self._count += 1
         self._bytes += e.nbytes
+        if e.for_pass:
+            self._n_for_pass += 1
         while self._count > self._reserved and (
             (self._max_bytes >= 0 and self._bytes > self._max_bytes)
             or (self._max_blocks >= 0 and self._count > self._max_blocks)
         ):
-            self._drop(<_Entry>self._oldest, dropped)
+            if not e.for_pass:
+                self._drop(<_Entry>self._oldest, dropped)
+                continue
+            p = self._oldest if self._n_for_pass > 1 else NULL
+            while p != NULL and (p == <PyObject*>e or not (<_Entry>p).for_pass):
+                p = (<_Entry>p).newer
+            if p == NULL:
+                break
+            self._drop(<_Entry>p, dropped)
         return e
 
     cdef int _forget(self, _Entry e) except -1:
-        """``e`` is a block a pass in order is done with: drop it now if the cache is full
-        (the pass's next block would otherwise push out a block others read); keep it while
-        there is room, so that a pass warms a cache large enough to hold the dataset."""
+        """``e`` is the block a pass in order (``ds[i]``) is done with. Held for the pass
+        only (not a block others put here): kept if passes fill this cache and it has room
+        for the pass's next block (of about ``e``'s size), as ``_keep_passed`` keeps a block
+        of ``iter``, else dropped now."""
         cdef list dropped = []
-        if e.live and (
-            (self._max_bytes >= 0 and self._bytes + e.nbytes > self._max_bytes)
-            or (self._max_blocks >= 0 and self._count >= self._max_blocks)
-        ):
+        if not (e.live and e.for_pass):
+            return 0
+        if self._passes_fill and self._has_room(e.nbytes):
+            e.for_pass = False  # kept: a block of the cache like any other from now on
+            self._n_for_pass -= 1
+        else:
             self._drop(e, dropped)
         return 0
 
@@ -210,6 +260,8 @@ cdef class BlockCache:
         del self._entries[e.key]
         self._count -= 1
         self._bytes -= e.nbytes
+        if e.for_pass:
+            self._n_for_pass -= 1
         e.live = False
         e.examples = None
         e.data = None

@@ -3,8 +3,8 @@
 Part of the core side of the contract (``_contract``): called by the cores only, never by the
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
 (the cached examples of block ``b``, or None, counted as a hit or a miss), ``_store(b, data)``
-(unpickle decoded bytes, check and cache them), ``_unpickle_block(b, data)`` (the same, not
-cached), ``_load(b)`` and ``_block_bytes``.
+(unpickle decoded bytes, check and cache them), ``_pass_block(b, data)`` (the same,
+cached as a pass in order keeps its blocks), ``_load(b)`` and ``_block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -216,10 +216,10 @@ class _Ahead:
             data = reader._block_bytes(self.b)
         else:
             data = self.future.result()
-        # Not cached: a pass in order would evict every block others keep, and holding
-        # decoded blocks it will not read again costs the pass itself (memory gone cold,
-        # longer garbage-collector passes). Blocks already cached are used.
-        return reader._unpickle_block(self.b, data)
+        # Cached only as a pass in order keeps its blocks (into a budget the user set, while
+        # it has room): evicting blocks others keep, or holding blocks the pass will not
+        # read again, would cost more than it saves. Blocks already cached are used.
+        return reader._pass_block(self.b, data)
 
 
 # Below this many stored bytes per block (on average), a pool hand-off costs about as much as
@@ -249,7 +249,8 @@ def read_ahead(blocks):
 
     The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
     unpickled and handed out; when the block needed has not started, this thread decodes it.
-    Blocks found in the cache are used; blocks decoded here are not added to it.
+    Blocks found in the cache are used; blocks decoded here are added to it only as a pass in
+    order adds them (see ``_contract``).
     Closing or dropping the generator cancels what has not started.
     """
     pending: deque = deque()

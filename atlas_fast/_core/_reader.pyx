@@ -88,6 +88,14 @@ cdef extern from "<fcntl.h>":
     enum:
         O_CLOEXEC
 
+cdef extern from "Python.h":
+    # Through CPython's call protocol, which checks the result: a callee that returns NULL
+    # with no exception set raises SystemError here. Cython's own calls jump straight to a
+    # vectorcall slot and skip that check, and pickle.loads can return so: a damaged block
+    # may build objects whose deallocation, while the load unwinds, clears the error (a
+    # bytearray freed with its buffer still exported prints and clears one).
+    object PyObject_CallOneArg(object callable, object arg)
+
 cdef extern from *:
     """
     #define ATLAS_MAX_ZSTD_RATIO 32768ULL
@@ -297,7 +305,7 @@ cdef class ShardCore:
             if self._n_blocks else 0
         )
         self._loads = pickle.loads if loads is None else loads
-        self._cache = BlockCache(DEFAULT_CACHE_BYTES, None) if cache is None else cache
+        self._cache = BlockCache(DEFAULT_CACHE_BYTES, None, False) if cache is None else cache
         self._tag = tag
         self._source = source
 
@@ -318,12 +326,18 @@ cdef class ShardCore:
             examples = e.examples
         else:
             if k == self._next and j == 0 and e is not None and e.block == b - 1:
-                # A pass in order is done with block b - 1: kept only while the cache has
-                # room (keeping it in a full cache would evict what others read).
+                # A pass in order is done with block b - 1 (_forget: kept only if passes
+                # fill the cache and it has room).
                 self._cache._forget(e)
                 self._next = k + 1
                 return self._in_order(b, j)
             self._next = k + 1
+            if k == 0:
+                # The shard's first example: read as the start of a pass in order (whole,
+                # held for the pass), but nothing read ahead until the pass goes on: a lone
+                # ds[0] (a peek, or a random read) starts no decoding or fetching it will
+                # not use.
+                return self._in_order(0, 0, False)
             return self._miss(b, j)
         self._next = k + 1
         return _item(examples, j)
@@ -392,7 +406,7 @@ cdef class ShardCore:
         if _first_decode:
             _first_decode_in_process()
         try:
-            example = self._loads(synthetic)
+            example = PyObject_CallOneArg(self._loads, synthetic)
         except Exception:
             return _WHOLE
         # The pickle stays (a second read of the block unpickles it whole), not its scan.
@@ -490,8 +504,8 @@ cdef class ShardCore:
     def _load(self, Py_ssize_t b):
         return self._examples(b)
 
-    def _unpickle_block(self, Py_ssize_t b, data):
-        return self._unpickle_c(data, b)
+    def _pass_block(self, Py_ssize_t b, data):
+        return self._passed(data, b, _data_size(data))
 
     def _store(self, Py_ssize_t b, data):
         cdef list examples = self._unpickle_c(data, b)
@@ -620,7 +634,7 @@ cdef class ShardCore:
         if _first_decode:
             _first_decode_in_process()
         try:
-            examples = self._loads(data)
+            examples = PyObject_CallOneArg(self._loads, data)
         except Exception as exc:
             raise unpickle_error(exc, self._data_path, b) from exc
         expected = self._block_size if b < self._n_blocks - 1 else self._last_length
@@ -630,33 +644,63 @@ cdef class ShardCore:
 
     # -- read-ahead of a pass in order (see _readahead.pxi) -----------------------------------
 
-    cdef object _in_order(self, Py_ssize_t b, Py_ssize_t j):
+    cdef object _in_order(self, Py_ssize_t b, Py_ssize_t j, bint queue=True):
         """Example ``j`` of block ``b``, read by a pass in order: decoded ahead if queued (see
-        _readahead.pxi), the next blocks queued before it is unpickled; else as _miss."""
-        cdef _RABuffer data
+        _readahead.pxi), the next blocks queued before it is unpickled (``queue``); unpickled
+        whole and cached for the pass (``_forget`` decides, when the pass moves on, whether
+        the cache keeps it). A block the cache holds is read as _miss reads it."""
+        cdef _RABuffer ahead = None
         cdef list examples
         cdef _Entry e
         cdef Py_ssize_t size
-        if not self._compressed:
-            return self._miss(b, j)
         key = (self._tag, b)
         if self._cache._find(key) is not None:
             return self._miss(b, j)
-        data = _ra_take(<void*>self, b)
-        self._queue_next(b)
-        if data is None:
-            return self._miss(b, j)
+        if self._compressed:
+            ahead = _ra_take(<void*>self, b)
+            if queue:
+                self._queue_next(b)
         self._cache._misses += 1
-        size = data.size
-        try:
+        if ahead is None:
+            data = self._decoded(b, True, True)
+            size = _data_size(data)
             examples = self._unpickle_c(data, b)
-        finally:
-            _ra_recycle(data)
-        e = self._cache._put(key, b, examples, size)
+            del data
+        else:
+            size = ahead.size
+            try:
+                examples = self._unpickle_c(ahead, b)
+            finally:
+                _ra_recycle(ahead)
+        e = self._cache._put(key, b, examples, size, True)
         if e.examples is not None:  # another thread's copy may have won
             examples = e.examples
         self._last = e
         return _item(examples, j)
+
+    cdef list _held(self, Py_ssize_t b):
+        """For ``iter``: block ``b``'s examples if the cache holds the block (a hit; held as
+        its pickle, it is unpickled whole, as _miss does), else None (a miss)."""
+        key = (self._tag, b)
+        cdef _Entry e = self._cache._find(key)
+        cdef list examples
+        if e is None:
+            self._cache._misses += 1
+            return None
+        self._cache._hit(e)
+        if e.examples is not None:
+            return e.examples
+        data = e.data
+        examples = self._unpickle_c(data, b)
+        e = self._cache._put(key, b, examples, _data_size(data))
+        return examples if e.examples is None else e.examples
+
+    cdef list _passed(self, data, Py_ssize_t b, Py_ssize_t size):
+        """Block ``b``'s examples unpickled from ``data`` for ``iter``: kept in the cache as
+        a pass in order keeps its blocks (``BlockCache._keep_passed``)."""
+        cdef list examples = self._unpickle_c(data, b)
+        self._cache._keep_passed((self._tag, b), b, examples, size)
+        return examples
 
     cdef int _queue_next(self, Py_ssize_t b) except -1:
         """Queue the _RA_DEPTH blocks after ``b`` for read-ahead."""
@@ -711,8 +755,9 @@ cdef class ShardCore:
 def _read_in_order(pairs):
     """Every example of ``pairs`` ((ShardCore, block) pairs), in order: the next _RA_DEPTH
     blocks are decoded ahead (see _readahead.pxi) while one is unpickled. Cached blocks are
-    used; blocks decoded here are not cached (a pass in order would evict what others keep).
-    Closing or dropping the generator cancels what was queued."""
+    used; blocks decoded here are cached as a pass in order keeps its blocks (only into a
+    budget the user set, while it has room: ShardCore._passed). Closing or dropping the
+    generator cancels what was queued."""
     cdef ShardCore reader
     cdef ShardCore later
     cdef Py_ssize_t b
@@ -731,16 +776,18 @@ def _read_in_order(pairs):
             if not ahead:
                 return
             reader, b = ahead.popleft()
-            examples = reader._lookup(b)
+            examples = reader._held(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
                 for later, nb in ahead:
                     later._queue_ahead(nb)
                 if data is None:
-                    examples = reader._unpickle_c(reader._decoded(b, True, True), b)
+                    block = reader._decoded(b, True, True)
+                    examples = reader._passed(block, b, _data_size(block))
+                    block = None
                 else:
                     try:
-                        examples = reader._unpickle_c(data, b)
+                        examples = reader._passed(data, b, data.size)
                     finally:
                         _ra_recycle(data)
                     data = None
@@ -765,12 +812,14 @@ cdef class DatasetCore:
     cdef BlockCache _cache
     cdef Py_ssize_t _total
     cdef Py_ssize_t _run_next  # where the last batch of a pass in order (run_start) ended
+    cdef Py_ssize_t _next  # the example after the one _get read last
     cdef Py_ssize_t* _c_ends
     cdef Py_ssize_t _n_shards
 
     def __cinit__(self, *args, **kwargs):
         self._c_ends = NULL
         self._readers = []
+        self._next = -1
 
     def __init__(self, root, shard_dirs, sizes, metadatas, dict_bytes, loads, cache,
                  sources=None):
@@ -839,7 +888,24 @@ cdef class DatasetCore:
     cdef inline object _get(self, Py_ssize_t k):
         """Example ``k``, 0 <= k < _total."""
         cdef Py_ssize_t s = self._shard_of(k)
-        return self._reader_c(s)._get(k - (self._c_ends[s - 1] if s else 0))
+        cdef Py_ssize_t start = self._c_ends[s - 1] if s else 0
+        if k == start and k == self._next:
+            return self._enter_shard(s, k)
+        self._next = k + 1
+        return self._reader_c(s)._get(k - start)
+
+    cdef object _enter_shard(self, Py_ssize_t s, Py_ssize_t k):
+        """Example ``k``, the first of shard ``s``, read by a pass in order coming from the
+        shard before: that shard's last block is done with (ShardCore._forget), and this
+        block is read as the pass's next one (ShardCore._in_order)."""
+        cdef ShardCore before = self._reader_c(self._shard_of(k - 1))
+        cdef ShardCore reader = self._reader_c(s)
+        cdef _Entry e = before._last
+        self._next = k + 1
+        if e is not None and e.block == before._n_blocks - 1:
+            before._cache._forget(e)
+        reader._next = 1
+        return reader._in_order(0, 0)
 
     def __getitems__(self, indices):
         """The examples at ``indices``, in that order; each block needed is decoded once (a

@@ -31,7 +31,7 @@ from collections import OrderedDict
 import zstandard
 
 from .._compat import freeze_in_worker
-from .._contract import CacheInfo, block_number, normalize_index, run_start
+from .._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index, run_start
 from .._errors import AtlasFormatError
 from .._fork import after_fork_in_child
 from .._format import (
@@ -179,16 +179,18 @@ class _ThreadState(threading.local):
 class _Entry:
     """A cached block: ``examples`` the unpickled list (None once dropped), ``nbytes`` what the
     block counts against the budget, ``live`` whether the cache still holds it (a reader's last
-    entry may outlive it)."""
+    entry may outlive it), ``for_pass`` whether it is held only for the pass in order reading
+    it, until the pass moves on (``BlockCache._forget``)."""
 
-    __slots__ = ("key", "block", "examples", "nbytes", "live")
+    __slots__ = ("key", "block", "examples", "nbytes", "live", "for_pass")
 
-    def __init__(self, key, block: int, examples, nbytes: int) -> None:
+    def __init__(self, key, block: int, examples, nbytes: int, for_pass: bool = False) -> None:
         self.key = key
         self.block = block
         self.examples = examples
         self.nbytes = nbytes
         self.live = True
+        self.for_pass = for_pass
 
 
 class BlockCache:
@@ -197,9 +199,11 @@ class BlockCache:
     ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts.
     """
 
-    def __init__(self, max_bytes=None, max_blocks=None) -> None:
+    def __init__(self, max_bytes=None, max_blocks=None, passes_fill=True) -> None:
         self.max_bytes = max_bytes
         self.max_blocks = max_blocks
+        self.passes_fill = passes_fill  # passes in order keep their blocks while there is room
+        self._for_pass = 0  # live entries held for a pass (_Entry.for_pass)
         self._reserved = 1
         self._entries: OrderedDict = OrderedDict()
         self._bytes = 0
@@ -252,9 +256,11 @@ class BlockCache:
             self._entries.move_to_end(key)
             return entry, entry.examples
 
-    def _put(self, key, block: int, examples: list, nbytes: int) -> tuple:
+    def _put(self, key, block: int, examples: list, nbytes: int, for_pass: bool = False) -> tuple:
         """Cache ``examples`` (a pickle of ``nbytes``), charged what the meter says: ``(entry,
-        examples)``; an entry already there (another thread's) wins."""
+        examples)``; an entry already there (another thread's) wins. ``for_pass``: the block a
+        pass in order reads, held for it until it moves on (``_forget``); it evicts only
+        blocks held for passes (``_evict_lock_held``)."""
         nbytes = self._meter.charge(examples, nbytes)
         dropped = []
         with self._lock:
@@ -265,26 +271,50 @@ class BlockCache:
                 return entry, entry.examples
             if entry is not None:
                 self._drop_lock_held(entry, dropped)
-            entry = _Entry(key, block, examples, nbytes)
+            entry = _Entry(key, block, examples, nbytes, for_pass)
             entries[key] = entry
             self._bytes += nbytes
-            self._evict_lock_held(dropped)
+            self._for_pass += for_pass
+            self._evict_lock_held(dropped, entry)
         return entry, examples
 
+    def _keep_passed(self, key, block: int, examples: list, nbytes: int) -> None:
+        """A block that ``iter`` read (a pass in order): cached only if passes fill this cache
+        and it has room for the block (nothing is evicted for it)."""
+        if not self.passes_fill:
+            return
+        nbytes = self._meter.charge(examples, nbytes)
+        with self._lock:
+            if key not in self._entries and self._has_room_lock_held(nbytes):
+                self._entries[key] = _Entry(key, block, examples, nbytes)
+                self._bytes += nbytes
+
+    def _has_room_lock_held(self, nbytes: int) -> bool:
+        """Whether one more block charged ``nbytes`` fits the budget without evicting."""
+        max_bytes, max_blocks = self.max_bytes, self.max_blocks
+        return (max_bytes is None or self._bytes + nbytes <= max_bytes) and (
+            max_blocks is None or len(self._entries) < max_blocks
+        )
+
     def _forget(self, entry: _Entry) -> None:
-        """``entry`` is a block a pass in order is done with: drop it now if the cache is full
-        (the pass's next block would otherwise push out a block others read); keep it while
-        there is room, so that a pass warms a cache large enough to hold the dataset."""
+        """``entry`` is the block a pass in order (``ds[i]``) is done with. Held for the pass
+        only (not a block others put here): kept if passes fill this cache and it has room
+        for the pass's next block (of about ``entry``'s size), as ``_keep_passed`` keeps a
+        block of ``iter``, else dropped now."""
         dropped = []
         with self._lock:
-            max_bytes, max_blocks = self.max_bytes, self.max_blocks
-            if entry.live and (
-                (max_bytes is not None and self._bytes + entry.nbytes > max_bytes)
-                or (max_blocks is not None and len(self._entries) >= max_blocks)
-            ):
+            if not (entry.live and entry.for_pass):
+                return
+            if self.passes_fill and self._has_room_lock_held(entry.nbytes):
+                entry.for_pass = False  # kept: a block of the cache like any other from now on
+                self._for_pass -= 1
+            else:
                 self._drop_lock_held(entry, dropped)
 
-    def _evict_lock_held(self, dropped: list) -> None:
+    def _evict_lock_held(self, dropped: list, newest: _Entry | None = None) -> None:
+        """Evict down to the budget, least recently used first; after ``newest``, a block held
+        for a pass (``for_pass``), only other such blocks (a pass evicts nothing else: the
+        cache may hold that one block over budget)."""
         entries = self._entries
         max_bytes = self.max_bytes
         max_blocks = self.max_blocks
@@ -292,13 +322,20 @@ class BlockCache:
             (max_bytes is not None and self._bytes > max_bytes)
             or (max_blocks is not None and len(entries) > max_blocks)
         ):
-            self._drop_lock_held(next(iter(entries.values())), dropped)
+            if newest is None or not newest.for_pass:
+                victim = next(iter(entries.values()))
+            elif self._for_pass > 1:
+                victim = next(e for e in entries.values() if e.for_pass and e is not newest)
+            else:
+                break
+            self._drop_lock_held(victim, dropped)
 
     def _drop_lock_held(self, entry: _Entry, dropped: list) -> None:
         # Dropped entries are freed by the caller once the lock is released: freeing
         # examples may run arbitrary code.
         del self._entries[entry.key]
         self._bytes -= entry.nbytes
+        self._for_pass -= entry.for_pass
         entry.live = False
         dropped.append(entry.examples)
         entry.examples = None
@@ -334,7 +371,7 @@ class ShardCore:
         self._metadata = metadata
         self._dict_bytes = dict_bytes
         self._loads = loads
-        self._cache = BlockCache() if cache is None else cache
+        self._cache = BlockCache(DEFAULT_CACHE_BYTES, None, False) if cache is None else cache
         self._tag = tag
         # A remote shard's _remote.ShardSource (None: the local files under _root).
         self._source = source
@@ -359,21 +396,36 @@ class ShardCore:
         if entry is not None and entry.block == b:
             examples = self._cache._touch(entry)
         if examples is None:
-            if k == self._next and j == 0 and entry is not None and entry.block == b - 1:
-                # A pass in order is done with block b - 1: kept only while the cache has
-                # room (keeping it in a full cache would evict what others read).
+            in_order = k == self._next and j == 0 and entry is not None and entry.block == b - 1
+            if in_order:
+                # A pass in order is done with block b - 1 (_forget: kept only if passes
+                # fill the cache and it has room).
                 self._cache._forget(entry)
-            examples = self._examples(b)
+            # The shard's first example is read as the start of a pass in order.
+            examples = self._examples(b, in_order or k == 0)
         self._next = k + 1
         return examples[j]
 
-    def _examples(self, b: int) -> list:
-        """The examples of block ``b``, from the cache or decoded (then cached)."""
+    def _enter_pass(self):
+        """Example 0, read by a pass in order coming from the shard before (DatasetCore)."""
+        self._next = 1
+        return self._examples(0, True)[0]
+
+    def _leave_pass(self) -> None:
+        """A pass in order moves on from this shard to the next: done with its last block."""
+        entry = self._last
+        if entry is not None and entry.block == self._n_blocks - 1:
+            self._cache._forget(entry)
+
+    def _examples(self, b: int, in_order: bool = False) -> list:
+        """The examples of block ``b``, from the cache or decoded (then cached; ``in_order``:
+        held for the pass in order reading it, see ``BlockCache._forget``)."""
         key = (self._tag, b)
         entry, examples = self._cache._get(key)
         if entry is None:
             data = self._decoded(b)
-            entry, examples = self._cache._put(key, b, self._unpickle(data, b), len(data))
+            examples = self._unpickle(data, b)
+            entry, examples = self._cache._put(key, b, examples, len(data), in_order)
         self._last = entry
         return examples
 
@@ -438,8 +490,10 @@ class ShardCore:
     def _load(self, b: int) -> list:
         return self._examples(b)
 
-    def _unpickle_block(self, b: int, data) -> list:
-        return self._unpickle(data, b)
+    def _pass_block(self, b: int, data) -> list:
+        examples = self._unpickle(data, b)
+        self._cache._keep_passed((self._tag, b), b, examples, len(data))
+        return examples
 
     def _store(self, b: int, data) -> list:
         return self._cache._put((self._tag, b), b, self._unpickle(data, b), len(data))[1]
@@ -615,6 +669,7 @@ class DatasetCore:
         self._ends = ends
         self._total = total
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
+        self._next = -1  # the example after the one __getitem__ read last
 
     def __len__(self) -> int:
         return self._total
@@ -634,8 +689,17 @@ class DatasetCore:
         return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
-        s, j = self._locate(i)
-        return self._reader(s)[j]
+        k = normalize_index(i, self._total)
+        s = bisect_right(self._ends, k)
+        start = self._ends[s - 1] if s else 0
+        if k == start and k == self._next:
+            # A pass in order moves on from the shard before to shard s (as ShardCore reads
+            # one from a block to the next).
+            self._next = k + 1
+            self._reader(bisect_right(self._ends, k - 1))._leave_pass()
+            return self._reader(s)._enter_pass()
+        self._next = k + 1
+        return self._reader(s)[k - start]
 
     def __getitems__(self, indices) -> list:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
