@@ -338,6 +338,7 @@ def _convert(schedule, src, dst, fmt, *, workers, **options):
     import atlas_fast.convert as conv
     from atlas_fast.convert import _fanout
     from atlas_fast.convert._run import run_conversion
+    from atlas_fast.writer import WriterOptions
 
     if not hasattr(_fanout.FanOutWriter.first_shard, "timed"):
         first_shard = _fanout.FanOutWriter.first_shard
@@ -362,7 +363,7 @@ def _convert(schedule, src, dst, fmt, *, workers, **options):
         workers=workers,
         verify=False,
         progress=None,
-        options=conv._check_writer_options(writer),
+        options=WriterOptions(**writer).as_dict(exclude=("workers",)),
         schedule=schedule,
     )
 
