@@ -167,19 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default=",".join(ALL_FORMATS))
     parser.add_argument("--strategy", type=int, default=2, choices=(0, 1, 2, 3))
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed)")
-    parser.add_argument(
-        "--schedules",
-        default=SCHEDULES[0],
-        help="how --workers 2 shares the work, comma-separated, side by side (the first is "
-        f"the main table's): {', '.join(SCHEDULES)}",
-    )
     args = parser.parse_args(argv)
     formats = [f for f in args.formats.split(",") if f]
-    schedules = [s for s in args.schedules.split(",") if s]
-    for schedule in schedules:
-        if schedule not in SCHEDULES:
-            parser.error(f"--schedules: unknown {schedule!r}")
-    compared = []  # (format, schedule, ex/s, / workers 1, paired ratios to schedules[0])
 
     docs = documents(args.docs)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-convert-"))
@@ -193,18 +182,14 @@ def main(argv=None) -> int:
             options = BUILDERS[fmt](docs, src)
             times: dict = {1: [], 2: []}
             cpu: dict = {1: [], 2: []}  # (this process, its workers, calling thread) CPU s
-            by_schedule: dict = {s: [] for s in schedules}  # --workers 2 times
-            idle: dict = {s: [] for s in schedules}  # --workers 2 on idle cores, from CPU
             summary = None
             for _ in range(args.repeats):
-                for workers, schedule in [(1, schedules[0])] + [(2, s) for s in schedules]:
+                for workers in (1, 2):
                     dst = work / f"out-{fmt}-{workers}"
                     shutil.rmtree(dst, ignore_errors=True)
                     cpu_before = _cpu()
-                    FIRST_SHARD.clear()
                     started = time.perf_counter()
-                    summary = _convert(
-                        schedule,
+                    summary = convert(
                         src,
                         dst,
                         fmt,
@@ -214,26 +199,11 @@ def main(argv=None) -> int:
                     )
                     elapsed = time.perf_counter() - started
                     cpu_after = _cpu()
-                    if workers == 2:
-                        by_schedule[schedule].append(elapsed)
-                        used = [a - b for a, b in zip(cpu_after, cpu_before)]
-                        idle[schedule].append(_idle_bound(schedule, used, sum(FIRST_SHARD)))
-                    if schedule == schedules[0]:
-                        times[workers].append(elapsed)
-                        cpu[workers].append(tuple(a - b for a, b in zip(cpu_after, cpu_before)))
+                    times[workers].append(elapsed)
+                    cpu[workers].append(tuple(a - b for a, b in zip(cpu_after, cpu_before)))
                     assert summary.examples == len(docs)
                     shutil.rmtree(dst)
             one, two = statistics.median(times[1]), statistics.median(times[2])
-            serial = [max(c[2], (c[0] + c[1]) / 2) for c in cpu[1]]
-            for schedule, seconds in by_schedule.items():
-                paired = [a / b for a, b in zip(by_schedule[schedules[0]], seconds)]
-                bounds = idle[schedule]
-                compared.append(
-                    (fmt, schedule, len(docs) / statistics.median(seconds),
-                     one / statistics.median(seconds), paired, seconds,
-                     statistics.median(serial) / statistics.median(bounds),
-                     statistics.median(idle[schedules[0]]) / statistics.median(bounds))
-                )  # fmt: skip
             ceiling = parallel_ceiling(args.repeats)
             serial_cpu = statistics.median(c[0] + c[1] for c in cpu[1])
             serial_thread = statistics.median(c[2] for c in cpu[1])
@@ -287,84 +257,7 @@ def main(argv=None) -> int:
             f"| {fmt} | {size / 1e6:,.0f} MB | {one:,.0f} | {two:,.0f} | {ratio:.2f}x "
             f"| {ceiling:.2f}x | {cpu_text} | {estimate:.2f}x |"
         )
-    if len(schedules) > 1:
-        print(
-            f"\n--workers 2 by schedule (medians of {args.repeats}; 'x {schedules[0]}': its "
-            f"time over this one's, paired by repetition: median (min-max))\n"
-        )
-        print(
-            f"| format | schedule | ex/s | / 1 worker | x {schedules[0]} | times s "
-            f"| / 1 worker on idle cores (from CPU) | x {schedules[0]} on idle cores |"
-        )
-        print("|---|---|---:|---:|---:|---|---:|---:|")
-        for fmt, schedule, rate, to_one, paired, seconds, idle_one, idle_first in compared:
-            print(
-                f"| {fmt} | {schedule} | {rate:,.0f} | {to_one:.2f}x "
-                f"| {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) "
-                f"| {', '.join(f'{t:.2f}' for t in seconds)} | {idle_one:.2f}x "
-                f"| {idle_first:.2f}x |"
-            )
     return 0
-
-
-# How --workers 2 shares the work (atlas_fast.convert._run): "steal-spill" every process
-# starts at once (work stealing; with strategy 2 the others read on while run 0 trains the
-# dictionary, spilling what they take, and learn it by polling files); "fanout-steal" run 0
-# writes the first shard and trains the dictionary, then the parts left are shared out with
-# work stealing; "fanout" the same with a fixed share each.
-SCHEDULES = ("steal-spill", "fanout-steal", "fanout")
-
-
-# The calling thread's CPU seconds in the fan-out's first shard (run 0 alone: it trains the
-# dictionary while the other processes wait), appended by the wrapper _convert installs.
-FIRST_SHARD: list = []
-
-
-def _idle_bound(schedule: str, used, first_shard: float) -> float:
-    """A --workers 2 conversion's time on two idle cores, from its CPU seconds ``used``
-    (this process, its ended workers, the calling thread), as the main table bounds it: the
-    larger of the calling thread's CPU and half of all of it; for a fan-out, its first shard
-    (one core) plus that bound of the rest."""
-    own, workers, thread = used
-    if schedule == SCHEDULES[0]:
-        return max(thread, (own + workers) / 2)
-    return first_shard + max(thread - first_shard, (own + workers - first_shard) / 2)
-
-
-def _convert(schedule, src, dst, fmt, *, workers, **options):
-    """``convert(src, dst, fmt, workers=..., **options)`` with the given schedule."""
-    if schedule == SCHEDULES[0]:
-        return convert(src, dst, fmt, workers=workers, **options)
-    import atlas_fast.convert as conv
-    from atlas_fast.convert import _fanout
-    from atlas_fast.convert._run import run_conversion
-
-    if not hasattr(_fanout.FanOutWriter.first_shard, "timed"):
-        first_shard = _fanout.FanOutWriter.first_shard
-
-        def timed(self, *args):
-            started = time.thread_time()
-            try:
-                return first_shard(self, *args)
-            finally:
-                FIRST_SHARD.append(time.thread_time() - started)
-
-        timed.timed = True
-        _fanout.FanOutWriter.first_shard = timed
-
-    module = conv.format_module(fmt)
-    writer = {k: v for k, v in options.items() if k in conv.WRITER_DEFAULTS}
-    own = {k: v for k, v in options.items() if k not in conv.WRITER_DEFAULTS}
-    return run_conversion(
-        lambda: module.sources(src, **own),
-        dst,
-        fmt=fmt,
-        workers=workers,
-        verify=False,
-        progress=None,
-        options=conv._check_writer_options(writer),
-        schedule=schedule,
-    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ class Claims:
     # need for its first shard, from which it trains the strategy-2 dictionary; the others
     # do not take parts up to it. Starts at _KEEP_ALL; -1 once that shard is closed.
     _KEEP_ALL = 1 << 62
-    steal = True  # whether a run done with its own parts takes some of another's
 
     @staticmethod
     def layout(ranges) -> list:
@@ -135,8 +134,6 @@ class Claims:
         if start < stop:
             table[2 * k] = start + 1
             return start
-        if not self.steal:
-            return None
         kept = table[2 * self.runs]
         victim, most, low = None, 0, 0
         for j in range(self.runs):

@@ -142,7 +142,6 @@ def run_conversion(
     progress,
     options: dict,
     ray: bool = False,
-    schedule: str = "steal-spill",
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
     from .._format import read_dataset_metadata
@@ -176,7 +175,7 @@ def run_conversion(
                     )
             else:
                 examples, shards = _convert_source(
-                    pool, source, staging.work(s), root, label, verify, progress, options, schedule
+                    pool, source, staging.work(s), root, label, verify, progress, options
                 )
             summary.datasets.append((source.split, examples, shards))
         staging.move_in()
@@ -199,7 +198,7 @@ def run_conversion(
     return summary
 
 
-def _convert_source(pool, source, work, root, label, verify, progress, options, schedule):
+def _convert_source(pool, source, work, root, label, verify, progress, options):
     """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
     verify it if asked; returns (examples, shards)."""
     from .._format import CompressionStrategy
@@ -210,11 +209,7 @@ def _convert_source(pool, source, work, root, label, verify, progress, options, 
     strategy = CompressionStrategy(options["compression_strategy"])
     bar = Progress(progress, sum(p.nbytes for p in parts), _phase_name("converting", source))
     try:
-        if schedule == "steal-spill":
-            results, shared = _write_stealing(pool, parts, runs, work, options, bar)
-        else:
-            steal = schedule == "fanout-steal"
-            results, shared = _write_fanning_out(pool, parts, work, options, bar, steal)
+        results, shared = _write_stealing(pool, parts, runs, work, options, bar)
     finally:
         bar.close()
     # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
@@ -234,9 +229,9 @@ def _convert_source(pool, source, work, root, label, verify, progress, options, 
     return examples, len(staged)
 
 
-def _ranges(runs: list, start: int = 0) -> tuple:
-    """The ``(start, stop)`` part indices of each of ``runs`` (the first starting at ``start``)."""
-    ranges = []
+def _ranges(runs: list) -> tuple:
+    """The ``(start, stop)`` part indices of each of ``runs``."""
+    ranges, start = [], 0
     for run in runs:
         ranges.append((start, start + len(run)))
         start += len(run)
@@ -276,32 +271,6 @@ def _write_stealing(pool, parts, runs, work, options, bar):
     results = pool.run(tasks, bar, ranges)
     shared = DictionaryHandOver(dict_dir).published()
     return results, (None if shared is ... else shared)
-
-
-def _write_fanning_out(pool, parts, work, options, bar, steal):
-    """Run 0 writes the first shard and trains the dictionary (strategy 2), then the parts
-    left are shared out; returns (the runs' results, the shared dictionary or None)."""
-    from .._format import CompressionStrategy
-    from ._fanout import FanOutJob, FanOutWriter, fan_out_run
-
-    strategy = CompressionStrategy(options["compression_strategy"])
-    n = len(pool.processes) + 1
-    first = FanOutWriter(work / "0", options, _threads(pool, min(n, len(parts))), None)
-    start = 0
-    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        start = first.first_shard(parts, bar, pool.cores)
-    runs = split_runs(parts[start:], n)  # [[]] when none is left
-    ranges = _ranges(runs, start)
-    threads = _threads(pool, len(runs))
-    first.threads = threads
-    zdict = first.zdict_bytes()
-    tasks = [
-        (first.run, FanOutJob(parts, ranges, 0, str(work / "0"), options, threads, zdict, steal))
-    ]
-    for k in range(1, len(runs)):
-        job = FanOutJob(parts, ranges, k, str(work / str(k)), options, threads, zdict, steal)
-        tasks.append((fan_out_run, job))
-    return pool.run(tasks, bar, ranges), zdict
 
 
 def _phase_name(what: str, source: Source) -> str:
