@@ -34,9 +34,9 @@ from ._format import (
     read_shard_metadata,
     shard_dir_names,
 )
-from ._remote import RemoteDataset, ShardSource, is_remote, to_local
 from ._safe_pickle import make_loads
 from .storage import Location
+from .storage._dataset import RemoteDataset, ShardSource, is_remote, to_local
 
 __all__ = [
     "AtlasDataset",

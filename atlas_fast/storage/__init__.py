@@ -1,7 +1,9 @@
 """Where the bytes of a dataset come from: local files or object storage, behind one interface.
 
-This package knows nothing of the Atlas format: it reads objects and byte ranges. The readers
-use it through ``atlas_fast._remote``; writing to object storage can build on the same calls.
+Its modules read objects and byte ranges and know nothing of the Atlas format, except
+``_dataset``, which reads a dataset's files through them for the readers and the command line
+(imports run one way: the format's module never imports this package). Writing to object
+storage can build on the same calls.
 
 The interface
 -------------

@@ -291,7 +291,7 @@ def test_a_warmed_shard_is_fetched_in_one_request(remote, s3, tmp_path):
     reads the index and fetches the first blocks before any is read."""
     import time
 
-    from atlas_fast._remote import RemoteDataset
+    from atlas_fast.storage._dataset import RemoteDataset
 
     source = RemoteDataset(remote).source(1)
     source.metadata()
@@ -314,7 +314,7 @@ def test_warming_a_shard_reads_the_next_shards_metadata(remote, s3):
     ShardSource.warm is what a pass calls)."""
     import time
 
-    from atlas_fast._remote import RemoteDataset
+    from atlas_fast.storage._dataset import RemoteDataset
 
     dataset = RemoteDataset(remote)
     dataset.source(1).metadata()

@@ -1,6 +1,8 @@
-"""Atlas datasets in object storage: the format's files read through ``atlas_fast.storage``.
+"""Atlas datasets in object storage: the format's files, read through this package's objects.
 
-Shared by both cores and the facade (plain Python, below the contract). Metadata is read once
+The one module of ``atlas_fast.storage`` that knows the format (``atlas_fast._format``); the
+others read objects and byte ranges. Used by the readers and the command line, below the
+contract (plain Python, shared by both cores). Metadata is read once
 per object and process: opening a dataset reads its root meta.json (one request; a strategy-2
 dataset also its shared zstd_dict.bin); each shard's meta.json and index.npy are read on its
 first use. Nothing is listed: a remote dataset is whole, its shards those its root meta.json
@@ -16,8 +18,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ._errors import AtlasFormatError, ObjectNotFoundError
-from ._format import (
+from .._errors import AtlasFormatError, ObjectNotFoundError
+from .._format import (
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -32,7 +34,9 @@ from ._format import (
     parse_npy,
     shard_metadata_from,
 )
-from .storage import BlockFetcher, Location, is_url, local_path
+from ._blocks import BlockFetcher
+from ._object import Location, fetch_pool
+from ._url import is_url, local_path
 
 __all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names"]
 
@@ -153,8 +157,6 @@ class ShardSource:
         if self._warm_wanted or self._offsets is not None:
             return
         self._warm_wanted = True
-        from .storage._object import fetch_pool
-
         fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
 
     def _warm(self) -> None:
