@@ -38,7 +38,7 @@ from ._blocks import BlockFetcher
 from ._object import Location, fetch_pool
 from ._url import is_url, local_path
 
-__all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names"]
+__all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names", "missing_bucket"]
 
 
 def is_remote(path) -> bool:
@@ -58,13 +58,18 @@ def shard_names(count: int) -> list:
     return [str(k).zfill(width) for k in range(count)]
 
 
+def missing_bucket(exc: ObjectNotFoundError) -> bool:
+    """Whether ``exc`` says the bucket itself does not exist (not only the object)."""
+    return "bucket" in str(exc)[len(exc.url or "") :]
+
+
 def _read(obj, what: str, limit: int | None = None) -> bytes:
     """The whole of ``obj``; a missing object is an ``AtlasFormatError`` worded by ``what``
     (a missing bucket stays an ``ObjectNotFoundError``)."""
     try:
         return obj.read(limit)
     except ObjectNotFoundError as exc:
-        if "bucket" in str(exc):
+        if missing_bucket(exc):
             raise
         raise AtlasFormatError(f"{obj.url}: missing{what}") from exc
     except ValueError as exc:

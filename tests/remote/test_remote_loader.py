@@ -230,6 +230,12 @@ def test_missing_shard_is_named_when_first_read(s3, remote, atlas):
         ds[300]
 
 
+def test_a_missing_object_in_a_bucket_named_bucket_is_not_a_missing_bucket(s3, atlas):
+    s3.client.create_bucket(Bucket="my-bucket")
+    with pytest.raises(AtlasFormatError, match=r"my-bucket/ds/meta\.json: missing: not an Atlas"):
+        atlas.AtlasDataset("s3://my-bucket/ds")
+
+
 def test_unreachable_server_names_url_and_attempts(atlas):
     options = {"max_attempts": 2, "deadline": 10}
     with pytest.raises(StorageError, match=r"127\.0\.0\.1:9/ds/meta\.json: failed after 2"):
