@@ -126,7 +126,9 @@ class _ShardMethods(_Settings):
     is small, so it is read once into memory and validated.
 
     ``trusted=False`` unpickles blocks with a restricted unpickler that admits only plain
-    data (builtin scalars and containers, datetime, numpy arrays, dtypes and scalars) and the
+    data (builtin scalars and containers; the standard library's value types: datetime,
+    Decimal, Fraction, UUID, OrderedDict, deque, Counter, defaultdict, ipaddress and pathlib
+    values, array, SimpleNamespace; numpy arrays, dtypes and scalars) and the
     globals listed in ``allowed_globals`` ("module.qualname" strings or the objects); any other
     global raises ``atlas_fast.UnsafePickleError`` before its code runs. The default,
     ``trusted=True``, unpickles as the reference does: only open datasets you trust with it.
