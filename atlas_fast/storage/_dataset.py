@@ -35,10 +35,18 @@ from .._format import (
     shard_metadata_from,
 )
 from ._blocks import BlockFetcher
+from ._diskcache import DiskCache, window_bytes
 from ._object import Location, fetch_pool
 from ._url import is_url, local_path
 
-__all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names", "missing_bucket"]
+__all__ = [
+    "is_remote",
+    "RemoteDataset",
+    "ShardSource",
+    "shard_names",
+    "missing_bucket",
+    "open_disk_cache",
+]
 
 
 def is_remote(path) -> bool:
@@ -49,6 +57,23 @@ def is_remote(path) -> bool:
 def to_local(path):
     """``path`` with a ``file://`` URL turned into the local path it names."""
     return local_path(path) if isinstance(path, str) else path
+
+
+def open_disk_cache(cache_dir, cache_dir_bytes, location: Location):
+    """The ``DiskCache`` of a remote dataset or shard at ``location`` (None without
+    ``cache_dir``). A limit smaller than one read-ahead window is refused: ValueError naming
+    the URL and both sizes."""
+    if cache_dir is None:
+        return None
+    limit = cache_dir_bytes
+    window = window_bytes(location.settings)
+    if limit < window:
+        raise ValueError(
+            f"{location.url}: cache_dir_bytes={limit} is smaller than one read-ahead window "
+            f"({window} bytes: storage_options' read_ahead_bytes and request_bytes); give the "
+            "disk cache at least that, or lower read_ahead_bytes"
+        )
+    return DiskCache(cache_dir, limit)
 
 
 def shard_names(count: int) -> list:
@@ -81,9 +106,10 @@ class ShardSource:
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
     threads and in a forked or spawned child (it pickles as its location)."""
 
-    def __init__(self, location: Location, shard=None, following=None) -> None:
+    def __init__(self, location: Location, shard=None, following=None, cache=None) -> None:
         self.location = location
         self.shard = shard
+        self.cache = cache  # a _diskcache.DiskCache, or None
         # The next shard's source, when this one is a dataset's (None: the last, or alone):
         # warming this shard reads that one's meta.json too, so a pass finds it read.
         self._following = following
@@ -99,7 +125,8 @@ class ShardSource:
         self._pid = os.getpid()
 
     def __reduce__(self):
-        return (ShardSource, (self.location, self.shard))  # alone: its neighbours stay
+        # alone: its neighbours stay
+        return (ShardSource, (self.location, self.shard, None, self.cache))
 
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: the parent's lock may be held forever
@@ -132,7 +159,7 @@ class ShardSource:
                 )
                 offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
                 offsets.setflags(write=False)
-                self._fetcher = BlockFetcher(self._data, offsets, self.shard)
+                self._fetcher = BlockFetcher(self._data, offsets, self.shard, self.cache)
                 if self._warm_wanted:  # before any reader waiting for this lock reads a block
                     self._fetcher.start_pass(0)
                 self._offsets = offsets
@@ -193,9 +220,10 @@ class ShardSource:
 class RemoteDataset:
     """A dataset root in object storage: its meta.json, shared dictionary and shards."""
 
-    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict | None = None, cache=None) -> None:
         self.location = Location(url, storage_options)
         self.url = self.location.url
+        self.cache = cache
         obj = self.location.object(META_FILE)
         text = _read(
             obj,
@@ -221,7 +249,7 @@ class RemoteDataset:
         source = self._sources[s]
         if source is None:
             following = (lambda: self.source(s + 1)) if s + 1 < len(self.names) else None
-            made = ShardSource(self.location.child(self.names[s]), s, following)
+            made = ShardSource(self.location.child(self.names[s]), s, following, self.cache)
             with self._lock:
                 source = self._sources[s]
                 if source is None:
@@ -229,12 +257,13 @@ class RemoteDataset:
         return source
 
     def __reduce__(self):
-        return (_rebuild_dataset, (self.location, self.metadata, self.names))
+        return (_rebuild_dataset, (self.location, self.metadata, self.names, self.cache))
 
 
-def _rebuild_dataset(location, metadata, names):
+def _rebuild_dataset(location, metadata, names, cache=None):
     out = RemoteDataset.__new__(RemoteDataset)
     out.location = location
+    out.cache = cache
     out.url = location.url
     out.metadata = metadata
     out.names = names
