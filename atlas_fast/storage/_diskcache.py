@@ -167,10 +167,19 @@ class _Process:
             for name in names:
                 if _is_block_name(name) and name not in entered:
                     _unlink(os.path.join(self.blocks, name))
-        # Owner files of dead processes that held no reservation
+        # Owner files of dead processes that held no reservation, and those of processes
+        # killed while making theirs (unlocked, and old: never one being made now)
         for owner in os.listdir(self.owners):
-            if not owner.startswith(".") and owner not in owners and owner != self.owner:
-                self._alive(owner)
+            if not owner.startswith("."):
+                if owner not in owners and owner != self.owner:
+                    self._alive(owner)
+            elif owner.endswith(".new") and owner != f".{self.owner}.new":
+                path = os.path.join(self.owners, owner)
+                try:
+                    if time.time() - os.stat(path).st_mtime > 300:
+                        self._alive(owner)
+                except FileNotFoundError:
+                    pass
 
     # -- reservations ----------------------------------------------------------------------
 
@@ -245,6 +254,7 @@ class _Process:
             self.release(token)
             return
         now = time.time_ns()
+        renamed = []  # files this transaction put in place: removed again if it fails
         with self.lock:
             self._begin()
             try:
@@ -253,7 +263,9 @@ class _Process:
                     if row.fetchone() is not None:
                         _unlink(temp)
                         continue
-                    os.replace(temp, os.path.join(self.blocks, name))
+                    final = os.path.join(self.blocks, name)
+                    os.replace(temp, final)
+                    renamed.append(final)
                     self.db.execute(
                         "INSERT INTO entries (name, object, size, crc, used) "
                         "VALUES (?, ?, ?, ?, ?)",
@@ -262,9 +274,9 @@ class _Process:
                 self.db.execute("DELETE FROM reservations WHERE id = ?", (token,))
                 self.db.execute("COMMIT")
             except BaseException:
+                for path in [*renamed, *temps]:
+                    _unlink(path)
                 self.db.execute("ROLLBACK")
-                for temp in temps:
-                    _unlink(temp)
                 raise
 
     # -- lookups ---------------------------------------------------------------------------
@@ -294,7 +306,7 @@ class _Process:
             try:
                 with open(os.path.join(self.blocks, name), "rb") as f:
                     data = f.read(size + 1)
-            except FileNotFoundError:  # evicted since the lookup
+            except OSError:  # evicted since the lookup (or unreadable): a miss
                 continue
             if len(data) != size or zlib.crc32(data) != crc:
                 damaged.append((name, crc))
@@ -400,6 +412,13 @@ class DiskCache:
         self.limit = int(limit)
         for sub in ("", _BLOCKS, _OWNERS):
             os.makedirs(os.path.join(self.path, sub), exist_ok=True)
+        try:
+            self._process()  # now: a folder that cannot be a cache is an error at open
+        except sqlite3.Error as exc:
+            raise ValueError(
+                f"{os.path.join(self.path, _INDEX)}: not a usable disk cache index ({exc}): "
+                "remove it or choose another cache_dir"
+            ) from exc
 
     def __reduce__(self):
         return (DiskCache, (self.path, self.limit))
@@ -425,21 +444,19 @@ class DiskCache:
     def read(self, obj, offsets, blocks: list, shard=None) -> bytes:
         """The stored bytes of ``blocks`` (consecutive) of ``obj``: those cached from disk,
         the others fetched (consecutive ones in one request) and cached when room can be
-        reserved for them."""
+        reserved for them. The cache failing (a full disk, an index locked for minutes) makes
+        a read uncached, never a failed one."""
         state = self._process()
         object_key = _key(obj.url)
-        names = {}
-        if obj.size is not None or state.has_object(object_key):
+        parts = {}
+        if obj.size is not None or _safely(state.has_object, object_key, default=False):
             if obj.size is None:
                 with state.pinning(object_key):  # one request, however many threads ask
                     if obj.size is None:  # pin the version before trusting the disk
                         obj.read_range(0, 1, shard=shard)
-            version = _key(f"{obj.url}\0{obj.etag or ''}\0{obj.size}")
-            names = {b: f"{version}-{offsets[b]}-{offsets[b + 1]}" for b in blocks}
-            hits = state.lookup(list(names.values()))
+            names = self._names(obj, offsets, blocks)
+            hits = _safely(state.lookup, list(names.values()), default={})
             parts = {b: hits[names[b]] for b in blocks if names[b] in hits}
-        else:
-            parts = {}
         runs = []
         for b in blocks:
             if b in parts:
@@ -450,7 +467,7 @@ class DiskCache:
                 runs.append([b])
         if runs:
             wanted = sum(offsets[r[-1] + 1] - offsets[r[0]] for r in runs)
-            token = state.reserve(wanted, self.limit)
+            token = _safely(state.reserve, wanted, self.limit, default=None)
             try:
                 fetched = []
                 for run in runs:
@@ -463,12 +480,27 @@ class DiskCache:
                         fetched.append((b, piece))
             except BaseException:
                 if token is not None:
-                    state.release(token)
+                    _safely(state.release, token, default=None)
                 raise
             if token is not None:
-                version = _key(f"{obj.url}\0{obj.etag or ''}\0{obj.size}")
-                items = [(f"{version}-{offsets[b]}-{offsets[b + 1]}", d) for b, d in fetched]
-                state.publish(token, items, object_key)
+                names = self._names(obj, offsets, [b for b, _ in fetched])
+                items = [(names[b], d) for b, d in fetched]
+                if _safely(state.publish, token, items, object_key, default=False) is False:
+                    _safely(state.release, token, default=None)
         if len(blocks) == 1:
             return parts[blocks[0]]
         return b"".join(parts[b] for b in blocks)
+
+    @staticmethod
+    def _names(obj, offsets, blocks) -> dict:
+        """Block -> its file's name: the object's URL and pinned version, and its range."""
+        version = _key(f"{obj.url}\0{obj.etag or ''}\0{obj.size}")
+        return {b: f"{version}-{offsets[b]}-{offsets[b + 1]}" for b in blocks}
+
+
+def _safely(fn, *args, default):
+    """``fn(*args)``, or ``default`` when the cache itself fails (its index or its folder)."""
+    try:
+        return fn(*args)
+    except (sqlite3.Error, OSError):
+        return default

@@ -45,6 +45,11 @@ def _block_files(cache: Path) -> list:
     return [p for p in (cache / "blocks").iterdir() if p.is_file()]
 
 
+def _cache_files(cache: Path) -> list:
+    """The block files (and temporaries) the cache made: not the test's own."""
+    return [p for p in _block_files(cache) if p.name not in ("README", "draft.tmp")]
+
+
 def _check_consistent(cache_dir: Path, limit: int) -> None:
     """Every block file is an entry of the right size (no temporary left), nothing reserved,
     the entries within the limit."""
@@ -53,7 +58,7 @@ def _check_consistent(cache_dir: Path, limit: int) -> None:
     with sqlite3.connect(cache_dir / "index.sqlite") as db:
         entries = dict(db.execute("SELECT name, size FROM entries"))
         reserved = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM reservations").fetchone()[0]
-    files = {p.name: p.stat().st_size for p in _block_files(cache_dir)}
+    files = {p.name: p.stat().st_size for p in _cache_files(cache_dir)}
     assert files == entries
     assert reserved == 0
     assert sum(entries.values()) <= limit
@@ -130,6 +135,13 @@ def test_a_limit_smaller_than_one_window_is_refused(remote, tmp_path, atlas):
         atlas.AtlasDataset(url, cache_dir=5, cache_dir_bytes=1 << 30)
 
 
+def test_an_index_that_is_not_one_is_an_error_at_open(remote, tmp_path, atlas):
+    url, _ = remote
+    (tmp_path / "index.sqlite").write_bytes(b"not a database, " * 100)
+    with pytest.raises(ValueError, match=r"index\.sqlite: not a usable disk cache index"):
+        atlas.AtlasDataset(url, storage_options=OPTIONS, cache_dir=tmp_path, cache_dir_bytes=4096)
+
+
 def test_the_cache_pickles_with_the_dataset(remote, tmp_path, atlas):
     import pickle
 
@@ -180,13 +192,16 @@ def test_never_exceeds_its_limit_under_four_processes(remote, s3, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "notes.txt").write_text("mine")  # not the cache's: never touched
+    (cache / "blocks").mkdir()
+    (cache / "blocks" / "README").write_text("also mine")
+    (cache / "blocks" / "draft.tmp").write_text("and this")
     seen = []
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
             try:
-                seen.append(sum(p.stat().st_size for p in _block_files(cache)))
+                seen.append(sum(p.stat().st_size for p in _cache_files(cache)))
             except (FileNotFoundError, OSError):
                 pass  # a file evicted between listing and stat
             time.sleep(0.002)
@@ -213,6 +228,8 @@ def test_never_exceeds_its_limit_under_four_processes(remote, s3, tmp_path):
     assert max(seen) > 0
     _check_consistent(cache, limit)
     assert (cache / "notes.txt").read_text() == "mine"
+    assert (cache / "blocks" / "README").read_text() == "also mine"
+    assert (cache / "blocks" / "draft.tmp").read_text() == "and this"
     assert not list((cache / "owners").iterdir()) or all(
         not p.name.startswith(".") for p in (cache / "owners").iterdir()
     )
@@ -257,6 +274,8 @@ def test_survives_a_worker_killed_with_sigkill(remote, s3, tmp_path, atlas):
     # A first reader fills part of the cache, so that the killed one publishes beside entries.
     first = atlas.AtlasDataset(url, storage_options=OPTIONS, cache_dir=cache, cache_dir_bytes=limit)
     assert [first[i] for i in range(300, 400)] == EXPECTED[300:400]
+    (cache / "blocks" / "README").write_text("not the cache's")  # survives the reclaim
+    (cache / "blocks" / "draft.tmp").write_text("nor this")
     script = _KILLED.format(root=str(ROOT), tests=str(ROOT / "tests"), options=OPTIONS)
     child = subprocess.Popen(
         [sys.executable, "-c", script, url, str(cache), str(limit), str(marker)],
@@ -269,7 +288,7 @@ def test_survives_a_worker_killed_with_sigkill(remote, s3, tmp_path, atlas):
             assert child.poll() is None, child.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the child never reached its pause"
             time.sleep(0.05)
-        tmp_files = [p for p in _block_files(cache) if p.name.endswith(".tmp")]
+        tmp_files = [p for p in _cache_files(cache) if p.name.endswith(".tmp")]
         assert tmp_files  # its blocks not renamed yet
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=60)
@@ -292,7 +311,7 @@ def test_survives_a_worker_killed_with_sigkill(remote, s3, tmp_path, atlas):
 
     # A damaged entry (one truncated, one with a byte flipped) is never served: it is
     # fetched again.
-    files = sorted(_block_files(cache))
+    files = sorted(_cache_files(cache))
     files[0].write_bytes(files[0].read_bytes()[:-1])
     data = bytearray(files[1].read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -304,6 +323,8 @@ def test_survives_a_worker_killed_with_sigkill(remote, s3, tmp_path, atlas):
     requests, _ = _data_stats(s3)
     assert SHARDS < requests <= SHARDS + 2  # the pins, and the two damaged blocks fetched
     _check_consistent(cache, limit)
+    assert (cache / "blocks" / "README").read_text() == "not the cache's"
+    assert (cache / "blocks" / "draft.tmp").read_text() == "nor this"
 
 
 def test_a_local_dataset_ignores_the_cache(tmp_path, atlas):
