@@ -17,9 +17,10 @@ The interface
     ``read_ranges(ranges)`` several, neighbours merged into large requests made concurrently.
     The first answer pins the object (its ETag, sent as If-Match from then on, and its size):
     a later answer of another version raises ``ObjectChangedError``.
-``BlockFetcher(obj, offsets, shard=None)``
+``BlockFetcher(obj, offsets, shard=None, cache=None)``
     The blocks of one object by exact ranges: ``get(b)``, ``prefetch(blocks)`` (a batch,
-    neighbours merged), and a bounded read-ahead for passes in order.
+    neighbours merged), and a bounded read-ahead for passes in order. ``cache``, a
+    ``_diskcache.DiskCache``, keeps the blocks fetched on local disk (``cache_dir=``).
 
 Failures
 --------
