@@ -231,9 +231,9 @@ class DatasetCoreProtocol(_Reader, Protocol):
 
 
 class ShardSourceProtocol(Protocol):
-    """Where a remote shard's bytes come from (``atlas_fast._remote.ShardSource``, over
-    ``atlas_fast.storage``). A core given one reads nothing under ``root``; it decodes the
-    stored bytes of a block as it decodes a mapped block's. Errors: ``AtlasFormatError``
+    """Where a remote shard's bytes come from (``atlas_fast.storage._dataset.ShardSource``).
+    A core given one reads nothing under ``root``; it decodes the stored bytes of a block as
+    it decodes a mapped block's. Errors: ``AtlasFormatError``
     (malformed or missing files), ``atlas_fast.StorageError`` and its subclasses (the object
     store: after retries; ``ObjectChangedError`` when the dataset was replaced)."""
 

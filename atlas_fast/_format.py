@@ -55,6 +55,7 @@ __all__ = [
     "block_checksum",
     "corrupt_frame_error",
     "load_checksums",
+    "check_checksums",
     "expected_block_length",
     "check_block_examples",
     "unpickle_error",
@@ -617,7 +618,12 @@ def load_checksums(shard_dir: Path, n_blocks: int):
     path = Path(shard_dir) / CHECKSUM_FILE
     if not path.exists():
         return None
-    raw = _load_npy(path, n_blocks)
+    return check_checksums(_load_npy(path, n_blocks), path, n_blocks)
+
+
+def check_checksums(raw, path, n_blocks: int):
+    """``raw``, the array of the checksum file at ``path`` (a path or URL), checked: one
+    little-endian uint64 per block."""
     if not isinstance(raw, np.ndarray) or raw.ndim != 1 or raw.dtype != np.dtype("<u8"):
         raise AtlasFormatError(
             f"{path}: expected a 1-D little-endian uint64 array, found "

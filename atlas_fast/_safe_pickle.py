@@ -6,29 +6,45 @@ whose ``find_class`` (the one door through which CPython's unpickler reaches a g
 GLOBAL, STACK_GLOBAL, INST, OBJ, NEWOBJ and EXT opcodes all pass through it) admits only:
 
 - builtin scalars and containers: ``int float bool complex str bytes bytearray list tuple dict
-  set frozenset``, ``slice``, ``Ellipsis``, plus ``collections.OrderedDict`` and
-  ``decimal.Decimal``;
+  set frozenset``, ``range``, ``slice``, ``Ellipsis``;
+- the standard library's plain value types: ``collections.OrderedDict``, ``deque``,
+  ``Counter`` and ``defaultdict`` (its factory must itself be admitted), ``decimal.Decimal``,
+  ``fractions.Fraction`` (from integers, or the "n/d" text it pickles as: no exponents, so
+  ``"1e999999999"`` cannot ask for a huge integer), ``uuid.UUID``, the ``ipaddress``
+  addresses, networks and interfaces, the ``pathlib`` paths (``PurePosixPath``,
+  ``PureWindowsPath``, ``PosixPath``, ``WindowsPath``: values, nothing is opened),
+  ``array.array`` and ``types.SimpleNamespace``;
 - the ``datetime`` types (``date time datetime timedelta timezone``);
 - numpy arrays, dtypes and scalars: the exact globals numpy 1.x and 2.x pickles reference;
 - the globals the caller lists in ``allowed_globals`` ("module.qualname" strings, or the
   objects themselves).
 
-Anything else raises ``UnsafePickleError`` naming the global, before it is imported. Persistent
-IDs are refused too. The callables admitted for their constructors cannot allocate without
-limit from a small pickle (``bytes(10**12)`` is refused) nor reach other code: their arguments
-are themselves pickled plain data.
+Anything else raises ``UnsafePickleError`` naming the global, before it is imported (a
+method or attribute of an admitted class, ``pathlib.PosixPath.touch`` say, is another name and
+refused too). Persistent IDs are refused too. The callables admitted for their constructors
+cannot allocate without limit from a small pickle (``bytes(10**12)`` is refused) nor reach
+other code: their arguments are themselves pickled plain data. Where a type pickles through a
+helper (``array._array_reconstructor``; ``copyreg._reconstructor`` for a ``uuid.UUID`` in
+protocols 0 and 1) the helper is admitted only for that type.
 """
 
 from __future__ import annotations
 
 import _compat_pickle
+import array
 import builtins
 import collections
 import datetime
 import decimal
+import fractions
 import importlib
 import io
+import ipaddress
+import pathlib
 import pickle
+import re
+import types
+import uuid
 
 from ._errors import UnsafePickleError
 
@@ -57,6 +73,45 @@ def _codecs_encode(obj, encoding="utf-8", errors="strict"):
             "pickle (only latin1 text, as pickle writes bytes)"
         )
     return obj.encode("latin1", errors)
+
+
+# What ``str(Fraction)`` gives, and so what a pickled Fraction holds: an exponent or a decimal
+# point ("1e999999999") would have Fraction build a huge integer from a few bytes.
+_FRACTION_TEXT = re.compile(r"\s*[+-]?\d+(?:/\d+)?\s*", re.ASCII)
+
+
+def _fraction(*args):
+    """``fractions.Fraction`` for pickles: text only in the form it pickles as ("n" or "n/d")."""
+    if args and isinstance(args[0], str) and not _FRACTION_TEXT.fullmatch(args[0]):
+        raise UnsafePickleError(
+            f"refusing Fraction({args[0]!r:.40}) in an untrusted pickle (only 'n' or 'n/d' text, "
+            "as a Fraction pickles)"
+        )
+    return fractions.Fraction(*args)
+
+
+def _array_reconstructor(cls, *args):
+    """``array._array_reconstructor`` for pickles: of ``array.array`` itself only."""
+    if cls is not array.array:
+        raise UnsafePickleError(
+            f"refusing array._array_reconstructor of {cls!r:.60} in an untrusted pickle"
+        )
+    return array._array_reconstructor(cls, *args)
+
+
+# Types that protocols 0 and 1 pickle through copyreg._reconstructor (object.__reduce_ex__).
+_RECONSTRUCTED = (uuid.UUID,)
+
+
+def _reconstructor(cls, base, state):
+    """``copyreg._reconstructor`` for pickles: a bare instance of an admitted value type, whose
+    state the pickle then sets."""
+    if cls not in _RECONSTRUCTED or base is not object or state is not None:
+        raise UnsafePickleError(
+            f"refusing copyreg._reconstructor({cls!r:.60}, {base!r:.40}, ...) in an untrusted "
+            "pickle"
+        )
+    return object.__new__(cls)
 
 
 def _builtin(name):
@@ -107,13 +162,39 @@ DEFAULT_ALLOWED: dict = {
             "frozenset",
             "slice",
             "Ellipsis",
+            "range",
         )
     },
     "builtins.bytes": lambda: _bytes,
     "builtins.bytearray": lambda: _bytearray,
     "_codecs.encode": lambda: _codecs_encode,
-    "collections.OrderedDict": lambda: collections.OrderedDict,
+    **{
+        f"collections.{name}": lambda name=name: getattr(collections, name)
+        for name in ("OrderedDict", "deque", "Counter", "defaultdict")
+    },
     "decimal.Decimal": lambda: decimal.Decimal,
+    "fractions.Fraction": lambda: _fraction,
+    "uuid.UUID": lambda: uuid.UUID,
+    "copyreg._reconstructor": lambda: _reconstructor,
+    "builtins.object": lambda: object,  # _reconstructor's base
+    **{
+        f"ipaddress.{name}": lambda name=name: getattr(ipaddress, name)
+        for name in (
+            "IPv4Address",
+            "IPv6Address",
+            "IPv4Network",
+            "IPv6Network",
+            "IPv4Interface",
+            "IPv6Interface",
+        )
+    },
+    **{
+        f"pathlib.{name}": lambda name=name: getattr(pathlib, name)
+        for name in ("PurePosixPath", "PureWindowsPath", "PosixPath", "WindowsPath")
+    },
+    "array.array": lambda: array.array,
+    "array._array_reconstructor": lambda: _array_reconstructor,
+    "types.SimpleNamespace": lambda: types.SimpleNamespace,
     **{
         f"datetime.{name}": lambda name=name: getattr(datetime, name)
         for name in ("date", "time", "datetime", "timedelta", "timezone")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ._backend import core as _core
+from ._checks import check_int
 from ._compat import torch_dataset_bases
 from ._contract import cache_limits
 from ._format import (
@@ -34,9 +35,15 @@ from ._format import (
     read_shard_metadata,
     shard_dir_names,
 )
-from ._remote import RemoteDataset, ShardSource, is_remote, to_local
 from ._safe_pickle import make_loads
 from .storage import Location
+from .storage._dataset import (
+    RemoteDataset,
+    ShardSource,
+    is_remote,
+    open_disk_cache,
+    to_local,
+)
 
 __all__ = [
     "AtlasDataset",
@@ -80,13 +87,35 @@ class _Settings:
     """Settings shared by shards and datasets: trust, the cache, pickling, ``with``."""
 
     def _init_settings(
-        self, cache_blocks, cache_bytes, trusted, allowed_globals, storage_options=None
+        self,
+        cache_blocks,
+        cache_bytes,
+        trusted,
+        allowed_globals,
+        storage_options=None,
+        cache_dir=None,
+        cache_dir_bytes=None,
     ) -> tuple:
         limits = cache_limits(cache_blocks, cache_bytes)
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError(
                 f"storage_options must be a dict or None, not {type(storage_options).__name__}"
             )
+        if cache_dir is None:
+            if cache_dir_bytes is not None:
+                raise ValueError("cache_dir_bytes limits the disk cache: pass cache_dir too")
+        else:
+            if not isinstance(cache_dir, (str, os.PathLike)):
+                raise TypeError(
+                    f"cache_dir must be a path (str or os.PathLike), not {type(cache_dir).__name__}"
+                )
+            if cache_dir_bytes is None:
+                raise ValueError(
+                    "cache_dir needs cache_dir_bytes, the most bytes the disk cache may hold"
+                )
+            cache_dir_bytes = check_int("cache_dir_bytes", cache_dir_bytes, minimum=1)
+        self.cache_dir = cache_dir
+        self.cache_dir_bytes = cache_dir_bytes
         self.storage_options = storage_options
         self.cache_blocks = cache_blocks
         self.cache_bytes = cache_bytes
@@ -102,6 +131,9 @@ class _Settings:
         }
         if self.storage_options is not None:
             kwargs["storage_options"] = self.storage_options
+        if self.cache_dir is not None:
+            kwargs["cache_dir"] = self.cache_dir
+            kwargs["cache_dir_bytes"] = self.cache_dir_bytes
         return kwargs
 
     def __enter__(self):
@@ -126,7 +158,9 @@ class _ShardMethods(_Settings):
     is small, so it is read once into memory and validated.
 
     ``trusted=False`` unpickles blocks with a restricted unpickler that admits only plain
-    data (builtin scalars and containers, datetime, numpy arrays, dtypes and scalars) and the
+    data (builtin scalars and containers; the standard library's value types: datetime,
+    Decimal, Fraction, UUID, OrderedDict, deque, Counter, defaultdict, ipaddress and pathlib
+    values, array, SimpleNamespace; numpy arrays, dtypes and scalars) and the
     globals listed in ``allowed_globals`` ("module.qualname" strings or the objects); any other
     global raises ``atlas_fast.UnsafePickleError`` before its code runs. The default,
     ``trusted=True``, unpickles as the reference does: only open datasets you trust with it.
@@ -139,7 +173,8 @@ class _ShardMethods(_Settings):
 
     ``root`` may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, or
     any fsspec scheme): see ``AtlasDataset`` and docs/remote.md; ``storage_options`` configures
-    the client and the reading (``atlas_fast.storage``).
+    the client and the reading (``atlas_fast.storage``), ``cache_dir`` and
+    ``cache_dir_bytes`` the local disk cache of fetched blocks (see ``AtlasDataset``).
     """
 
     VERSION = 1
@@ -155,15 +190,25 @@ class _ShardMethods(_Settings):
         trusted=True,
         allowed_globals=(),
         storage_options=None,
+        cache_dir=None,
+        cache_dir_bytes=None,
         _dataset_cache=None,
         _source=None,
     ):
         limits = self._init_settings(
-            cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
+            cache_blocks,
+            cache_bytes,
+            trusted,
+            allowed_globals,
+            storage_options,
+            cache_dir,
+            cache_dir_bytes,
         )
         source = _source
         if source is None and is_remote(root):
-            source = ShardSource(Location(root, storage_options))
+            location = Location(root, storage_options)
+            disk = open_disk_cache(cache_dir, cache_dir_bytes, location)
+            source = ShardSource(location, cache=disk)
         if source is not None:  # in object storage: its files are read through the source
             self.root = source.url
             self.metadata = source.metadata()
@@ -239,6 +284,8 @@ class _Shards(Sequence):
         self._remote = dataset._remote
         if self._remote is not None:
             self._kwargs["storage_options"] = dataset.storage_options
+            self._kwargs["cache_dir"] = dataset.cache_dir
+            self._kwargs["cache_dir_bytes"] = dataset.cache_dir_bytes
         self._cache = cache
         self._made = [None] * len(self._dirs)
 
@@ -306,6 +353,12 @@ class _DatasetMethods(_Settings):
     counts. Blocks are fetched by exact byte ranges, neighbours merged into large requests for
     batches and passes in order, retried, and pinned to the version first read. The dataset
     pickles as its URL and settings (DataLoader workers make their own clients).
+
+    ``cache_dir`` (with ``cache_dir_bytes``, its hard limit in bytes) keeps the blocks fetched
+    from a URL in that local folder, least recently used evicted first, shared safely by the
+    processes of one node (DataLoader workers, ranks): a second epoch reads them from disk.
+    A limit smaller than one read-ahead window (``read_ahead_bytes``) is refused at open. A
+    local dataset has no use for it and ignores it.
     """
 
     VERSION = 1
@@ -320,16 +373,26 @@ class _DatasetMethods(_Settings):
         trusted=True,
         allowed_globals=(),
         storage_options=None,
+        cache_dir=None,
+        cache_dir_bytes=None,
     ):
         limits = self._init_settings(
-            cache_blocks, cache_bytes, trusted, allowed_globals, storage_options
+            cache_blocks,
+            cache_bytes,
+            trusted,
+            allowed_globals,
+            storage_options,
+            cache_dir,
+            cache_dir_bytes,
         )
         self.mmap_index = mmap_index
         shared = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         dict_bytes = None
         self._remote = sources = None
         if is_remote(root):  # in object storage: one request, nothing listed
-            remote = self._remote = RemoteDataset(root, storage_options)
+            location = Location(root, storage_options)
+            disk = open_disk_cache(cache_dir, cache_dir_bytes, location)
+            remote = self._remote = RemoteDataset(root, storage_options, disk)
             self.root = remote.url
             self.metadata = remote.metadata
             names = remote.names

@@ -47,6 +47,8 @@ READER = {"VERSION", "root", "mmap_index", "metadata"} | {
     "cache_reserve",
     "close",
     "storage_options",
+    "cache_dir",
+    "cache_dir_bytes",
 }
 DATASET = READER | {"shards", "actual_shard_sizes", "cumulative_shard_sizes"}
 SHARD = READER | {"compression_dict_bytes", "read_block"}

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import array
 import collections
 import datetime
 import decimal
+import fractions
 import io
+import ipaddress
 import os
+import pathlib
 import pickle
+import types
+import uuid
 
 import numpy as np
 import pytest
@@ -80,6 +86,38 @@ PLAIN = [
     np.dtype("<u2"),
 ]
 
+# The standard library's plain value types trusted=False admits (each pickled in every
+# protocol by test_plain_data_loads and read through both backends by
+# test_untrusted_reads_plain_data).
+STDLIB_VALUES = [
+    fractions.Fraction(-22, 7),
+    fractions.Fraction(10**40 + 1, 3),
+    uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    uuid.uuid4(),
+    collections.deque([1, "two", 3.0], maxlen=5),
+    collections.deque(),
+    collections.Counter("abracadabra"),
+    collections.defaultdict(list, {"a": [1], "b": []}),
+    collections.defaultdict(None, {1: 2}),
+    collections.OrderedDict([("z", 1), ("a", collections.OrderedDict(b=2))]),
+    ipaddress.IPv4Address("192.0.2.1"),
+    ipaddress.IPv6Address("2001:db8::1"),
+    ipaddress.IPv4Network("198.51.100.0/24"),
+    ipaddress.IPv6Network("2001:db8::/32"),
+    ipaddress.IPv4Interface("192.0.2.5/24"),
+    ipaddress.IPv6Interface("2001:db8::5/64"),
+    pathlib.PurePosixPath("data/shard/0"),
+    pathlib.PureWindowsPath("C:/data/file.txt"),
+    pathlib.PosixPath("/var/data/x.bin"),
+    array.array("i", [1, -2, 3]),
+    array.array("d", [0.5, 1e300]),
+    array.array("u", "text"),
+    types.SimpleNamespace(a=1, b=[2, 3], c=types.SimpleNamespace()),
+    range(3, 100, 7),
+    decimal.Decimal("-1.5e-7"),
+]
+PLAIN += STDLIB_VALUES
+
 
 def _same(a, b):
     if isinstance(a, np.dtype):
@@ -88,7 +126,35 @@ def _same(a, b):
         return b.dtype == a.dtype and a.tolist() == b.tolist()
     if isinstance(a, np.generic):
         return type(a) is type(b) and a == b
-    if isinstance(a, (set, frozenset, decimal.Decimal, slice, bytearray, complex)):
+    if isinstance(a, collections.defaultdict):
+        return type(b) is type(a) and a == b and a.default_factory is b.default_factory
+    if isinstance(a, collections.OrderedDict):
+        return type(b) is type(a) and list(a.items()) == list(b.items())
+    if isinstance(a, collections.deque):
+        return type(b) is type(a) and a == b and a.maxlen == b.maxlen
+    if isinstance(a, array.array):
+        return type(b) is type(a) and a.typecode == b.typecode and a == b
+    if isinstance(
+        a,
+        (
+            set,
+            frozenset,
+            decimal.Decimal,
+            slice,
+            bytearray,
+            complex,
+            fractions.Fraction,
+            uuid.UUID,
+            collections.Counter,
+            ipaddress.IPv4Address,
+            ipaddress.IPv6Address,
+            ipaddress.IPv4Network,
+            ipaddress.IPv6Network,
+            pathlib.PurePath,
+            types.SimpleNamespace,
+            range,
+        ),
+    ):
         return type(a) is type(b) and a == b
     from helpers import same
 
@@ -101,6 +167,88 @@ def test_plain_data_loads(protocol):
     for value in PLAIN:
         got = loads(pickle.dumps(value, protocol=protocol))
         assert _same(value, got), (protocol, value, got)
+
+
+def test_stdlib_values_load_each_alone():
+    """Each admitted standard-library type, alone and as the whole pickle, in every protocol
+    (``Fraction`` text as it pickles, with and without spaces and sign)."""
+    loads = make_loads()
+    for value in STDLIB_VALUES:
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            got = loads(pickle.dumps(value, protocol=protocol))
+            assert _same(value, got), (protocol, value, got)
+    for text, want in [("3/4", fractions.Fraction(3, 4)), (" -12 ", fractions.Fraction(-12))]:
+        data = f"cfractions\nFraction\n(V{text}\ntR.".encode()
+        assert loads(data) == want
+
+
+def _stack_global(module: str, name: str) -> bytes:
+    """A protocol-4 pickle's start naming ``module``'s ``name`` (a dotted qualified name)."""
+    out = b"\x80\x04"
+    for text in (module.encode(), name.encode()):
+        out += b"\x8c" + bytes([len(text)]) + text
+    return out + b"\x93"
+
+
+@pytest.mark.parametrize(
+    "payload, refused",
+    [
+        # Fraction from text with an exponent: 10**999999999 from a few bytes
+        (b"cfractions\nFraction\n(S'1e999999999'\ntR.", "Fraction"),
+        (b"cfractions\nFraction\n(S'1.5'\ntR.", "Fraction"),
+        # the helpers of admitted types, for another type
+        (b"carray\n_array_reconstructor\n(ccollections\nOrderedDict\nS'i'\nI8\nC\x00tR.", "array"),
+        (
+            b"ccopyreg\n_reconstructor\n(ccollections\nOrderedDict\ncbuiltins\nobject\nNtR.",
+            "copyreg",
+        ),
+        (b"ccopyreg\n_reconstructor\n(cuuid\nUUID\ncbuiltins\nint\nI5\ntR.", "copyreg"),
+        # methods, attributes and neighbours of admitted types and modules
+        (_stack_global("pathlib", "PosixPath.touch") + b".", "PosixPath.touch"),
+        (_stack_global("pathlib", "Path.write_text") + b".", "Path.write_text"),
+        (_stack_global("uuid", "UUID.__new__") + b".", "UUID.__new__"),
+        (b"ctypes\nFunctionType\n.", "types.FunctionType"),
+        (b"ctypes\nCodeType\n.", "types.CodeType"),
+        (b"cuuid\n_load_system_functions\n(tR.", "uuid._load_system_functions"),
+        (b"cipaddress\nip_address\n(S'1.2.3.4'\ntR.", "ipaddress.ip_address"),
+        (b"czoneinfo\nZoneInfo\n(S'UTC'\ntR.", "zoneinfo.ZoneInfo"),
+        (b"ccollections\nnamedtuple\n(S'P'\nS'x y'\ntR.", "collections.namedtuple"),
+        (b"cpathlib\nPath\n(S'/'\ntR.", "pathlib.Path"),
+        (b"cdecimal\ngetcontext\n(tR.", "decimal.getcontext"),
+    ],
+)
+def test_hostile_reduce_of_a_type_not_admitted_is_refused(payload, refused):
+    with pytest.raises(UnsafePickleError, match=refused.replace(".", r"\.")):
+        make_loads()(payload)
+
+
+def test_hostile_method_of_an_admitted_type_runs_nothing_through_either_backend(atlas, tmp_path):
+    """``pathlib.Path.touch`` is not ``pathlib.PosixPath``: a block that would create a file
+    through it under ``pickle.loads`` is refused, the file never made, both backends."""
+    marker = tmp_path / "pwned"
+    touch = pickle.dumps(pathlib.PosixPath.touch, protocol=4)  # by qualified name: Path.touch
+    hostile = (
+        b"\x80\x04"
+        + touch[2:-1]  # the STACK_GLOBAL of pathlib Path.touch, without its STOP
+        + pickle.dumps((pathlib.PosixPath(marker),), protocol=4)[2:-1]
+        + b"R"  # REDUCE: PosixPath.touch(PosixPath(marker))
+        + b"."
+    )
+    pickle.loads(hostile)  # what the reference's pickle.loads does with it
+    assert marker.exists()
+    marker.unlink()
+    root = tmp_path / "ds"
+    examples = write_dataset(root, 0)
+    blocks = read_blocks(root / "1")
+    blocks[2] = b"\x80\x04](K\x01K\x02K\x03" + hostile[2:-1] + b"e."
+    write_blocks(root / "1", blocks)
+    ds = atlas.AtlasDataset(root, trusted=False)
+    with pytest.raises(UnsafePickleError, match=r"pathlib\.Path\.touch.*block 2"):
+        ds[40 + 2 * 4 + 3]
+    with pytest.raises(UnsafePickleError, match=r"pathlib\.Path\.touch"):
+        atlas.AtlasDatasetShard(root / "1", trusted=False).read_block(2)
+    assert not marker.exists()
+    assert_same(ds[40 + 3 * 4], examples[40 + 3 * 4])  # the other blocks still read
 
 
 def test_numpy_1x_names_load():

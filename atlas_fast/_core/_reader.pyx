@@ -269,8 +269,8 @@ cdef class ShardCore:
     cdef object _dict_bytes
     cdef BlockCache _cache
     cdef object _tag
-    # A remote shard's _remote.ShardSource (None: the local files under _root). Its blocks
-    # come from it as bytes, decoded by the same _decompress as the mapped ones.
+    # A remote shard's storage._dataset.ShardSource (None: the local files under _root). Its
+    # blocks come from it as bytes, decoded by the same _decompress as the mapped ones.
     cdef readonly object _source
     # The entry of the block last read: a hit on it skips the dict. Read and replaced under
     # the GIL; only trusted while live.

@@ -373,7 +373,7 @@ class ShardCore:
         self._loads = loads
         self._cache = BlockCache(DEFAULT_CACHE_BYTES, None, False) if cache is None else cache
         self._tag = tag
-        # A remote shard's _remote.ShardSource (None: the local files under _root).
+        # A remote shard's storage._dataset.ShardSource (None: the local files under _root).
         self._source = source
         self._last = None  # the _Entry of the block last read (a fast path for hits)
         self._next = -1  # the example after the one __getitem__ read last

@@ -84,7 +84,7 @@ def shard_layout(root, metadata, dict_bytes) -> tuple:
 
 def open_files(root: str, metadata, dict_bytes, zstd_dict_type, source=None) -> tuple:
     """What reading a shard needs: (validated offsets, digested dictionary or None). A remote
-    shard's (``source``: a ``_remote.ShardSource``) come from it."""
+    shard's (``source``: a ``storage._dataset.ShardSource``) come from it."""
     if source is None:
         offsets = load_offsets(root, metadata)
     else:

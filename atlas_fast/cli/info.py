@@ -6,6 +6,10 @@ the dataset (``--sample N``, default 64), or measured on every block with ``--ex
 is unpickled. Every shard that can be read is described; each problem met is reported on
 standard error (and in ``--json``'s ``problems``) and the exit status is then 1. Run
 ``atlas-fast verify`` for a full check.
+
+PATH may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://`` or another
+fsspec scheme), read as the readers read it; its bytes on disk are then not known (nothing is
+listed) and reported as such.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ __all__ = ["add_arguments", "run", "info"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="PATH", help="a dataset root or a single shard directory")
+    from .verify import PATH_HELP
+
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
     parser.add_argument("--json", action="store_true", help="print the description as JSON")
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -33,10 +39,6 @@ def add_arguments(parser) -> None:
     )
 
 
-def _dir_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
-
-
 def _spread(total: int, wanted: int) -> list:
     """``wanted`` indices spread evenly over ``range(total)`` (all of them if fewer)."""
     if wanted >= total:
@@ -45,28 +47,31 @@ def _spread(total: int, wanted: int) -> list:
 
 
 def info(path, *, exact=False, sample=64, readers=None) -> dict:
-    """Describe the dataset or shard at ``path``: every shard that can be described.
+    """Describe the dataset or shard at ``path`` (a directory or a URL): every shard that can
+    be described.
 
     What cannot be read is reported, not raised: ``problems`` (dicts with ``file``,
     ``block``, ``kind`` and ``message``, as ``verify``'s) and ``ok`` (no problem found).
     A shard whose meta.json reads is described (its ``data_bytes`` None when its index
     does not read); a root ``shard_sizes`` that disagrees with a shard is a problem, as it is
     when reading. ``readers`` is the module whose reader classes decode (default
-    ``atlas_fast.atlas``).
+    ``atlas_fast.atlas``). ``disk_bytes`` is None for a URL.
     """
     if readers is None:
         from .. import atlas as readers
-    from .._errors import AtlasFormatError
-    from .._format import DATA_FILE, INDEX_FILE, CompressionStrategy, block_count, load_offsets
+    from .._errors import AtlasFormatError, StorageError
+    from .._format import DATA_FILE, INDEX_FILE, CompressionStrategy, block_count
+    from ..storage._dataset import is_remote, to_local
     from .verify import _problem, _record, lacks_shared_dict, open_target, read_shard
 
-    path = Path(path)
+    remote = is_remote(path)
+    path = path if remote else Path(to_local(path))
     problems: list = []
     target = open_target(path, problems)
     strategy = target.metadata.compression_strategy if target.metadata is not None else None
 
     rows = []
-    blocks = []  # (shard reader, block, stored bytes) for the ratio
+    blocks = []  # (shard reader, its files, block, stored bytes) for the ratio
     shards = []  # the readers made (they open their files on first use), all closed at the end
     try:
         for shard_dir in target.shard_dirs:
@@ -89,37 +94,37 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
             rows.append(row)
             _record(
                 problems,
-                shard_dir,
+                shard_dir.where,
                 None,
-                lambda r=row, d=shard_dir: r.update(disk_bytes=_dir_bytes(d)),
+                lambda r=row, d=shard_dir: r.update(disk_bytes=d.disk_bytes()),
             )
             try:
-                offsets = load_offsets(shard_dir, meta)
-            except AtlasFormatError as exc:
-                problems.append(_problem(shard_dir / INDEX_FILE, None, exc))
+                offsets = shard_dir.offsets(meta)
+            except (AtlasFormatError, StorageError) as exc:
+                problems.append(_problem(shard_dir.file(INDEX_FILE), None, exc))
                 continue
             row["data_bytes"] = int(offsets[-1])
             if lacks_shared_dict(target, shard_dir, meta, problems, "read"):
                 continue
             try:
-                shard = readers.AtlasDatasetShard(
-                    shard_dir, compression_dict_bytes=target.dict_bytes
-                )
+                shard = shard_dir.reader(readers, target.dict_bytes)
             except Exception as exc:  # AtlasFormatError; anything else is reported too
-                problems.append(_problem(shard_dir, None, exc))
+                problems.append(_problem(shard_dir.where, None, exc))
                 continue
             shards.append(shard)
-            blocks.extend((shard, b, int(offsets[b + 1] - offsets[b])) for b in range(n_blocks))
+            blocks.extend(
+                (shard, shard_dir, b, int(offsets[b + 1] - offsets[b])) for b in range(n_blocks)
+            )
 
         chosen = blocks if exact else [blocks[k] for k in _spread(len(blocks), max(0, sample))]
         stored_sum = decoded_sum = decoded_blocks = 0
         current = None  # the shard whose blocks are being decoded; chosen is in shard order
-        for shard, b, size in chosen:
+        for shard, files, b, size in chosen:
             if shard is not current:
                 if current is not None:
                     current.close()  # its files, before the next shard's are opened
                 current = shard
-            data_path = Path(shard.root) / DATA_FILE
+            data_path = files.file(DATA_FILE)
             try:
                 decoded = len(shard._block_bytes(b))
             except Exception as exc:  # AtlasFormatError; anything else is reported too
@@ -133,9 +138,9 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
             shard.close()
 
     root_files = 0
-    if target.kind == "dataset":
+    if target.kind == "dataset" and not remote:
         try:
-            root_files = _dir_bytes(path)
+            root_files = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
         except OSError as exc:
             problems.append(_problem(path, None, exc))
     block_sizes = sorted({r["block_size"] for r in rows})
@@ -153,7 +158,7 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
         ),
         "block_size": block_sizes[0] if len(block_sizes) == 1 else block_sizes,
         "data_bytes": sum(r["data_bytes"] or 0 for r in rows),
-        "disk_bytes": root_files + sum(r["disk_bytes"] or 0 for r in rows),
+        "disk_bytes": None if remote else root_files + sum(r["disk_bytes"] or 0 for r in rows),
         "compression_ratio": (decoded_sum / stored_sum) if stored_sum else None,
         "ratio_exact": decoded_blocks == n_blocks,
         "ratio_blocks": decoded_blocks,
@@ -172,9 +177,10 @@ def _size(n: int) -> str:
 
 
 def run(args) -> int:
-    path = Path(args.path)
-    if not path.is_dir():
-        print(f"atlas-fast info: error: {path} is not a directory", file=sys.stderr)
+    from .verify import check_path
+
+    path = check_path("info", args.path)
+    if path is None:
         return 2
     if args.sample < 1:
         print("atlas-fast info: error: --sample must be at least 1", file=sys.stderr)
@@ -227,5 +233,8 @@ def _print(report: dict) -> None:
     print(f"  blocks:       {blocks}")
     print(f"  strategy:     {strategy}")
     print(f"  data.bin:     {_size(report['data_bytes'])}")
-    print(f"  on disk:      {_size(report['disk_bytes'])}")
+    if report["disk_bytes"] is None:
+        print("  on disk:      n/a (in object storage)")
+    else:
+        print(f"  on disk:      {_size(report['disk_bytes'])}")
     print(f"  compression:  {compression}")

@@ -6,6 +6,11 @@ through the selected backend's reader and checks its example count. Shards writt
 ``checksums=True`` also have every block's stored bytes checked against ``checksums.npy``,
 which finds corruption that still decompresses and unpickles. It keeps going after a problem
 and ends with a summary. Exit status: 0 clean, 1 problems found, 2 usage error.
+
+PATH may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://`` or another
+fsspec scheme), read as the readers read it: credentials and endpoints from the standard
+environment variables, nothing listed (a remote dataset's shards are those its root meta.json
+counts), blocks fetched by exact ranges, neighbours merged.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["add_arguments", "run", "verify", "Target", "open_target"]
+__all__ = ["add_arguments", "run", "verify", "Target", "ShardFiles", "open_target", "check_path"]
+
+PATH_HELP = "a dataset root or a single shard: a directory or a URL (s3://, gs://, https://, ...)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="PATH", help="a dataset root or a single shard directory")
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--untrusted",
@@ -45,10 +52,105 @@ def add_arguments(parser) -> None:
     )
 
 
-class Target:
-    """What PATH holds: a dataset root or one shard, with what reading its shards needs."""
+def check_path(command: str, path: str):
+    """PATH of ``command`` as the commands take it: a local ``Path`` (a ``file://`` URL turned
+    into the path it names) or a remote URL (str). A usage problem is printed, naming PATH,
+    and None returned."""
+    from ..storage import parse_url
+    from ..storage._dataset import is_remote, to_local
 
-    def __init__(self, path: Path) -> None:
+    try:
+        if is_remote(path):
+            parse_url(path)
+            return path
+        local = Path(to_local(path))
+    except ValueError as exc:
+        print(f"atlas-fast {command}: error: {exc}", file=sys.stderr)
+        return None
+    if not local.is_dir():
+        print(f"atlas-fast {command}: error: {local} is not a directory", file=sys.stderr)
+        return None
+    return local
+
+
+class ShardFiles:
+    """One shard's files as the commands read them: a local folder (``where``, a ``Path``) or a
+    folder in object storage (``where``, its URL; ``source``, the ``ShardSource`` its files are
+    read through). ``file(name)`` names one of them in reports."""
+
+    def __init__(self, where, source=None) -> None:
+        self.where = where
+        self.source = source
+        self.name = where.name if source is None else where.rpartition("/")[2]
+
+    @property
+    def remote(self) -> bool:
+        return self.source is not None
+
+    def __str__(self) -> str:
+        return str(self.where)
+
+    def file(self, name: str):
+        return self.where / name if self.source is None else f"{self.where}/{name}"
+
+    def metadata(self):
+        from .._format import read_shard_metadata
+
+        if self.source is None:
+            return read_shard_metadata(self.where)
+        return self.source.metadata()
+
+    def offsets(self, metadata):
+        from .._format import load_offsets
+
+        if self.source is None:
+            return load_offsets(self.where, metadata)
+        return self.source.offsets(metadata)
+
+    def checksums(self, n_blocks: int):
+        """The block checksums (``checksums.npy``), or None when the shard has none."""
+        from .._errors import AtlasFormatError, ObjectNotFoundError
+        from .._format import (
+            CHECKSUM_FILE,
+            NPY_HEADER_LIMIT,
+            check_checksums,
+            load_checksums,
+            parse_npy,
+        )
+
+        if self.source is None:
+            return load_checksums(self.where, n_blocks)
+        obj = self.source.location.object(CHECKSUM_FILE)
+        try:
+            data = obj.read(NPY_HEADER_LIMIT + 8 * n_blocks)
+        except ObjectNotFoundError:
+            return None
+        except ValueError as exc:
+            raise AtlasFormatError(f"{exc}: not the .npy array expected here") from None
+        return check_checksums(parse_npy(data, obj.url), obj.url, n_blocks)
+
+    def disk_bytes(self):
+        """Bytes of the shard's files on disk (None in object storage: nothing is listed)."""
+        if self.source is not None:
+            return None
+        return sum(p.stat().st_size for p in self.where.iterdir() if p.is_file())
+
+    def reader(self, readers, dict_bytes, source=None, **kwargs):
+        """The shard's ``readers.AtlasDatasetShard`` (a remote one reads through ``source``,
+        by default this shard's)."""
+        return readers.AtlasDatasetShard(
+            self.where,
+            compression_dict_bytes=dict_bytes,
+            _source=source if source is not None else self.source,
+            **kwargs,
+        )
+
+
+class Target:
+    """What PATH holds: a dataset root or one shard, with what reading its shards needs.
+    ``shard_dirs`` are ``ShardFiles``."""
+
+    def __init__(self, path) -> None:
         self.path = path
         self.kind = "dataset"
         self.metadata = None  # AtlasDatasetMetadata of a dataset root (None if unreadable)
@@ -56,13 +158,25 @@ class Target:
         self.dict_bytes = None  # the shared dictionary (strategy 2), if any
         self.dict_path = None
 
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.path, str)
 
-def open_target(path: Path, problems: list) -> Target:
+    def file(self, name: str):
+        return f"{self.path}/{name}" if self.remote else self.path / name
+
+
+def open_target(path, problems: list) -> Target:
     """Work out what ``path`` is and read its top level, recording problems instead of raising.
 
     A directory whose meta.json has a ``block_size`` (or that has no meta.json but a data.bin
-    or index.npy) is a shard; any other directory is a dataset root.
+    or index.npy) is a shard; any other directory is a dataset root. ``path`` may be a URL
+    (str): see ``open_remote_target``.
     """
+    from ..storage._dataset import is_remote
+
+    if is_remote(path):
+        return open_remote_target(path, problems)
     from .._errors import AtlasFormatError
     from .._format import (
         DATA_FILE,
@@ -81,7 +195,7 @@ def open_target(path: Path, problems: list) -> Target:
         meta is None and ((path / DATA_FILE).exists() or (path / INDEX_FILE).exists())
     ):
         target.kind = "shard"
-        target.shard_dirs = [path]
+        target.shard_dirs = [ShardFiles(path)]
         shared = path.parent / DICT_FILE
         if isinstance(meta, dict) and meta.get("compression_strategy") == 2:
             target.dict_path = shared
@@ -101,35 +215,116 @@ def open_target(path: Path, problems: list) -> Target:
             problems, target.dict_path, None, lambda: _set(target, read_dict_file(target.dict_path))
         )
     try:
-        target.shard_dirs = find_shard_dirs(path)
+        target.shard_dirs = [ShardFiles(d) for d in find_shard_dirs(path)]
     except AtlasFormatError as exc:
         problems.append(_problem(path, None, exc))
     return target
 
 
-def read_shard(target: Target, shard_dir: Path, problems: list):
+def open_remote_target(url: str, problems: list, storage_options=None) -> Target:
+    """``open_target`` for a URL: its meta.json says what it is (a ``block_size``: a shard),
+    and a dataset's shards are those the root's meta.json counts, named as the writer names
+    them (nothing is listed; a missing one is a problem when it is read)."""
+    from .._errors import AtlasFormatError, ObjectNotFoundError, StorageError
+    from .._format import (
+        DICT_FILE,
+        MAX_META_BYTES,
+        META_FILE,
+        CompressionStrategy,
+        dataset_metadata_from,
+        parse_json_object,
+    )
+    from ..storage import Location
+    from ..storage._dataset import ShardSource, missing_bucket, shard_names
+
+    location = Location(url, storage_options)
+    target = Target(location.url)
+    obj = location.object(META_FILE)
+    try:
+        meta = parse_json_object(obj.read(MAX_META_BYTES), obj.url)
+    except ValueError as exc:  # AtlasFormatError too
+        if not isinstance(exc, AtlasFormatError):
+            exc = AtlasFormatError(f"{exc}: not a meta.json")
+        problems.append(_problem(obj.url, None, exc))
+        return target
+    except StorageError as exc:
+        if isinstance(exc, ObjectNotFoundError) and not missing_bucket(exc):
+            exc = AtlasFormatError(
+                f"{obj.url}: missing: {url} is not an Atlas dataset or shard (no meta.json: its "
+                "writer did not finish, or the URL does not name one)"
+            )
+        problems.append(_problem(obj.url, None, exc))
+        return target
+
+    def read_dict(where) -> None:
+        dict_obj = where.object(DICT_FILE)
+        target.dict_path = dict_obj.url
+        try:
+            data = dict_obj.read()
+        except FileNotFoundError:
+            raise AtlasFormatError(
+                f"{dict_obj.url}: missing (the compression strategy needs it)"
+            ) from None
+        if not data:
+            raise AtlasFormatError(f"{dict_obj.url}: empty dictionary")
+        target.dict_bytes = data
+
+    shared = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    if "block_size" in meta:
+        target.kind = "shard"
+        target.shard_dirs = [ShardFiles(location.url, ShardSource(location))]
+        if meta.get("compression_strategy") == shared:
+            parent = Location(location.url.rpartition("/")[0], storage_options)
+            _record(problems, parent.object(DICT_FILE).url, None, lambda: read_dict(parent))
+        return target
+    try:
+        target.metadata = dataset_metadata_from(meta, obj.url)
+    except AtlasFormatError as exc:
+        problems.append(_problem(obj.url, None, exc))
+        return target
+    names = shard_names(len(target.metadata.shard_sizes))
+    if target.metadata.compression_strategy == shared and names:
+        _record(problems, location.object(DICT_FILE).url, None, lambda: read_dict(location))
+    target.shard_dirs = [
+        ShardFiles(location.child(name).url, ShardSource(location.child(name), k))
+        for k, name in enumerate(names)
+    ]
+    return target
+
+
+def read_shard(target: Target, shard_dir: ShardFiles, problems: list):
     """The metadata of ``shard_dir``, a shard of ``target``, checked against the root's
     ``shard_sizes`` (a disagreement is recorded, the metadata still returned); None, recorded,
     when its meta.json does not read."""
-    from .._errors import AtlasFormatError
-    from .._format import META_FILE, check_shard_sizes, read_shard_metadata
+    from .._errors import AtlasFormatError, StorageError
+    from .._format import META_FILE, check_shard_sizes
 
+    meta_file = shard_dir.file(META_FILE)
     try:
-        metadata = read_shard_metadata(shard_dir)
-    except AtlasFormatError as exc:
-        problems.append(_problem(shard_dir / META_FILE, None, exc))
+        metadata = shard_dir.metadata()
+    except (AtlasFormatError, StorageError) as exc:
+        problems.append(_problem(meta_file, None, exc))
         return None
     if target.kind == "dataset" and target.metadata is not None:
+        if shard_dir.remote:  # a whole dataset: shard k is the k-th of shard_sizes
+            listed = target.metadata.shard_sizes[int(shard_dir.name)]
+            if listed != metadata.stored_examples:
+                message = (
+                    f"{meta_file}: stored_examples is {metadata.stored_examples} but "
+                    f"{target.file(META_FILE)} lists {listed} for shard {int(shard_dir.name)}"
+                )
+                problems.append(_problem(meta_file, None, AtlasFormatError(message)))
+            return metadata
         _record(
             problems,
-            shard_dir / META_FILE,
+            meta_file,
             None,
-            lambda: check_shard_sizes(target.path, target.metadata, [(shard_dir, metadata)]),
+            lambda: check_shard_sizes(target.path, target.metadata, [(shard_dir.where, metadata)]),
         )
     return metadata
 
 
-def lacks_shared_dict(target: Target, shard_dir: Path, metadata, problems: list, verb: str):
+def lacks_shared_dict(target: Target, shard_dir: ShardFiles, metadata, problems: list, verb: str):
     """Whether the strategy-2 shard ``shard_dir`` has blocks but its shared dictionary is
     unavailable (recorded as a problem: its blocks not ``verb``)."""
     from .._errors import AtlasFormatError
@@ -138,12 +333,18 @@ def lacks_shared_dict(target: Target, shard_dir: Path, metadata, problems: list,
     n_blocks = block_count(metadata.stored_examples, metadata.block_size)
     if metadata.compression_strategy != 2 or not n_blocks or target.dict_bytes is not None:
         return False
-    where = target.dict_path or (shard_dir.parent / DICT_FILE)
+    if target.dict_path is not None:
+        where = target.dict_path
+    elif shard_dir.remote:
+        where = f"{str(shard_dir).rpartition('/')[0]}/{DICT_FILE}"
+    else:
+        where = shard_dir.where.parent / DICT_FILE
+    meta_file = shard_dir.file(META_FILE)
     message = (
-        f"{shard_dir / META_FILE}: compression_strategy 2 needs the shared dictionary {where}, "
+        f"{meta_file}: compression_strategy 2 needs the shared dictionary {where}, "
         f"which is unavailable: {n_blocks} blocks not {verb}"
     )
-    problems.append(_problem(shard_dir / META_FILE, None, AtlasFormatError(message)))
+    problems.append(_problem(meta_file, None, AtlasFormatError(message)))
     return True
 
 
@@ -168,6 +369,9 @@ def _problem(file, block, exc) -> dict:
     if not isinstance(exc, Exception) or type(exc).__name__ not in (
         "AtlasFormatError",
         "UnsafePickleError",
+        "StorageError",
+        "ObjectNotFoundError",
+        "ObjectChangedError",
     ):
         message = f"{file}: unexpected {type(exc).__name__}: {exc}" if file else str(exc)
     return {
@@ -189,7 +393,7 @@ def _record(problems: list, file, block, action) -> bool:
 
 
 def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> dict:
-    """Check the dataset or shard at ``path``; returns the report.
+    """Check the dataset or shard at ``path`` (a directory or a URL); returns the report.
 
     The report: ``path``, ``kind`` ("dataset" or "shard"), ``ok``, the counts ``shards``,
     ``blocks``, ``examples`` and ``blocks_checksummed``, ``problems`` (dicts with ``file``,
@@ -201,17 +405,10 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
         from .. import atlas as readers
     from .._core._reader_py import read_at
     from .._errors import AtlasFormatError
-    from .._format import (
-        CHECKSUM_FILE,
-        DATA_FILE,
-        META_FILE,
-        block_checksum,
-        block_count,
-        load_checksums,
-        load_offsets,
-    )
+    from .._format import CHECKSUM_FILE, DATA_FILE, META_FILE, block_checksum, block_count
+    from ..storage._dataset import is_remote, to_local
 
-    path = Path(path)
+    path = path if is_remote(path) else Path(to_local(path))
     problems: list = []
     notes: list = []
     target = open_target(path, problems)
@@ -219,10 +416,11 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
 
     read_lock = threading.Lock() if not hasattr(os, "pread") else contextlib.nullcontext()
 
-    def check_block(shard, data_fd, offsets, checksums, b):
-        data_path = shard.root / DATA_FILE
+    def check_block(shard, files, kept, data_fd, offsets, checksums, b):
+        data_path = files.file(DATA_FILE)
         found = []
-        if checksums is not None:
+        raw = None
+        if checksums is not None and data_fd is not None:
             start, end = int(offsets[b]), int(offsets[b + 1])
             try:
                 with read_lock:  # only contended where there is no pread (Windows)
@@ -230,67 +428,79 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
             except OSError as exc:
                 raw = b""
                 found.append(_problem(data_path, b, exc))
+        here = len(found)  # the checksum's problem goes before the decoding's
+        _record(found, data_path, b, lambda: shard.read_block(b))
+        if kept is not None:  # remote: the bytes the reader fetched
+            raw = kept.stored.pop(b, None)
+        if raw is not None:
             want = int(checksums[b])
             got = block_checksum(raw)
             if got != want:
-                found.append(
+                found.insert(
+                    here,
                     _problem(
                         data_path,
                         b,
                         AtlasFormatError(
                             f"{data_path}: block {b}: stored bytes do not match "
-                            f"{shard.root / CHECKSUM_FILE} (checksum {got:016x}, expected "
+                            f"{files.file(CHECKSUM_FILE)} (checksum {got:016x}, expected "
                             f"{want:016x}): the block is corrupt"
                         ),
-                    )
+                    ),
                 )
-        _record(found, data_path, b, lambda: shard.read_block(b))
         return found
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for shard_dir in target.shard_dirs:
-            metadata = read_shard(target, shard_dir, problems)
+        for files in target.shard_dirs:
+            metadata = read_shard(target, files, problems)
             if metadata is None:
                 continue
             totals["shards"] += 1
             n_blocks = block_count(metadata.stored_examples, metadata.block_size)
-            if lacks_shared_dict(target, shard_dir, metadata, problems, "checked"):
+            if lacks_shared_dict(target, files, metadata, problems, "checked"):
                 continue
             try:
-                shard = readers.AtlasDatasetShard(
-                    shard_dir,
-                    compression_dict_bytes=target.dict_bytes,
+                checksums = files.checksums(n_blocks)
+            except Exception as exc:  # AtlasFormatError, StorageError; anything else too
+                problems.append(_problem(files.file(CHECKSUM_FILE), None, exc))
+                checksums = None
+            kept = None
+            if files.remote and checksums is not None:
+                kept = _KeptBytes(files.source)  # the stored bytes, checked as they arrive
+            try:
+                shard = files.reader(
+                    readers,
+                    target.dict_bytes,
+                    kept,
                     trusted=trusted,
                     allowed_globals=allowed_globals,
                 )
-                offsets = load_offsets(shard_dir, metadata)
+                offsets = files.offsets(metadata)
                 shard._block_offsets()  # index and dictionary, as the reader will load them
             except Exception as exc:  # AtlasFormatError; anything else is reported too
-                problems.append(_problem(shard_dir, None, exc))
+                problems.append(_problem(files.where, None, exc))
                 continue
-            try:
-                checksums = load_checksums(shard_dir, n_blocks)
-            except AtlasFormatError as exc:
-                problems.append(_problem(shard_dir / CHECKSUM_FILE, None, exc))
-                checksums = None
             data_fd = None
-            if checksums is not None and n_blocks:
+            if checksums is not None and n_blocks and not files.remote:
                 try:
                     flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
-                    data_fd = os.open(shard_dir / DATA_FILE, flags)
+                    data_fd = os.open(files.file(DATA_FILE), flags)
                 except OSError as exc:
-                    problems.append(_problem(shard_dir / DATA_FILE, None, exc))
+                    problems.append(_problem(files.file(DATA_FILE), None, exc))
                     checksums = None
-                else:
-                    totals["blocks_checksummed"] += n_blocks
+            if checksums is not None:
+                totals["blocks_checksummed"] += n_blocks
             try:
-                for found in pool.map(
-                    lambda b, s=shard, fd=data_fd, o=offsets, c=checksums: check_block(
-                        s, fd, o, c, b
-                    ),
-                    range(n_blocks),
-                ):
-                    problems.extend(found)
+                for blocks in _batches(files, offsets, n_blocks):
+                    if files.remote:
+                        files.source.prefetch(blocks)  # neighbours merged, fetched at once
+                    for found in pool.map(
+                        lambda b, s=shard, f=files, k=kept, fd=data_fd, o=offsets, c=checksums: (
+                            check_block(s, f, k, fd, o, c, b)
+                        ),
+                        blocks,
+                    ):
+                        problems.extend(found)
             finally:
                 if data_fd is not None:
                     os.close(data_fd)
@@ -298,7 +508,7 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
             totals["blocks"] += n_blocks
             totals["examples"] += metadata.stored_examples
 
-    if target.kind == "dataset" and target.metadata is not None:
+    if target.kind == "dataset" and target.metadata is not None and not target.remote:
         present = {int(d.name) for d in target.shard_dirs if d.name.isdigit()}
         missing = [i for i in range(len(target.metadata.shard_sizes)) if i not in present]
         if missing:
@@ -317,6 +527,41 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
     }
 
 
+class _KeptBytes:
+    """A remote shard's source that keeps the stored bytes of each block it hands the reader
+    (``stored``: block -> bytes, taken by the checksum check): each block is fetched once."""
+
+    def __init__(self, source) -> None:
+        self._source = source
+        self.stored: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+    def block(self, b: int) -> bytes:
+        data = self._source.block(b)
+        self.stored[b] = data
+        return data
+
+
+def _batches(files: ShardFiles, offsets, n_blocks: int) -> list:
+    """The blocks of a shard in the groups verify checks one after the other: all at once for
+    a local shard; for a remote one, runs of neighbours of up to a read-ahead's bytes, each
+    fetched in a few large requests before its blocks are decoded."""
+    if not files.remote:
+        return [range(n_blocks)]
+    limit = max(1, files.source.location.settings.read_ahead_bytes // 2)
+    out = []
+    first = 0
+    for b in range(n_blocks):
+        if b > first and int(offsets[b + 1]) - int(offsets[first]) > limit:
+            out.append(range(first, b))
+            first = b
+    if first < n_blocks:
+        out.append(range(first, n_blocks))
+    return out
+
+
 def _ranges(numbers: list) -> str:
     parts = []
     start = prev = numbers[0]
@@ -331,9 +576,8 @@ def _ranges(numbers: list) -> str:
 
 
 def run(args) -> int:
-    path = Path(args.path)
-    if not path.is_dir():
-        print(f"atlas-fast verify: error: {path} is not a directory", file=sys.stderr)
+    path = check_path("verify", args.path)
+    if path is None:
         return 2
     if args.allow and not args.untrusted:
         print("atlas-fast verify: error: --allow needs --untrusted", file=sys.stderr)

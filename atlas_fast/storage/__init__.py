@@ -1,7 +1,9 @@
 """Where the bytes of a dataset come from: local files or object storage, behind one interface.
 
-This package knows nothing of the Atlas format: it reads objects and byte ranges. The readers
-use it through ``atlas_fast._remote``; writing to object storage can build on the same calls.
+Its modules read objects and byte ranges and know nothing of the Atlas format, except
+``_dataset``, which reads a dataset's files through them for the readers and the command line
+(imports run one way: the format's module never imports this package). Writing to object
+storage can build on the same calls.
 
 The interface
 -------------
@@ -15,9 +17,10 @@ The interface
     ``read_ranges(ranges)`` several, neighbours merged into large requests made concurrently.
     The first answer pins the object (its ETag, sent as If-Match from then on, and its size):
     a later answer of another version raises ``ObjectChangedError``.
-``BlockFetcher(obj, offsets, shard=None)``
+``BlockFetcher(obj, offsets, shard=None, cache=None)``
     The blocks of one object by exact ranges: ``get(b)``, ``prefetch(blocks)`` (a batch,
-    neighbours merged), and a bounded read-ahead for passes in order.
+    neighbours merged), and a bounded read-ahead for passes in order. ``cache``, a
+    ``_diskcache.DiskCache``, keeps the blocks fetched on local disk (``cache_dir=``).
 
 Failures
 --------

@@ -94,11 +94,14 @@ after_fork_in_child(_after_fork_in_child)
 
 class BlockFetcher:
     """The stored bytes of the blocks of ``obj`` (a ``StoredObject``), block ``b`` being bytes
-    ``offsets[b]..offsets[b + 1]``. ``shard`` names the shard in errors."""
+    ``offsets[b]..offsets[b + 1]``. ``shard`` names the shard in errors; ``cache``, a
+    ``_diskcache.DiskCache`` (or None), is where blocks are looked for before a request and
+    kept after one."""
 
-    def __init__(self, obj, offsets, shard=None) -> None:
+    def __init__(self, obj, offsets, shard=None, cache=None) -> None:
         self.obj = obj
         self.shard = shard
+        self.cache = cache
         self._offsets = [int(x) for x in offsets]
         self._n = len(self._offsets) - 1
         self._reset()
@@ -148,9 +151,7 @@ class BlockFetcher:
                 data = self._take_lock_held(b)
             if data is not None:
                 return data
-        return self.obj.read_range(
-            self._offsets[b], self._offsets[b + 1], shard=self.shard, block=b
-        )
+        return self._read([b], self._offsets[b], self._offsets[b + 1])
 
     def prefetch(self, blocks) -> None:
         """Fetch ``blocks`` (those not held or asked for yet), neighbours merged, concurrently;
@@ -292,7 +293,7 @@ class BlockFetcher:
         pid = self._pid
         data = error = None
         try:
-            data = self.obj.read_range(start, end, shard=self.shard, block=blocks[0])
+            data = self._read(blocks, start, end)
         except BaseException as exc:
             error = exc
         view = None if data is None else memoryview(data)
@@ -316,6 +317,13 @@ class BlockFetcher:
                     _BUDGET.give(size)
         if error is not None:
             raise error
+
+    def _read(self, blocks: list, start: int, end: int) -> bytes:
+        """The bytes ``start..end`` of ``blocks`` (consecutive): one request, or through the
+        disk cache when there is one. Runs without ``_lock``."""
+        if self.cache is None:
+            return self.obj.read_range(start, end, shard=self.shard, block=blocks[0])
+        return self.cache.read(self.obj, self._offsets, blocks, self.shard)
 
 
 class _Run:

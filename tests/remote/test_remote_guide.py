@@ -30,3 +30,5 @@ def test_the_remote_guide_runs(s3, tmp_path, monkeypatch):
     for k, code in enumerate(blocks):
         exec(compile(code, f"{GUIDE}:block {k}", "exec"), namespace)
     assert namespace["ds"][123] == {"id": 123}
+    assert namespace["ds"].cache_dir == "atlas-cache"  # the disk cache's example, last
+    assert any((tmp_path / "atlas-cache" / "blocks").iterdir())

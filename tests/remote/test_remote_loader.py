@@ -230,6 +230,12 @@ def test_missing_shard_is_named_when_first_read(s3, remote, atlas):
         ds[300]
 
 
+def test_a_missing_object_in_a_bucket_named_bucket_is_not_a_missing_bucket(s3, atlas):
+    s3.client.create_bucket(Bucket="my-bucket")
+    with pytest.raises(AtlasFormatError, match=r"my-bucket/ds/meta\.json: missing: not an Atlas"):
+        atlas.AtlasDataset("s3://my-bucket/ds")
+
+
 def test_unreachable_server_names_url_and_attempts(atlas):
     options = {"max_attempts": 2, "deadline": 10}
     with pytest.raises(StorageError, match=r"127\.0\.0\.1:9/ds/meta\.json: failed after 2"):
@@ -291,7 +297,7 @@ def test_a_warmed_shard_is_fetched_in_one_request(remote, s3, tmp_path):
     reads the index and fetches the first blocks before any is read."""
     import time
 
-    from atlas_fast._remote import RemoteDataset
+    from atlas_fast.storage._dataset import RemoteDataset
 
     source = RemoteDataset(remote).source(1)
     source.metadata()
@@ -314,7 +320,7 @@ def test_warming_a_shard_reads_the_next_shards_metadata(remote, s3):
     ShardSource.warm is what a pass calls)."""
     import time
 
-    from atlas_fast._remote import RemoteDataset
+    from atlas_fast.storage._dataset import RemoteDataset
 
     dataset = RemoteDataset(remote)
     dataset.source(1).metadata()

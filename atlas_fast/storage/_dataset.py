@@ -1,6 +1,8 @@
-"""Atlas datasets in object storage: the format's files read through ``atlas_fast.storage``.
+"""Atlas datasets in object storage: the format's files, read through this package's objects.
 
-Shared by both cores and the facade (plain Python, below the contract). Metadata is read once
+The one module of ``atlas_fast.storage`` that knows the format (``atlas_fast._format``); the
+others read objects and byte ranges. Used by the readers and the command line, below the
+contract (plain Python, shared by both cores). Metadata is read once
 per object and process: opening a dataset reads its root meta.json (one request; a strategy-2
 dataset also its shared zstd_dict.bin); each shard's meta.json and index.npy are read on its
 first use. Nothing is listed: a remote dataset is whole, its shards those its root meta.json
@@ -16,8 +18,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ._errors import AtlasFormatError, ObjectNotFoundError
-from ._format import (
+from .._errors import AtlasFormatError, ObjectNotFoundError
+from .._format import (
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -32,9 +34,19 @@ from ._format import (
     parse_npy,
     shard_metadata_from,
 )
-from .storage import BlockFetcher, Location, is_url, local_path
+from ._blocks import BlockFetcher
+from ._diskcache import DiskCache, window_bytes
+from ._object import Location, fetch_pool
+from ._url import is_url, local_path
 
-__all__ = ["is_remote", "RemoteDataset", "ShardSource", "shard_names"]
+__all__ = [
+    "is_remote",
+    "RemoteDataset",
+    "ShardSource",
+    "shard_names",
+    "missing_bucket",
+    "open_disk_cache",
+]
 
 
 def is_remote(path) -> bool:
@@ -47,11 +59,33 @@ def to_local(path):
     return local_path(path) if isinstance(path, str) else path
 
 
+def open_disk_cache(cache_dir, cache_dir_bytes, location: Location):
+    """The ``DiskCache`` of a remote dataset or shard at ``location`` (None without
+    ``cache_dir``). A limit smaller than one read-ahead window is refused: ValueError naming
+    the URL and both sizes."""
+    if cache_dir is None:
+        return None
+    limit = cache_dir_bytes
+    window = window_bytes(location.settings)
+    if limit < window:
+        raise ValueError(
+            f"{location.url}: cache_dir_bytes={limit} is smaller than one read-ahead window "
+            f"({window} bytes: storage_options' read_ahead_bytes and request_bytes); give the "
+            "disk cache at least that, or lower read_ahead_bytes"
+        )
+    return DiskCache(cache_dir, limit)
+
+
 def shard_names(count: int) -> list:
     """The shard folder names a writer gives ``count`` shards: numbers, zero-padded to the
     width of the last one."""
     width = len(str(count - 1)) if count else 1
     return [str(k).zfill(width) for k in range(count)]
+
+
+def missing_bucket(exc: ObjectNotFoundError) -> bool:
+    """Whether ``exc`` says the bucket itself does not exist (not only the object)."""
+    return "bucket" in str(exc)[len(exc.url or "") :]
 
 
 def _read(obj, what: str, limit: int | None = None) -> bytes:
@@ -60,7 +94,7 @@ def _read(obj, what: str, limit: int | None = None) -> bytes:
     try:
         return obj.read(limit)
     except ObjectNotFoundError as exc:
-        if "bucket" in str(exc):
+        if missing_bucket(exc):
             raise
         raise AtlasFormatError(f"{obj.url}: missing{what}") from exc
     except ValueError as exc:
@@ -72,9 +106,10 @@ class ShardSource:
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
     threads and in a forked or spawned child (it pickles as its location)."""
 
-    def __init__(self, location: Location, shard=None, following=None) -> None:
+    def __init__(self, location: Location, shard=None, following=None, cache=None) -> None:
         self.location = location
         self.shard = shard
+        self.cache = cache  # a _diskcache.DiskCache, or None
         # The next shard's source, when this one is a dataset's (None: the last, or alone):
         # warming this shard reads that one's meta.json too, so a pass finds it read.
         self._following = following
@@ -90,7 +125,8 @@ class ShardSource:
         self._pid = os.getpid()
 
     def __reduce__(self):
-        return (ShardSource, (self.location, self.shard))  # alone: its neighbours stay
+        # alone: its neighbours stay
+        return (ShardSource, (self.location, self.shard, None, self.cache))
 
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: the parent's lock may be held forever
@@ -123,7 +159,7 @@ class ShardSource:
                 )
                 offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
                 offsets.setflags(write=False)
-                self._fetcher = BlockFetcher(self._data, offsets, self.shard)
+                self._fetcher = BlockFetcher(self._data, offsets, self.shard, self.cache)
                 if self._warm_wanted:  # before any reader waiting for this lock reads a block
                     self._fetcher.start_pass(0)
                 self._offsets = offsets
@@ -153,8 +189,6 @@ class ShardSource:
         if self._warm_wanted or self._offsets is not None:
             return
         self._warm_wanted = True
-        from .storage._object import fetch_pool
-
         fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
 
     def _warm(self) -> None:
@@ -186,9 +220,10 @@ class ShardSource:
 class RemoteDataset:
     """A dataset root in object storage: its meta.json, shared dictionary and shards."""
 
-    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict | None = None, cache=None) -> None:
         self.location = Location(url, storage_options)
         self.url = self.location.url
+        self.cache = cache
         obj = self.location.object(META_FILE)
         text = _read(
             obj,
@@ -214,7 +249,7 @@ class RemoteDataset:
         source = self._sources[s]
         if source is None:
             following = (lambda: self.source(s + 1)) if s + 1 < len(self.names) else None
-            made = ShardSource(self.location.child(self.names[s]), s, following)
+            made = ShardSource(self.location.child(self.names[s]), s, following, self.cache)
             with self._lock:
                 source = self._sources[s]
                 if source is None:
@@ -222,12 +257,13 @@ class RemoteDataset:
         return source
 
     def __reduce__(self):
-        return (_rebuild_dataset, (self.location, self.metadata, self.names))
+        return (_rebuild_dataset, (self.location, self.metadata, self.names, self.cache))
 
 
-def _rebuild_dataset(location, metadata, names):
+def _rebuild_dataset(location, metadata, names, cache=None):
     out = RemoteDataset.__new__(RemoteDataset)
     out.location = location
+    out.cache = cache
     out.url = location.url
     out.metadata = metadata
     out.names = names
