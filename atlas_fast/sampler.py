@@ -14,68 +14,14 @@ PCG64 stream), so a rank builds only its own share and a resumed run skips ahead
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from ._compat import torch_installed
+from ._order import BlockOrder, ReadAhead, block_lengths, check_int, distributed_defaults
+from ._order import sampler_bases as _sampler_bases
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
 
-
-def _sampler_bases() -> tuple:
-    if not torch_installed():
-        return ()
-    try:
-        from torch.utils.data import Sampler
-    except Exception:  # a broken torch install must not break reading
-        return ()
-    return (Sampler,)
-
-
-def _distributed_defaults() -> tuple:
-    """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
-    if not torch_installed():
-        return 1, 0
-    try:
-        import torch.distributed as dist
-    except Exception:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def block_lengths(dataset) -> np.ndarray:
-    """Examples per block of ``dataset`` (an Atlas dataset or shard), over all its shards.
-
-    From the shards' metadata alone: nothing is opened.
-    """
-    shards = getattr(dataset, "shards", None)
-    if shards is None:
-        if getattr(dataset, "metadata", None) is None or not hasattr(
-            dataset.metadata, "block_size"
-        ):
-            raise TypeError(
-                "BlockShuffleSampler needs an AtlasDataset or AtlasDatasetShard, "
-                f"not {type(dataset).__name__}"
-            )
-        shards = [dataset]
-    parts = []
-    for shard in shards:
-        n = len(shard)
-        size = shard.metadata.block_size
-        full, rest = divmod(n, size)
-        parts.append(np.full(full, size, dtype=np.int64))
-        if rest:
-            parts.append(np.array([rest], dtype=np.int64))
-    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    if int(lengths.sum()) != len(dataset):
-        raise ValueError(
-            f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
-            f"but it has {len(dataset)}"
-        )
-    return lengths
+_check_int = check_int
 
 
 class _StreamReader:
@@ -122,18 +68,6 @@ def _dealing(batch_size, num_workers):
 
 def _said(dealing) -> str:
     return f"dealt to {dealing[1]} workers in batches of {dealing[0]}" if dealing else "not dealt"
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, not {value}")
-    return value
 
 
 class BlockShuffleSampler(*_sampler_bases()):
@@ -191,7 +125,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         self.window_blocks = window_blocks
         self.seed = _check_int("seed", seed, 0)
         if num_replicas is None or rank is None:
-            world, own = _distributed_defaults()
+            world, own = distributed_defaults()
             if num_replicas is None:
                 num_replicas = world
             if rank is None:
@@ -207,7 +141,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         reserve = getattr(dataset, "cache_reserve", None)  # None: a layout, not a reader
         if reserve is not None and window_blocks is not None:
             reserve(2 * window_blocks)
-        self._starts = np.cumsum(self._lengths) - self._lengths  # first index of each block
+        self._orders = None  # the BlockOrder of self.seed (see _order)
+        self._dataset = dataset  # told which blocks come next (ReadAhead)
         self.num_examples = int(self._lengths.sum())
         n, r = self.num_examples, self.num_replicas
         self.num_samples = n // r if self.drop_last else -(-n // r)
@@ -224,46 +159,22 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     # -- the order ------------------------------------------------------------------------
 
-    def _plan(self, epoch: int):
-        """(permuted blocks, their end positions in the epoch, seed of the shuffle keys)."""
-        seeds = np.random.SeedSequence([self.seed, epoch]).spawn(2)
-        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self._lengths))
-        ends = np.cumsum(self._lengths[perm])
-        return perm, ends, seeds[1]
+    def _order(self) -> BlockOrder:
+        """The epochs' orders (made again when ``load_state_dict`` adopts another seed)."""
+        order = self._orders
+        if order is None or order.entropy != (self.seed,):
+            order = self._orders = BlockOrder(self._lengths, self.window_blocks, (self.seed,))
+        return order
 
     def _layout(self, epoch: int):
         """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
         positions in the epoch)."""
-        perm, ends, key_seed = self._plan(epoch)
-        nb = len(perm)
-        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
-        window_ends = ends[w - 1 :: w]
-        if nb % w:
-            window_ends = np.append(window_ends, ends[-1])
-        return perm, key_seed, w, window_ends
+        return self._order().layout(epoch)
 
     def _windows(self, epoch: int, lo: int, hi: int, layout=None):
         """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks;
         ``layout``: the epoch's ``_layout``, when the caller has it already."""
-        if lo >= hi:
-            return
-        perm, key_seed, w, window_ends = self._layout(epoch) if layout is None else layout
-        k = int(np.searchsorted(window_ends, lo, side="right"))
-        start = int(window_ends[k - 1]) if k else 0
-        # One key per position: key p is output p of the stream, whatever the rank.
-        keys = np.random.PCG64(key_seed)
-        keys.advance(start)
-        keys = np.random.Generator(keys)
-        while start < hi:
-            blocks = perm[k * w : (k + 1) * w]
-            lengths = self._lengths[blocks]
-            count = int(lengths.sum())
-            firsts = self._starts[blocks] - (np.cumsum(lengths) - lengths)
-            order = np.repeat(firsts, lengths) + np.arange(count, dtype=np.int64)
-            order = order[np.argsort(keys.random(count), kind="stable")]
-            yield order[max(lo - start, 0) : hi - start]
-            start += count
-            k += 1
+        return self._order().windows(epoch, lo, hi, layout)
 
     def _rank_ranges(self, skip: int = 0):
         """This rank's share of the epoch order after its first ``skip`` positions: ranges
@@ -373,7 +284,14 @@ class BlockShuffleSampler(*_sampler_bases()):
         return self._iterate(epoch, skip)
 
     def _iterate(self, epoch: int, skip: int):
-        for chunk in self._rank_chunks(epoch, skip):
+        chunks = self._rank_chunks(epoch, skip)
+        if self.window_blocks is not None and not _dealing(self.batch_size, self.num_workers):
+            # Read in this process (no DataLoader workers to deal to): the dataset decodes
+            # the next window's blocks ahead, while this one's are read.
+            order = self._order()
+            horizon = self.window_blocks * int(self._lengths.max(initial=1))
+            chunks = ReadAhead(self._dataset, order.starts, horizon).chunks(chunks)
+        for chunk in chunks:
             for i in chunk.tolist():
                 self._yielded += 1
                 yield i
