@@ -3,7 +3,8 @@
 Part of the core side of the contract (``_contract``): called by ``_reader`` and ``_pyreader``
 only, never by the facade. It works on a core's shard readers through their core-internal
 methods ``_lookup(b)`` (the cached examples of block ``b``, or None, counted as a hit or a
-miss), ``_store(b, data)`` (unpickle decoded bytes, check and cache them),
+miss), ``_ahead(b)`` (the examples of block ``b`` if it was decoded ahead, now cached, or None),
+``_store(b, data)`` (unpickle decoded bytes, check and cache them),
 ``_unpickle_block(b, data)`` (the same, not cached), ``_load(b)`` and ``block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
@@ -40,6 +41,8 @@ __all__ = [
     "ShardOpener",
     "gather",
     "read_ahead",
+    "decode_on_pool",
+    "worth_the_pool",
     "pool_size",
     "READ_AHEAD",
 ]
@@ -240,6 +243,8 @@ def gather(reader_of, located: list) -> list:
     for key, places in wanted.items():
         reader = readers[key[0]][0]
         examples = reader._lookup(key[1])
+        if examples is None:
+            examples = reader._ahead(key[1])  # named by a prefetch(): decoded ahead
         if examples is None and not reader._compressed:
             # Nothing to decompress: a thread would only add hand-offs (and the compiled
             # core unpickles straight from the mapping on this path).
@@ -248,6 +253,17 @@ def gather(reader_of, located: list) -> list:
             todo.append((reader, key))
         else:
             _place(examples, places, out)
+    if len(todo) > 1:
+        # Blocks too small to be worth a pool hand-off are decoded here (as read_ahead does).
+        pooled: dict = {}  # shard number -> whether its blocks go to the pool
+        for reader, key in todo:
+            if pooled.get(key[0]) is None:
+                pooled[key[0]] = worth_the_pool(reader)
+        if not all(pooled.values()):
+            for reader, key in todo:
+                if not pooled[key[0]]:
+                    _place(reader._store(key[1], reader.block_bytes(key[1])), wanted[key], out)
+            todo = [job for job in todo if pooled[job[1][0]]]
     if len(todo) == 1:
         reader, key = todo[0]
         _place(reader._store(key[1], reader.block_bytes(key[1])), wanted[key], out)
@@ -333,7 +349,7 @@ class _Ahead:
 POOL_MIN_BLOCK_BYTES = 16 * 1024
 
 
-def _worth_the_pool(reader) -> bool:
+def worth_the_pool(reader) -> bool:
     """Whether ``reader``'s blocks are worth decompressing on the pool: compressed, and
     large enough on average."""
     if not reader._compressed:
@@ -344,6 +360,13 @@ def _worth_the_pool(reader) -> bool:
     except OSError:
         return True  # reading will report the problem
     return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES
+
+
+def decode_on_pool(reader, b: int):
+    """A future of ``reader.block_bytes(b)`` decoded on the pool, or None when the pool takes
+    no more work (the Python core's ``prefetch``, for a reader ``worth_the_pool``)."""
+    future = _submit(reader.block_bytes, b)
+    return None if future is _INLINE else future
 
 
 def read_ahead(blocks):
@@ -368,7 +391,7 @@ def read_ahead(blocks):
                 reader = nxt[0]
                 on_pool = pooled.get(id(reader))
                 if on_pool is None:
-                    on_pool = pooled[id(reader)] = _worth_the_pool(reader)
+                    on_pool = pooled[id(reader)] = worth_the_pool(reader)
                 pending.append(_Ahead(reader, nxt[1], on_pool))
             if not pending:
                 return

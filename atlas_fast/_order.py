@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import numpy as np
@@ -18,6 +19,7 @@ from ._compat import torch_installed
 
 __all__ = [
     "BlockOrder",
+    "Counted",
     "ReadAhead",
     "block_lengths",
     "check_int",
@@ -206,9 +208,9 @@ class ReadAhead:
                     ahead += len(chunk)
             if not pending:
                 return
-            if told < ahead:
+            if told < ahead and self._prefetch is not None:
                 self._name(np.concatenate(pending)[told:], position + told)
-                told = ahead
+            told = ahead
             chunk = pending.pop(0)
             ahead -= len(chunk)
             told -= len(chunk)
@@ -231,5 +233,32 @@ class ReadAhead:
         if len(named) > 2048:
             for b in [b for b, p in named.items() if p < recent]:
                 del named[b]
-        if new:
-            self._prefetch(self._starts[new].tolist())
+        if new and self._prefetch(self._starts[new].tolist()) is False:
+            self._prefetch = None  # of no use to this dataset
+
+
+class Counted:
+    """The indices of ``chunks`` (arrays), one at a time from ``iterator`` (an
+    ``itertools.chain``: no Python frame per index), and ``count()``: how many were handed out,
+    plus ``start``."""
+
+    def __init__(self, chunks, start: int = 0) -> None:
+        self._done = start  # indices of the chunks before the current one, plus start
+        self._current = None  # the current chunk's list iterator
+        self._size = 0  # its length
+        self.iterator = itertools.chain.from_iterable(self._lists(chunks))
+
+    def _lists(self, chunks):
+        for chunk in chunks:
+            items = chunk.tolist()
+            if items:
+                self._done += self._size
+                self._current = current = iter(items)
+                self._size = len(items)
+                yield current
+
+    def count(self) -> int:
+        current = self._current
+        if current is None:
+            return self._done
+        return self._done + self._size - current.__length_hint__()

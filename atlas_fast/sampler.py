@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._order import BlockOrder, ReadAhead, block_lengths, check_int, distributed_defaults
+from ._order import (
+    BlockOrder,
+    Counted,
+    ReadAhead,
+    block_lengths,
+    check_int,
+    distributed_defaults,
+)
 from ._order import sampler_bases as _sampler_bases
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
@@ -147,7 +154,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         n, r = self.num_examples, self.num_replicas
         self.num_samples = n // r if self.drop_last else -(-n // r)
         self.total_size = self.num_samples * r
-        self._yielded = 0  # by the current (or last) iterator, counted from the epoch start
+        self._counted = None  # the current (or last) iterator's Counted
         self._resume = None  # (epoch, yielded) from load_state_dict, for the next iteration
 
     def __len__(self) -> int:
@@ -280,10 +287,15 @@ class BlockShuffleSampler(*_sampler_bases()):
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         self._resume = None
-        self._yielded = skip
-        return self._iterate(epoch, skip)
+        self._counted = Counted(self._chunks(epoch, skip), skip)
+        return self._counted.iterator
 
-    def _iterate(self, epoch: int, skip: int):
+    @property
+    def _yielded(self) -> int:
+        """Indices yielded by the current (or last) iterator, counted from the epoch start."""
+        return 0 if self._counted is None else self._counted.count()
+
+    def _chunks(self, epoch: int, skip: int):
         chunks = self._rank_chunks(epoch, skip)
         if self.window_blocks is not None and not _dealing(self.batch_size, self.num_workers):
             # Read in this process (no DataLoader workers to deal to): the dataset decodes
@@ -291,10 +303,7 @@ class BlockShuffleSampler(*_sampler_bases()):
             order = self._order()
             horizon = self.window_blocks * int(self._lengths.max(initial=1))
             chunks = ReadAhead(self._dataset, order.starts, horizon).chunks(chunks)
-        for chunk in chunks:
-            for i in chunk.tolist():
-                self._yielded += 1
-                yield i
+        return chunks
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole order for ``epoch`` (default: the current one) as an array."""
@@ -353,7 +362,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         if "seed" in state:
             self.seed = _check_int("seed", state["seed"], 0)
         self.epoch = epoch
-        self._yielded = yielded
+        self._counted = Counted((), yielded)
         self._resume = (epoch, yielded)
 
     def __repr__(self) -> str:

@@ -160,6 +160,41 @@ def test_cores_behave_alike(root):
     assert all(r == results[0] for r in results)
 
 
+def test_batches_of_cached_blocks_are_counted_alike(root):
+    """A batch whose blocks are all cached (the compiled core serves it in C) counts one hit
+    per distinct block, in the order the batch first reads them, as any batch does: the same
+    counts, the same recency order, the same errors, in both cores, dataset and shard."""
+    expected = [example(i) for i in range(120)]
+    rng = random.Random(4)
+    batches = [[rng.randrange(40, 80) for _ in range(12)] for _ in range(6)]
+    batches += [list(range(120)), [-1, 0, -120, 7] * 3, [5], []]  # 30 blocks; negative; one
+    results = []
+    for core in CORES:
+        cache = core.BlockCache(None, 40)
+        ds = _dataset(core, root, cache)
+        shard_cache = core.BlockCache(None, 40)
+        shard = core.ShardCore(
+            str(root / "1"),
+            _format.read_shard_metadata(root / "1"),
+            (root / "zstd_dict.bin").read_bytes(),
+            pickle.loads,
+            shard_cache,
+            0,
+        )
+        for batch in batches + batches:
+            assert ds.__getitems__(batch) == [expected[i] for i in batch]
+            local = [i % 40 for i in batch]
+            assert shard.__getitems__(local) == [expected[40 + i] for i in local]
+        errors = []
+        for reader, batch in ((ds, [41, 42, 120]), (ds, [41, "1"]), (shard, [1, 2, 40])):
+            with pytest.raises((IndexError, TypeError)) as bad:
+                reader.__getitems__(batch)
+            errors.append((type(bad.value), str(bad.value)))
+        counts = (tuple(ds.cache_info()), tuple(shard.cache_info()))
+        results.append((counts, cache.keys(), shard_cache.keys(), errors))
+    assert all(r == results[0] for r in results)
+
+
 def _errors(ds, shard) -> list:
     errors = []
     for call in (
