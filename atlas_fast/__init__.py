@@ -20,6 +20,7 @@ from .atlas import (
     AtlasDatasetShardMetadata,
     CompressionStrategy,
 )
+from .mix import MixtureDataset, MixtureSampler
 from .sampler import BlockShuffleSampler
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
@@ -32,6 +33,8 @@ __all__ = [
     "AtlasDatasetWriter",
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
+    "MixtureDataset",
+    "MixtureSampler",
     "AtlasFormatError",
     "MissingSharedDictionary",
     "UnsafePickleError",

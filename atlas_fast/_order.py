@@ -114,7 +114,8 @@ class BlockOrder:
         self.n = int(lengths.sum())
         self.window_blocks = window_blocks
         self.entropy = tuple(entropy)
-        self._cached = None  # (pass, layout) of the pass laid out last
+        self._layouts: dict = {}  # pass -> layout, of the two passes laid out last
+        self._keys = None  # (pass, position, Generator): where the last ``windows`` ended
 
     def plan(self, epoch: int):
         """(permuted blocks, their end positions in the pass, seed of the shuffle keys)."""
@@ -125,10 +126,10 @@ class BlockOrder:
 
     def layout(self, epoch: int):
         """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
-        positions in the pass); the last pass's is kept."""
-        cached = self._cached
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
+        positions in the pass); the last two passes' are kept."""
+        layout = self._layouts.get(epoch)
+        if layout is not None:
+            return layout
         perm, ends, key_seed = self.plan(epoch)
         nb = len(perm)
         w = max(nb, 1) if self.window_blocks is None else self.window_blocks
@@ -136,7 +137,9 @@ class BlockOrder:
         if nb % w:
             window_ends = np.append(window_ends, ends[-1])
         layout = (perm, key_seed, w, window_ends)
-        self._cached = (epoch, layout)
+        if len(self._layouts) >= 2:
+            del self._layouts[next(iter(self._layouts))]
+        self._layouts[epoch] = layout
         return layout
 
     def windows(self, epoch: int, lo: int, hi: int, layout=None):
@@ -147,10 +150,15 @@ class BlockOrder:
         perm, key_seed, w, window_ends = self.layout(epoch) if layout is None else layout
         k = int(np.searchsorted(window_ends, lo, side="right"))
         start = int(window_ends[k - 1]) if k else 0
-        # One key per position: key p is output p of the stream, whatever the rank.
-        keys = np.random.PCG64(key_seed)
-        keys.advance(start)
-        keys = np.random.Generator(keys)
+        # One key per position: key p is output p of the stream, whatever the rank. A call
+        # that starts where the last one ended continues its generator.
+        if self._keys is not None and self._keys[:2] == (epoch, start):
+            keys = self._keys[2]
+        else:
+            keys = np.random.PCG64(key_seed)
+            keys.advance(start)
+            keys = np.random.Generator(keys)
+        self._keys = None  # in use: a generator left unfinished is not continued
         while start < hi:
             blocks = perm[k * w : (k + 1) * w]
             lengths = self.lengths[blocks]
@@ -158,9 +166,11 @@ class BlockOrder:
             firsts = self.starts[blocks] - (np.cumsum(lengths) - lengths)
             order = np.repeat(firsts, lengths) + np.arange(count, dtype=np.int64)
             order = order[np.argsort(keys.random(count), kind="stable")]
-            yield order[max(lo - start, 0) : hi - start]
             start += count
             k += 1
+            if start >= hi:  # the next call may continue from here
+                self._keys = (epoch, start, keys)
+            yield order[max(lo - start + count, 0) : hi - start + count]
 
     def window_at(self, epoch: int, position: int) -> tuple:
         """``(lo, hi)``: the positions of the window of pass ``epoch`` holding ``position``."""
@@ -238,15 +248,19 @@ class ReadAhead:
 
 
 class Counted:
-    """The indices of ``chunks`` (arrays), one at a time from ``iterator`` (an
-    ``itertools.chain``: no Python frame per index), and ``count()``: how many were handed out,
-    plus ``start``."""
+    """How many indices of an iteration were handed out (``count()``, plus ``start``), the
+    iteration (``iterate``) handing out the indices of its chunks (arrays) one at a time
+    through ``itertools.chain``: no Python frame per index."""
 
-    def __init__(self, chunks, start: int = 0) -> None:
+    def __init__(self, start: int = 0) -> None:
         self._done = start  # indices of the chunks before the current one, plus start
         self._current = None  # the current chunk's list iterator
         self._size = 0  # its length
-        self.iterator = itertools.chain.from_iterable(self._lists(chunks))
+
+    def iterate(self, chunks):
+        """The indices of ``chunks``, counted. (Not kept here: the iterator refers to this
+        object, and a cycle would keep the datasets it reads until a collection.)"""
+        return itertools.chain.from_iterable(self._lists(chunks))
 
     def _lists(self, chunks):
         for chunk in chunks:

@@ -287,8 +287,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         self._resume = None
-        self._counted = Counted(self._chunks(epoch, skip), skip)
-        return self._counted.iterator
+        self._counted = Counted(skip)
+        return self._counted.iterate(self._chunks(epoch, skip))
 
     @property
     def _yielded(self) -> int:
@@ -362,7 +362,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         if "seed" in state:
             self.seed = _check_int("seed", state["seed"], 0)
         self.epoch = epoch
-        self._counted = Counted((), yielded)
+        self._counted = Counted(yielded)
         self._resume = (epoch, yielded)
 
     def __repr__(self) -> str:

@@ -121,7 +121,9 @@ cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
 # does. The Python backend's pool draws the line at the same size (_batch.POOL_MIN_BLOCK_BYTES).
 cdef size_t _ra_min_bytes = 16384
 C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
-_ra_owners = [None] * _RA_SLOTS
+# A C global, not a module attribute: the final collection at interpreter exit may free a
+# reader (a dealloc cancels its jobs, under _ra.mu) after the module's dict was cleared.
+cdef list _ra_owners = [None] * _RA_SLOTS
 
 
 cdef _RASync* _ra_new_sync() noexcept:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+from pathlib import Path
 
 import pytest
 from helpers import child_report, fork_check, run_threads
@@ -410,3 +411,41 @@ def test_sampler_epoch_reads_the_next_window_ahead(atlas, backend, root, expecte
     before = ahead()
     assert [x for batch in loader for x in batch] == [expected[i] for i in order]
     assert ahead() == before
+
+
+def test_exit_with_decoded_jobs_of_readers_kept_by_a_cycle(backend, tmp_path):
+    """Readers kept alive by a reference cycle are freed by the interpreter's last collection,
+    after the modules' dicts were cleared, and cancel their read-ahead jobs then: the process
+    exits (it once hung there, a Python global gone under the read-ahead's lock)."""
+    import subprocess
+    import sys
+
+    root = write_dataset(tmp_path / "ds", N, 200, 10)
+    code = (
+        "import time, atlas_fast, atlas_fast._python\n"
+        f"module = atlas_fast._python if {backend!r} == 'python' else atlas_fast.atlas\n"
+        "try:\n"
+        "    import atlas_fast._reader as reader\n"
+        "    reader._readahead_min_bytes(0)\n"
+        "except ImportError:\n"
+        "    pass\n"
+        f"ds = module.AtlasDataset({str(root)!r})\n"
+        "for i in range(35):\n"
+        "    ds[i]\n"
+        "ds.prefetch(list(range(300, 600, 10)))\n"
+        "ds[100]\n"
+        "cycle = [ds]\n"
+        "cycle.append(cycle)\n"
+        "del ds\n"
+        "time.sleep(0.3)\n"
+        "print('read')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 0 and out.stdout == "read\n", out.stderr
+    assert "Error" not in out.stderr, out.stderr
