@@ -886,7 +886,7 @@ class MixtureSampler(*sampler_bases()):
                 made = {}  # step -> this rank's indices of it
                 step_made = step
             while step_made <= min(step + lead, (end - 1) // b):
-                for t, indices in self._make(step_made, run):
+                for t, indices in self._make(step_made, run, -(-end // b)):
                     made[t] = indices
                     step_made = t + 1
             g = self.global_batch_size
@@ -895,14 +895,14 @@ class MixtureSampler(*sampler_bases()):
             yield indices[own - step * b :]
             own = (step + 1) * b
 
-    def _make(self, step: int, run: _Run) -> list:
-        """This rank's indices of the steps from ``step`` on (whole windows, about _CHUNK
-        positions, within one stage): ``(step, array)`` pairs."""
+    def _make(self, step: int, run: _Run, last: int) -> list:
+        """This rank's indices of the steps from ``step`` on, before step ``last`` (whole
+        windows, about _CHUNK positions, within one stage): ``(step, array)`` pairs."""
         g, w, b = self.global_batch_size, self.window, self.batch_size
         plan = self._plan
         n0 = step * g // w
         stop = plan.end_of_stage(n0)
-        n1 = n0 + max(1, _CHUNK // w)
+        n1 = min(n0 + max(1, _CHUNK // w), -(-last * g // w))
         if stop is not None:
             n1 = min(n1, stop)
         n1 = min(n1, n0 + _rows_limit(plan.stages[plan.stage_of(n0)]))
@@ -960,7 +960,7 @@ class MixtureSampler(*sampler_bases()):
         end = (epoch + 1) * share
         run = _Run(self, naming=False)
         while own < end:
-            for t, indices in self._make(own // b, run):
+            for t, indices in self._make(own // b, run, -(-end // b)):
                 yield indices[own - t * b :]
                 own = (t + 1) * b
                 if own >= end:
