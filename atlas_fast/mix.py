@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
+from operator import itemgetter
 from types import MappingProxyType
 
 import numpy as np
@@ -104,7 +105,8 @@ class MixtureDataset:
         self._ends_list = self._ends.tolist()
         self._starts_list = self._starts.tolist()
         self._total = int(self._ends[-1])
-        self._batch = [getattr(d, "__getitems__", None) for d in self._datasets]
+        # Per source: a function of a list of indices returning their examples.
+        self._readers = [_batch_reader(d) for d in self._datasets]
 
     def __getstate__(self) -> dict:
         return {"sources": self._sources}
@@ -155,8 +157,8 @@ class MixtureDataset:
         idx = np.asarray(indices)
         if idx.ndim != 1 or (len(idx) and idx.dtype.kind not in "iu"):
             idx = np.array([normalize_index(i, self._total) for i in indices], dtype=np.int64)
-        else:
-            idx = idx.astype(np.int64, copy=False)
+        elif len(idx) and not (0 <= idx.min() and idx.max() < self._total):
+            idx = idx.astype(np.int64)
             bad = (idx < -self._total) | (idx >= self._total)
             if bad.any():
                 normalize_index(int(idx[np.argmax(bad)]), self._total)  # raises
@@ -169,28 +171,26 @@ class MixtureDataset:
         if not len(indices):
             return []
         src, local = self._split(indices)
-        first = int(src[0])
-        if (src == first).all():
-            return self._read(first, local.tolist())
+        counts = np.bincount(src)
+        if counts[src[0]] == len(src):  # one source
+            return self._read(int(src[0]), local.tolist())
+        counts = counts.tolist()
         order = np.argsort(src, kind="stable")
-        counts = np.bincount(src, minlength=len(self.names))
-        local = local[order]
-        got = []
+        local = local[order].tolist()
+        got: list = []
         pos = 0
-        for s in np.flatnonzero(counts).tolist():
-            n = int(counts[s])
-            got += self._read(s, local[pos : pos + n].tolist())
-            pos += n
+        readers = self._readers
+        for s, n in enumerate(counts):
+            if n:
+                got += readers[s](local[pos : pos + n])
+                pos += n
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
-        return [got[k] for k in back.tolist()]
+        return list(itemgetter(*back.tolist())(got))
 
     def _read(self, s: int, local: list) -> list:
-        batch = self._batch[s]
-        if batch is not None:
-            return list(batch(local))
-        dataset = self._datasets[s]
-        return [dataset[j] for j in local]
+        out = self._readers[s](local)
+        return out if type(out) is list else list(out)
 
     def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next; passed on to each source's
@@ -215,6 +215,14 @@ class MixtureDataset:
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}={len(d)}" for n, d in zip(self.names, self._datasets))
         return f"MixtureDataset({parts})"
+
+
+def _batch_reader(dataset):
+    """``dataset.__getitems__``, or a function reading a batch one example at a time."""
+    batch = getattr(dataset, "__getitems__", None)
+    if batch is not None:
+        return batch
+    return lambda local: [dataset[j] for j in local]
 
 
 def _source_blocks(name: str, dataset) -> np.ndarray:
