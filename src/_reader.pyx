@@ -95,7 +95,7 @@ import pickle
 import sys
 from collections import deque
 
-from ._batch import ShardOpener, gather, open_dictionary, shard_layout
+from ._batch import ShardOpener, gather, open_dictionary, shard_layout, worth_the_pool
 from ._compat import freeze_in_worker
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from ._errors import AtlasFormatError
@@ -287,26 +287,31 @@ cdef inline object _item(list examples, Py_ssize_t j):
 
 
 cdef enum:
-    _BATCH_BLOCKS = 32  # distinct blocks a batch served by _cached_batch may touch
+    _BATCH_BLOCKS = 32  # distinct blocks a batch read by _batch_c may touch
 
 
-cdef object _cached_batch(DatasetCore ds, ShardCore shard, list indices):
-    """The examples at ``indices`` when the cache holds every block they are in whole, else
-    None (nothing counted). The indices are ``ds``'s, or ``shard``'s when ``ds`` is None.
+cdef object _batch_c(DatasetCore ds, ShardCore shard, list indices):
+    """The examples at ``indices`` (``ds``'s, or ``shard``'s when ``ds`` is None), read as
+    _batch.gather reads them, in C: a sampler's batches touch few blocks, most of them
+    cached by the batch before. None (nothing read, nothing counted) when the batch touches
+    more than _BATCH_BLOCKS blocks, a shard not opened yet, or a block to decode that is worth
+    gather's thread pool (and not decoded ahead): gather reads those.
 
-    What _batch.gather does for such a batch (one hit per distinct block, counted in the
-    order they are first read; the same errors for bad indices), in C: a sampler's batches
-    touch few blocks, most of them already read by the batch before.
+    As gather: every distinct block looked up once in the order the batch first reads it
+    (one hit or miss each), a block decoded ahead taken then and an uncompressed one read
+    then, the others decoded after, in that order; the same errors for bad indices.
     """
     cdef Py_ssize_t count = PyList_GET_SIZE(indices)
     cdef Py_ssize_t k, t, b, local, s
     cdef Py_ssize_t n_seen = 0
+    cdef Py_ssize_t misses = 0
     cdef void* seen_reader[_BATCH_BLOCKS]
     cdef Py_ssize_t seen_block[_BATCH_BLOCKS]
     cdef ShardCore reader
     cdef _Entry e
     cdef BlockCache cache = shard._cache if ds is None else ds._cache
-    cdef list entries = []  # of the distinct blocks, first read first
+    cdef list readers = []  # of the distinct blocks, first read first
+    cdef list entries = []  # their cached entries (None: not cached whole)
     cdef list out
     cdef Py_ssize_t* slots = <Py_ssize_t*>PyMem_Malloc(2 * max(count, 1) * sizeof(Py_ssize_t))
     cdef Py_ssize_t* within
@@ -339,13 +344,17 @@ cdef object _cached_batch(DatasetCore ds, ShardCore shard, list indices):
                     e = reader._last
                     if e is None or not e.live or e.block != b or e.examples is None:
                         e = cache._find((reader._tag, b))
-                        if e is None or e.examples is None:
-                            return None
+                        if e is not None and e.examples is None:
+                            e = None
+                    misses += e is None
+                    readers.append(reader)
                     entries.append(e)
                     seen_reader[t] = <void*>reader
                     seen_block[t] = b
                     n_seen += 1
             slots[k] = t
+        if misses:
+            return _batch_misses(cache, readers, seen_block, entries, slots, within, count)
         out = [None] * count
         # Allocating may have run a collection, whose finalizers may have read and evicted:
         # check again. No Python code runs from here on, so the entries stay as checked.
@@ -361,6 +370,46 @@ cdef object _cached_batch(DatasetCore ds, ShardCore shard, list indices):
         return out
     finally:
         PyMem_Free(slots)
+
+
+cdef object _batch_misses(BlockCache cache, list readers, Py_ssize_t* blocks, list entries,
+                          Py_ssize_t* slots, Py_ssize_t* within, Py_ssize_t count):
+    """_batch_c for a batch some of whose blocks are not cached (``entries[t]`` None)."""
+    cdef Py_ssize_t t, k, b
+    cdef Py_ssize_t n_seen = len(readers)
+    cdef ShardCore reader
+    cdef _Entry e
+    cdef _RABuffer ahead
+    cdef list got = [None] * n_seen  # each distinct block's examples (held: evictions aside)
+    cdef list todo = []
+    for t in range(n_seen):
+        reader = <ShardCore>readers[t]
+        if (entries[t] is None and reader._compressed and not _ra_queued(<void*>reader, blocks[t])
+                and worth_the_pool(reader)):
+            return None  # gather decodes it on the pool, beside the others
+    for t in range(n_seen):
+        reader = <ShardCore>readers[t]
+        b = blocks[t]
+        e = cache._get((reader._tag, b))
+        examples = None if e is None else e.examples
+        if examples is None:
+            ahead = reader._take_ahead(b)
+            if ahead is not None:
+                examples = reader._store_ahead((reader._tag, b), b, ahead)
+            elif not reader._compressed:
+                examples = reader._examples(b)
+        if examples is None:
+            todo.append(t)
+        else:
+            got[t] = examples
+    for t in todo:
+        reader = <ShardCore>readers[t]
+        b = blocks[t]
+        data = reader._decoded(b, True)
+        examples = reader._unpickle_c(data, b)
+        e = cache._put((reader._tag, b), b, examples, _data_size(data))
+        got[t] = examples if e.examples is None else e.examples
+    return [_item(<list>got[slots[k]], within[k]) for k in range(count)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,7 +630,7 @@ cdef class ShardCore:
             self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
         if type(indices) is list:
-            out = _cached_batch(None, self, indices)
+            out = _batch_c(None, self, indices)
             if out is not None:
                 return out
         return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
@@ -998,7 +1047,7 @@ cdef class DatasetCore:
             self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
         if type(indices) is list:
-            out = _cached_batch(self, None, indices)
+            out = _batch_c(self, None, indices)
             if out is not None:
                 return out
         return gather(self._reader, [self._locate(i) for i in indices])

@@ -110,7 +110,7 @@ def _dataset(core, root, cache):
         [str(d) for d in shard_dirs],
         meta.shard_sizes,
         [None] * len(shard_dirs),
-        (root / "zstd_dict.bin").read_bytes(),
+        (root / "zstd_dict.bin").read_bytes() if (root / "zstd_dict.bin").exists() else None,
         pickle.loads,
         cache,
     )
@@ -160,23 +160,29 @@ def test_cores_behave_alike(root):
     assert all(r == results[0] for r in results)
 
 
-def test_batches_of_cached_blocks_are_counted_alike(root):
-    """A batch whose blocks are all cached (the compiled core serves it in C) counts one hit
-    per distinct block, in the order the batch first reads them, as any batch does: the same
-    counts, the same recency order, the same errors, in both cores, dataset and shard."""
+@pytest.mark.parametrize("blocks", [40, 3])
+@pytest.mark.parametrize("strategy", [2, 0])
+def test_batches_are_counted_alike(tmp_path_factory, blocks, strategy):
+    """A batch (which the compiled core reads in C when it touches few blocks, all cached or
+    small) counts one hit or miss per distinct block, in the order the batch first reads
+    them: the same counts, the same recency order (caches of 40 and 3 blocks), the same
+    errors, in both cores, dataset and shard, compressed or not."""
+    root = tmp_path_factory.mktemp("alike") / "ds"
+    write_dataset(root, 120, 40, 4, strategy)
     expected = [example(i) for i in range(120)]
     rng = random.Random(4)
     batches = [[rng.randrange(40, 80) for _ in range(12)] for _ in range(6)]
     batches += [list(range(120)), [-1, 0, -120, 7] * 3, [5], []]  # 30 blocks; negative; one
     results = []
     for core in CORES:
-        cache = core.BlockCache(None, 40)
+        cache = core.BlockCache(None, blocks)
         ds = _dataset(core, root, cache)
-        shard_cache = core.BlockCache(None, 40)
+        shard_cache = core.BlockCache(None, blocks)
+        dict_file = root / "zstd_dict.bin"
         shard = core.ShardCore(
             str(root / "1"),
             _format.read_shard_metadata(root / "1"),
-            (root / "zstd_dict.bin").read_bytes(),
+            dict_file.read_bytes() if dict_file.exists() else None,
             pickle.loads,
             shard_cache,
             0,
