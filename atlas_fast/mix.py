@@ -243,7 +243,15 @@ def _listed(names) -> str:
 
 
 def _weight(where: str, value) -> Fraction:
-    """A weight as an exact fraction: a float as written (``0.6`` is 3/5)."""
+    """A weight as an exact fraction: a float as written (``0.6`` is 3/5), or a string such
+    as ``"2/7"`` (plain data has no fractions)."""
+    if isinstance(value, str):
+        try:
+            value = Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            raise TypeError(
+                f"{where} must be a number, or a string such as '2/7', not {value!r}"
+            ) from None
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise TypeError(f"{where} must be a number, not {type(value).__name__}")
     if isinstance(value, numbers.Integral):
@@ -260,6 +268,15 @@ def _weight(where: str, value) -> Fraction:
     if value < 0:
         raise ValueError(f"{where} must not be negative, not {value}")
     return value
+
+
+def _plain(weights: dict) -> dict:
+    """``weights`` as plain data: ints and floats as they are, other numbers as strings
+    (``"2/7"``) that ``_weight`` reads back exactly."""
+    return {
+        name: value if type(value) in (int, float, str) else str(value)
+        for name, value in weights.items()
+    }
 
 
 class _Stage:
@@ -279,18 +296,10 @@ class _Stage:
     def as_data(self) -> dict:
         return {
             "step": self.step,
-            "weights": dict(self.weights),
+            "weights": _plain(self.weights),
             "targets": dict(zip(self.names, self.targets)),
             "denominator": self.denominator,
         }
-
-    def same(self, other) -> bool:
-        return (self.step, self.names, self.targets, self.denominator) == (
-            other.step,
-            other.names,
-            other.targets,
-            other.denominator,
-        )
 
 
 def _targets(shares: dict, window: int) -> tuple:
@@ -1087,7 +1096,7 @@ class MixtureSampler(*sampler_bases()):
         """The sampler's settings as plain data (for a YAML config): ``from_config`` takes
         them back, with the sources."""
         out = {
-            "schedule": [{"step": s, "weights": w} for s, w in self.schedule],
+            "schedule": [{"step": s.step, "weights": _plain(s.weights)} for s in self._stages],
             "global_batch_size": self.global_batch_size,
             "seed": self.seed,
             "unit": self.unit,

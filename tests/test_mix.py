@@ -140,7 +140,7 @@ def _check_windows(sources: np.ndarray, window: int, shares: list) -> None:
     [
         ({"web": 0.6, "code": 0.25, "books": 0.1, "wiki": 0.05}, 256),
         ({"web": 1, "code": 1, "books": 1}, 100),  # thirds of 100
-        ({"web": 0.123457, "code": 0.3, "books": Fraction(2, 7), "wiki": 0.01}, 1000),
+        ({"web": 0.123457, "code": "3/10", "books": Fraction(2, 7), "wiki": 0.01}, 1000),
     ],
 )
 def test_every_window_holds_its_quota_over_ten_million_positions(plain, weights, window):
@@ -465,6 +465,12 @@ def test_weight_change_at_a_step(plain):
     code = [j for name, j in _pairs(plain, expected) if name == "code"]
     assert code == planned.source_order("code", 0, len(code))
     assert planned.consumed(60)["code"] == len(code)
+    # A source that leaves and comes back continues its own order where it stopped.
+    back = MixtureSampler(
+        plain, schedule=[(0, old), (10, {"code": 1}), (20, {"web": 1, "wiki": 1})], **kw
+    )
+    web = [j for name, j in _pairs(plain, back.epoch_indices()) if name == "web"]
+    assert web == back.source_order("web", 0, len(web)) and len(web) == 400 * 0.7 + 40 * 40 // 2
     # Resumed after the change, by a sampler made with the old weights only.
     mid = MixtureSampler(plain, schedule=[(0, old), (k, new)], **kw)
     it = iter(mid)
@@ -540,7 +546,8 @@ def test_bad_weights_are_refused_at_construction(plain):
         ({"web": float("nan")}, ValueError, "finite"),
         ({"web": float("inf")}, ValueError, "finite"),
         ({"web": True}, TypeError, "number"),
-        ({"web": "1"}, TypeError, "number"),
+        ({"web": "lots"}, TypeError, "a string such as '2/7'"),
+        ({"web": None}, TypeError, "number"),
         ([("web", 1)], TypeError, "dict"),
     ]:
         with pytest.raises(error, match=match):
@@ -632,7 +639,7 @@ def test_a_mixture_from_plain_data(atlas, roots):
         },
         "schedule": [
             {"step": 0, "weights": {"web": 0.8, "code": 0.2}},
-            {"step": 12, "weights": {"web": 0.5, "code": 0.2, "wiki": 0.3}},
+            {"step": 12, "weights": {"web": "1/2", "code": Fraction(1, 5), "wiki": 0.3}},
         ],
         "global_batch_size": 20,
         "seed": 7,
