@@ -160,6 +160,18 @@ class _Reader(Protocol):
     def cache_reserve(self, blocks: int) -> None:
         """``BlockCacheCore.reserve`` on this reader's cache."""
 
+    def prefetch(self, indices: Sequence) -> bool:
+        """A hint: the blocks holding ``indices`` are read next, in that order (what a sampler
+        knows of its next window). The core decodes them ahead from its next read in this
+        process on (the compiled core on its read-ahead thread, the Python core on its pool),
+        as far as its read-ahead has room, and only the latest hints are kept until then: a
+        reader read in other processes (a DataLoader's workers) does nothing. Indices are
+        checked as ``self[i]`` checks them; no result changes.
+
+        Returns False once the reader knows that hints are of no use to it (its blocks are
+        stored uncompressed, or too small on average to be worth decoding on another
+        thread): the caller may stop naming blocks."""
+
     def close(self) -> None:
         """Release files, mappings and cached blocks; the reader reopens on next use."""
 
@@ -262,6 +274,10 @@ class BatchSource(Protocol):
 
     def _lookup(self, b: int) -> list | None:
         """Block ``b``'s cached examples or None, counted as a hit or a miss."""
+
+    def _ahead(self, b: int) -> list | None:
+        """Block ``b``'s examples if it was decoded ahead (``prefetch``), now cached, or None
+        (not decoded ahead, or that failed: decoding it again says why)."""
 
     def _load(self, b: int) -> list:
         """Block ``b``'s examples, decoded now if not cached, and cached."""

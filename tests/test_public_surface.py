@@ -22,6 +22,8 @@ PACKAGE = {
     "AtlasDatasetWriter",
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
+    "MixtureDataset",
+    "MixtureSampler",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
@@ -46,6 +48,7 @@ READER = {"VERSION", "root", "mmap_index", "metadata"} | {
     "cache_info",
     "cache_reserve",
     "close",
+    "prefetch",
     "storage_options",
 }
 DATASET = READER | {"shards", "actual_shard_sizes", "cumulative_shard_sizes"}
@@ -96,7 +99,7 @@ def test_the_package_exports_exactly_its_names():
     # process: a submodule another test imported becomes an attribute of the package)
     code = "import atlas_fast; print(' '.join(n for n in dir(atlas_fast) if n[0] != '_'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage"}
+    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage", "mix"}
 
 
 def test_readers_show_their_declared_names_only(atlas, tmp_path):

@@ -2,7 +2,8 @@
 
 Part of the core side of the contract (``_contract``): called by the cores only, never by the
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
-(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_store(b, data)``
+(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_ahead(b)`` (the
+examples of block ``b`` if it was decoded ahead, now cached, or None), ``_store(b, data)``
 (unpickle decoded bytes, check and cache them), ``_unpickle_block(b, data)`` (the same, not
 cached), ``_load(b)`` and ``_block_bytes``.
 
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .._fork import after_fork_in_child
 from .._format import DATA_FILE
 
-__all__ = ["gather", "read_ahead", "pool_size", "READ_AHEAD"]
+__all__ = ["gather", "read_ahead", "decode_on_pool", "worth_the_pool", "pool_size", "READ_AHEAD"]
 
 # Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
 # READ_AHEAD + 1 decoded blocks are held per iterator besides the cache).
@@ -116,6 +117,8 @@ def gather(reader_of, located: list) -> list:
         reader = readers[key[0]][0]
         examples = reader._lookup(key[1])
         if examples is None:
+            examples = reader._ahead(key[1])  # named by a prefetch(): decoded ahead
+        if examples is None:
             missed.append((reader, key))
         else:
             _place(examples, places, out)
@@ -131,6 +134,17 @@ def gather(reader_of, located: list) -> list:
             todo.append((reader, key))
         else:
             _place(examples, places, out)
+    if len(todo) > 1:
+        # Blocks too small to be worth a pool hand-off are decoded here (as read_ahead does).
+        pooled: dict = {}  # shard number -> whether its blocks go to the pool
+        for reader, key in todo:
+            if pooled.get(key[0]) is None:
+                pooled[key[0]] = worth_the_pool(reader)
+        if not all(pooled.values()):
+            for reader, key in todo:
+                if not pooled[key[0]]:
+                    _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)
+            todo = [job for job in todo if pooled[job[1][0]]]
     if len(todo) == 1:
         reader, key = todo[0]
         _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)
@@ -227,7 +241,7 @@ class _Ahead:
 POOL_MIN_BLOCK_BYTES = 16 * 1024
 
 
-def _worth_the_pool(reader) -> bool:
+def worth_the_pool(reader) -> bool:
     """Whether ``reader``'s blocks are worth decompressing on the pool: compressed, and
     large enough on average."""
     if not reader._compressed or reader._source is not None:
@@ -240,6 +254,13 @@ def _worth_the_pool(reader) -> bool:
     except OSError:
         return True  # reading will report the problem
     return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES
+
+
+def decode_on_pool(reader, b: int):
+    """A future of ``reader._block_bytes(b)`` decoded on the pool, or None when the pool takes
+    no more work (the Python core's ``prefetch``, for a reader ``worth_the_pool``)."""
+    future = _submit(reader._block_bytes, b)
+    return None if future is _INLINE else future
 
 
 def read_ahead(blocks):
@@ -266,7 +287,7 @@ def read_ahead(blocks):
                     reader._source.warm()  # a remote shard this pass reaches soon
                 on_pool = pooled.get(id(reader))
                 if on_pool is None:
-                    on_pool = pooled[id(reader)] = _worth_the_pool(reader)
+                    on_pool = pooled[id(reader)] = worth_the_pool(reader)
                 pending.append(_Ahead(reader, nxt[1], on_pool))
             if not pending:
                 return

@@ -45,7 +45,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-from ._pool import gather, read_ahead
+from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
 
 # What CoreModule (atlas_fast._contract) declares
@@ -141,6 +141,9 @@ _files = _FilePool()
 # Bumped in a forked child: a shard's lock from an older generation may have been held by a
 # parent thread that does not exist in the child, so the shard replaces it on next use.
 _generation = [0]
+# Blocks a reader decodes ahead on the pool for prefetch() at most (as the compiled core's
+# read-ahead holds at most 16 jobs).
+_AHEAD_JOBS = 16
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
@@ -347,11 +350,19 @@ class ShardCore:
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
         self._tls = _ThreadState()
+        # prefetch(): the blocks named and not queued yet (None: none), and the blocks being
+        # decoded ahead on the pool (block -> future), both of fork generation _ahead_generation.
+        self._hints = None
+        self._jobs: dict = {}
+        self._ahead_generation = _generation[0]
+        self._pooled = None  # whether this shard's blocks are worth the pool (found on first use)
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         k = normalize_index(i, self._n)
         b, j = divmod(k, self._block_size)
         entry = self._last
@@ -372,7 +383,9 @@ class ShardCore:
         key = (self._tag, b)
         entry, examples = self._cache._get(key)
         if entry is None:
-            data = self._decoded(b)
+            data = self._take_ahead(b) if self._jobs else None
+            if data is None:
+                data = self._decoded(b)
             entry, examples = self._cache._put(key, b, self._unpickle(data, b), len(data))
         self._last = entry
         return examples
@@ -400,6 +413,8 @@ class ShardCore:
         batch of a pass in order, ``run_start``, is read as ``self[i]`` reads one)."""
         n = self._n
         first = run_start(indices, n, self._run_next)
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
@@ -419,8 +434,66 @@ class ShardCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices) -> None:
+        """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
+        the pool from this reader's next read in this process on."""
+        n = self._n
+        blocks = [normalize_index(i, n) // self._block_size for i in indices]
+        if self._pooled is False:
+            return False
+        self._renew_ahead()
+        if self._hints is not None:
+            blocks = self._hints + blocks
+        self._hints = blocks[-_AHEAD_JOBS:] if blocks else None
+        return True
+
+    def _renew_ahead(self) -> None:
+        """Forget hints and jobs of an older fork generation (the parent's pool's)."""
+        if self._ahead_generation != _generation[0]:
+            self._hints = None
+            self._jobs = {}
+            self._ahead_generation = _generation[0]
+
+    def _queue_hints(self) -> None:
+        self._renew_ahead()
+        hints, self._hints = self._hints, None
+        for b in hints or ():
+            self._queue_ahead(b)
+
+    def _queue_ahead(self, b: int) -> None:
+        """Decode block ``b`` on the pool unless it is cached or being decoded already; at
+        most _AHEAD_JOBS blocks at once (the oldest job is dropped for a new one)."""
+        jobs = self._jobs
+        if b in jobs or self._cache._entries.get((self._tag, b)) is not None:
+            return
+        if self._pooled is None:
+            self._pooled = worth_the_pool(self)
+        if not self._pooled:
+            return
+        while len(jobs) >= _AHEAD_JOBS:
+            jobs.pop(next(iter(jobs))).cancel()
+        future = decode_on_pool(self, b)
+        if future is not None:
+            jobs[b] = future
+
+    def _take_ahead(self, b: int):
+        """Block ``b``'s bytes if it is being decoded ahead (waiting for them), else None (also
+        when that failed: the caller's own decoding says why)."""
+        self._renew_ahead()
+        future = self._jobs.pop(b, None)
+        if future is None or future.cancel():
+            return None
+        try:
+            return future.result()
+        except Exception:
+            return None
+
     def close(self) -> None:
         """Release the shard's files and its cached blocks (it reopens on next use)."""
+        self._hints = None
+        for future in self._jobs.values():
+            future.cancel()
+        self._jobs = {}
         with self._lock():
             self._last = None
             self._opened = None
@@ -434,6 +507,10 @@ class ShardCore:
 
     def _lookup(self, b: int):
         return self._cache._get((self._tag, b))[1]
+
+    def _ahead(self, b: int):
+        data = self._take_ahead(b) if self._jobs else None
+        return None if data is None else self._store(b, data)
 
     def _load(self, b: int) -> list:
         return self._examples(b)
@@ -615,6 +692,11 @@ class DatasetCore:
         self._ends = ends
         self._total = total
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
+        # (shard, index in it) of the examples named by prefetch() and not queued yet (None:
+        # none), in fork generation _hints_generation.
+        self._hints = None
+        self._hints_generation = _generation[0]
+        self._hints_worth = True  # whether one of the shards hinted last is worth its hints
 
     def __len__(self) -> int:
         return self._total
@@ -634,6 +716,8 @@ class DatasetCore:
         return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         s, j = self._locate(i)
         return self._reader(s)[j]
 
@@ -641,6 +725,8 @@ class DatasetCore:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
         batch of a pass in order: as ShardCore's)."""
         first = run_start(indices, self._total, self._run_next)
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
@@ -662,8 +748,35 @@ class DatasetCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices) -> None:
+        """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
+        the pool from this dataset's next read in this process on."""
+        located = [self._locate(i) for i in indices]
+        if not self._hints_worth:
+            return False
+        if self._hints is not None and self._hints_generation == _generation[0]:
+            located = self._hints + located
+        self._hints = located[-_AHEAD_JOBS:] if located else None
+        self._hints_generation = _generation[0]
+        return True
+
+    def _queue_hints(self) -> None:
+        hints, self._hints = self._hints, None
+        if self._hints_generation != _generation[0]:
+            return
+        worth = False
+        for s, j in hints:
+            try:
+                reader = self._reader(s)
+            except Exception:
+                continue  # reading an example of the shard says why
+            reader._queue_ahead(j // reader._block_size)
+            worth = worth or reader._pooled is not False
+        self._hints_worth = worth
+
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        self._hints = None
         self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:
