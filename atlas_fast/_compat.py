@@ -7,19 +7,38 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["freeze_in_worker", "torch_dataset_bases", "torch_installed"]
+__all__ = [
+    "NO_TORCH_PROCESS_PREFIX",
+    "freeze_in_worker",
+    "torch_dataset_bases",
+    "torch_installed",
+]
+
+# A multiprocessing process whose name starts with this imports atlas_fast without torch:
+# the worker processes that only write or compare examples (``atlas-fast convert
+# --workers``) are named so, to start without torch's seconds of import time. A spawned
+# process gets its name before it imports anything (multiprocessing's ``spawn.prepare`` sets
+# it before re-running the parent's main script), so nothing has to be set in the
+# environment, which every other thread of the parent would see.
+NO_TORCH_PROCESS_PREFIX = "atlas-fast-no-torch:"
 
 
 def torch_installed() -> bool:
     """Whether torch can be imported (without importing it), and is wanted: not when
-    ``ATLAS_FAST_NO_TORCH=1``, which worker processes that only write or compare examples
-    (``atlas-fast convert --workers``) set to start without torch's second of import time."""
-    if os.environ.get("ATLAS_FAST_NO_TORCH") == "1":
+    ``ATLAS_FAST_NO_TORCH=1``, nor in a process named with ``NO_TORCH_PROCESS_PREFIX``."""
+    if os.environ.get("ATLAS_FAST_NO_TORCH") == "1" or _named_without_torch():
         return False
     try:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # sys.modules["torch"] = None blocks it on purpose
         return False
+
+
+def _named_without_torch() -> bool:
+    process = sys.modules.get("multiprocessing.process")  # not imported: not a worker
+    if process is None:
+        return False
+    return process.current_process().name.startswith(NO_TORCH_PROCESS_PREFIX)
 
 
 def torch_dataset_bases() -> tuple:

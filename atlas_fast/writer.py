@@ -57,8 +57,7 @@ from ._writing.blocks import (
 from ._writing.commit import dump_meta_atomic
 from ._writing.context import note, writing
 from ._writing.options import WriterOptions, default_workers
-from ._writing.pipeline import READ_AHEAD_BYTES as READ_AHEAD_BYTES  # the value, documented
-from ._writing.pipeline import ReadAhead, ShardFinisher, abort_shard, replay
+from ._writing.pipeline import ShardFinisher, abort_shard
 
 __all__ = [
     "AtlasDatasetWriter",
@@ -406,14 +405,12 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     blocks, index and meta.json (a shard beyond that is finished on this thread); under
     strategy 3 each trains its dictionary and compresses there while this thread only
     pickles, waiting when all are busy (so up to ``workers + 1`` shards' pickled blocks are
-    held at once, where the reference holds one). Under strategy 2 the first shard trains
-    the shared dictionary on another thread while this one pickles the following shards'
-    blocks ahead, at most 64 MiB of them plus one block, waiting for the dictionary beyond
-    that; they are compressed once it exists. ``workers=1`` does all of it on the calling
+    held at once, where the reference holds one). Strategy 2's first shard, whose dictionary
+    every other shard needs before its writer can be made, is finished on this thread (its
+    blocks compressed on its writer's threads). ``workers=1`` does all of it on the calling
     thread and holds one shard, as the reference does. Shard writers that are not ours (a
-    test double) are made and closed in the reference's order: strategy 2's first shard is
-    closed before the next shard writer is made, and only strategy 3's shards are closed on
-    other threads.
+    test double) are made and closed in the reference's order: only strategy 3's shards are
+    closed on other threads.
 
     If the ``with`` block raises (or ``close()`` does), the dataset is not finished: no root
     meta.json is written; the shard being filled is abandoned, shards queued on other threads
@@ -455,7 +452,6 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
         self._finisher = ShardFinisher(self.workers)  # workers > 1: shards closed on a pool
-        self._ahead = None  # strategy 2, workers > 1: a ReadAhead while the first shard trains
         # Whether current_shard is being filled, by this thread only (not yet handed to
         # close() here or on the pool): what abandoning the dataset aborts.
         self._filling = False
@@ -464,7 +460,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.current_shard = self._new_shard()
         self._filling = True
 
-    def _new_shard(self, workers=None):
+    def _new_shard(self):
         """The next shard writer, created through the module attribute (so a patch of
         ``atlas_fast.writer.AtlasDatasetShardWriter`` takes effect), keywords only."""
         number = len(self.shard_sizes)
@@ -477,9 +473,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             kwargs["compression_dict"] = self.shared_dict
         if self.checksums:
             kwargs["checksums"] = True
-        if workers is not None:
-            kwargs["workers"] = workers
-        elif self._workers_given:
+        if self._workers_given:
             kwargs["workers"] = self.workers
         factory = AtlasDatasetShardWriter
         self._own = factory is _SHARD_WRITER
@@ -493,8 +487,6 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         )
 
     def __len__(self) -> int:
-        if self._ahead is not None:
-            return sum(self.shard_sizes) + self._ahead.count
         return sum(self.shard_sizes) + len(self.current_shard)
 
     def add_example(self, example) -> None:
@@ -503,17 +495,9 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             raise ValueError(f"{self.path}: the dataset writer is closed")
         shard = self.current_shard
         if (shard.stored_examples if self._own else len(shard)) >= self.shard_size:
-            # Full (the first shard stays current, full, while the next ones are read ahead).
-            if self._ahead is None:
-                self._finish_shard()
-                if self._ahead is None:
-                    self.current_shard = self._new_shard()
-                    self._filling = True
-            if self._ahead is not None:
-                if self._ahead.add(example):
-                    self._end_read_ahead()
-                return
-            shard = self.current_shard
+            self._finish_shard()
+            shard = self.current_shard = self._new_shard()
+            self._filling = True
         shard.add_example(example)
 
     def _finish_shard(self, last: bool = False) -> None:
@@ -522,55 +506,19 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.shard_sizes.append(len(shard))
         self._filling = False
         strategy = self.compression_strategy
-        first_of_shared = (
-            len(self.shard_sizes) == 1
-            and strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-        )
+        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+            if len(self.shard_sizes) == 1:  # the others need its dictionary: here
+                shard.close()
+                self._share_first_dictionary(Path(shard.path))
+                return
         if not last and self.workers > 1:
-            if first_of_shared:
-                if self._own and AtlasDatasetShardWriter is _SHARD_WRITER:
-                    self._ahead = ReadAhead(
-                        shard,
-                        self._finisher.run(shard.close),
-                        root=self.path,
-                        first_number=1,
-                        shard_size=self.shard_size,
-                        block_size=self.block_size,
-                    )
-                    return
-            elif self._own or strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-                # Strategy 3's training is most of the work: it runs on the pool only, this
-                # thread waits for a free thread rather than train itself. Other strategies
-                # close here when every thread of the pool is busy with a shard.
-                if self._finisher.take(
-                    shard, wait_for_thread=strategy == CompressionStrategy.DICTIONARY_COMPRESSION
-                ):
-                    return
+            train = strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+            # Strategy 3's training is most of the work: it runs on the pool only, this
+            # thread waits for a free thread rather than train itself. Our own shards of
+            # the other strategies are closed here when every thread of the pool is busy.
+            if (train or self._own) and self._finisher.take(shard, wait_for_thread=train):
+                return
         shard.close()
-        if first_of_shared:
-            self._share_first_dictionary(Path(shard.path))
-
-    def _end_read_ahead(self) -> None:
-        """Wait for the first shard (its error is raised here) and share its dictionary; then
-        make the writers of the shards read ahead, in order. The full ones are given their
-        blocks and closed on the pool, a shard per thread; the last one is given its blocks
-        and examples here and becomes the shard being filled."""
-        ahead, self._ahead = self._ahead, None
-        ahead.wait()
-        self._share_first_dictionary(Path(ahead.first.path))
-        parts = ahead.parts
-        parts.reverse()
-        while parts:
-            part = parts.pop()
-            if parts:
-                # Each of the pool's threads compresses one shard: no threads of its own.
-                shard = self._new_shard(workers=1)
-                self.shard_sizes.append(part.count)
-                self._finisher.submit(shard, replay, shard, part, self.block_size)
-            else:
-                self.current_shard = self._new_shard()
-                self._filling = True
-                replay(self.current_shard, part, self.block_size, close=False)
 
     def _share_first_dictionary(self, shard_dir: Path) -> None:
         """Strategy 2, after the first shard closed: what it decided is read from its files.
@@ -605,8 +553,6 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             return
         self._closed = True
         try:
-            if self._ahead is not None:
-                self._end_read_ahead()
             self._finish_shard(last=True)
             self._finisher.collect(wait=True)
         except BaseException as exc:
@@ -636,16 +582,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._abandon()
 
     def _abandon(self) -> list:
-        # The shards read ahead have no writer yet: they are dropped.
-        first = []
-        if self._ahead is not None:
-            first = [(self._ahead.first, self._ahead.future)]
-            self._ahead = None
         problems = []
         if self._filling:
             self._filling = False
             problems += abort_shard(self.current_shard)
-        return problems + self._finisher.abandon(first)
+        return problems + self._finisher.abandon()
 
     def _left_behind(self) -> str:
         finished, unfinished = [], []

@@ -230,9 +230,9 @@ def test_a_double_closed_on_this_thread_raises_its_own_error(tmp_path, monkeypat
     assert error is made[0]
 
 
-def test_an_error_of_a_read_ahead_shard_names_it(tmp_path, monkeypatch):
-    """Strategy 2 with workers=2 compresses the shards read ahead on the pool, each as it is
-    given its blocks: the block that fails is named once."""
+def test_an_error_of_a_strategy_2_shard_names_it(tmp_path, monkeypatch):
+    """Strategy 2 with workers=2: shards after the first are compressed as they fill and
+    finished on the pool: the block that fails is named once."""
     monkeypatch.setattr(atlas_fast._backend.compressor, "block_compressor", FailingCompressor)
     examples = [POISON if i == 85 else f"example {i}" for i in range(230)]
     error = write_failing(

@@ -3,7 +3,6 @@ raised where the caller can see them."""
 
 from __future__ import annotations
 
-import pickle
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -277,36 +276,38 @@ class GatedTraining:
         monkeypatch.setattr(AtlasDatasetShardWriter, "_train_dictionary", train)
 
 
-def test_strategy_2_reads_ahead_while_the_first_shard_trains(tmp_path, monkeypatch):
-    """The next shards' examples are taken (and their blocks pickled) while the first shard
-    still trains; their shard writers are made once its dictionary exists; the files are
-    those of workers=1."""
+class CloseThreads:
+    """Records which thread closes each shard (by its directory name)."""
+
+    def __init__(self, monkeypatch):
+        self.threads = {}
+        real = AtlasDatasetShardWriter.close
+
+        def close(shard):
+            self.threads.setdefault(shard.path.name, threading.current_thread().name)
+            real(shard)
+
+        monkeypatch.setattr(AtlasDatasetShardWriter, "close", close)
+
+
+def test_strategy_2_trains_here_then_finishes_shards_on_the_pool(tmp_path, monkeypatch):
+    """The first shard, whose dictionary the next shard writers need, trains and closes on
+    the calling thread; the full shards after it close on the pool; the files are those of
+    workers=1."""
     one = write_dataset(tmp_path / "w1", 2, 1)
     training = GatedTraining(monkeypatch)
+    training.gate.set()
+    closes = CloseThreads(monkeypatch)
     root = tmp_path / "w2"
     with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
         for x in examples(230):
             w.add_example(x)
-        assert not training.gate.is_set()
-        assert len(w) == 230
-        assert sorted(p.name for p in root.iterdir()) == ["0"]
-        training.gate.set()
-    assert training.added_when_opened is None
+    here = threading.current_thread().name
+    assert training.threads == [("0", here)]
+    assert closes.threads["0"] == here and closes.threads["5"] == here  # the last: at close()
+    # Shard 1 finds the pool idle; 2-4 go to it too unless both of its threads are busy.
+    assert closes.threads["1"].startswith("atlas-fast-shard")
     assert files_of(root) == one
-
-
-def test_strategy_2_read_ahead_is_bounded(tmp_path, monkeypatch):
-    """Beyond READ_AHEAD_BYTES of pickled blocks the caller waits for the dictionary: with a
-    1-byte bound, the first block after the first shard is the last one it can add."""
-    monkeypatch.setattr(pipeline, "READ_AHEAD_BYTES", 1)
-    training = GatedTraining(monkeypatch)
-    root = tmp_path / "ds"
-    with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
-        for x in examples(230):
-            training.added += 1
-            w.add_example(x)
-    assert training.added_when_opened == 40 + 4
-    assert files_of(root) == write_dataset(tmp_path / "w1", 2, 1)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -328,85 +329,25 @@ def test_strategy_3_trains_on_the_pool_and_holds_workers_plus_one_shards(
 
 
 @pytest.mark.parametrize("strategy", [2, 3])
-def test_a_failed_training_on_another_thread_is_reported(tmp_path, monkeypatch, strategy):
+def test_a_failed_training_is_reported(tmp_path, monkeypatch, strategy):
+    """Strategy 3 trains on the pool: the error is noted as the shard's; strategy 2's first
+    shard trains on the calling thread: its error is raised as it is."""
     GatedTraining(monkeypatch, fail=True).gate.set()
     root = tmp_path / "ds"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with (
-            pytest.raises(
-                RuntimeError,
-                match=r"^injected training failure\natlas_fast: \S*ds/\d+: finishing the shard$",
-            ),
+            pytest.raises(RuntimeError) as info,
             AtlasDatasetWriter(root, 40, 4, compression_strategy=strategy, workers=2) as w,
         ):
             for x in examples(230):
                 w.add_example(x)
-    assert not (root / "meta.json").exists()
-
-
-def test_a_with_block_that_raises_during_read_ahead_finishes_nothing_more(tmp_path, monkeypatch):
-    training = GatedTraining(monkeypatch)
-    root = tmp_path / "ds"
-    with pytest.warns(RuntimeWarning, match=r"ds: the dataset is incomplete"):
-        with pytest.raises(KeyError), AtlasDatasetWriter(root, 40, 4, workers=2) as w:
-            for x in examples(150):
-                w.add_example(x)
-            training.gate.set()
-            raise KeyError("boom")
-    assert not (root / "meta.json").exists()
-    # the first shard, closing on another thread, is finished; those read ahead never start
-    assert sorted(p.name for p in root.iterdir()) == ["0"]
-    assert (root / "0" / "meta.json").is_file()
-
-
-def test_an_example_read_ahead_that_does_not_pickle_names_its_shard_and_block(
-    tmp_path, monkeypatch
-):
-    training = GatedTraining(monkeypatch)
-    root = tmp_path / "ds"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with (
-            pytest.raises(
-                TypeError, match=r"^cannot pickle .*\natlas_fast: \S*ds/1: pickling block 2$"
-            ),
-            AtlasDatasetWriter(root, 40, 4, workers=2) as w,
-        ):
-            try:
-                for i in range(100):
-                    w.add_example(threading.Lock() if i == 49 else f"example {i}")
-            finally:
-                training.gate.set()
-    assert training.added_when_opened is None  # it was read ahead: training had not started
-    assert not (root / "meta.json").exists()
-
-
-@pytest.mark.parametrize("n", [100, 230])  # the failing shard: the last one, or one before it
-def test_a_failed_block_read_ahead_is_reported_on_the_calling_thread(
-    tmp_path, monkeypatch, recording, n
-):
-    training = GatedTraining(monkeypatch)
-    root = tmp_path / "ds"
-    with (
-        pytest.warns(
-            RuntimeWarning,
-            match=r"ds: the dataset is incomplete and has no meta\.json: "
-            # shard 1, given to the pool, is abandoned too if it had not started
-            r"closing it raised ZstdError\. .*(shards 1-|shard )2 unfinished \(no meta\.json\);",
-        ),
-        pytest.raises(
-            zstandard.ZstdError,
-            match=r"^injected failure\natlas_fast: \S*ds/2: compressing block 1$",
-        ),
-        AtlasDatasetWriter(root, 40, 4, workers=2) as w,
-    ):
-        try:
-            for i in range(n):
-                w.add_example(RecordingCompressor.poison if i == 85 else f"example {i}")
-        finally:
-            training.gate.set()
-    assert training.added_when_opened is None
+    assert str(info.value) == "injected training failure"
+    notes = getattr(info.value, "__notes__", [])
+    if strategy == 3:
+        assert notes == [f"atlas_fast: {root / '0'}: finishing the shard"]
+    else:
+        assert notes == []
     assert not (root / "meta.json").exists()
 
 
@@ -497,13 +438,12 @@ def test_a_with_block_that_raises_after_many_examples(atlas, tmp_path, monkeypat
     finished = sorted(n for n, names in shard_dirs(root).items() if "meta.json" in names)
     unfinished = sorted(n for n, names in shard_dirs(root).items() if "meta.json" not in names)
     assert set(finished) | set(unfinished) <= set(range(25))
-    # The last shard was being filled; strategy 2 may still read it ahead (no directory yet).
-    assert 24 in unfinished or (strategy == 2 and 24 not in finished)
+    assert 24 in unfinished  # the last shard was being filled
     if unfinished:
         assert f"{spans(unfinished)} unfinished (no meta.json);" in warning
     its = "its" if len(finished) == 1 else "their"
     assert finished and f"{spans(finished)} finished (with {its} meta.json)" in warning
-    # Strategy 2's dictionary, once the first shard finished and the read-ahead ended.
+    # Strategy 2's dictionary, once the first shard finished.
     zdict = root / "zstd_dict.bin"
     zdict = zdict.read_bytes() if zdict.exists() else None
     for n in finished:
@@ -522,36 +462,23 @@ class ReleasingPool(ThreadPoolExecutor):
         super().shutdown(*args, **kwargs)
 
 
-def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monkeypatch):
-    """Strategy 2, workers=2: while the first shard trains (held until the test lets it),
-    ten shards are read ahead; once it is done they are given to the pool (two threads), the
-    eleventh is filled here. The with block raises while the pool's two threads are closing
-    shards 1 and 2 (held until the writer waits for them): those finish, shards 3-10 never
-    start, 11 is abandoned. Patches private names to hold things: ``_train_dictionary``,
-    the pipeline's ``ThreadPoolExecutor``, and ``READ_AHEAD_BYTES`` to end the read-ahead at
-    a known block."""
+def test_a_with_block_that_raises_waits_for_the_shards_on_the_pool(tmp_path, monkeypatch):
+    """Strategy 1, workers=2: shards 0 and 1 are closed on the pool's two threads (held
+    until the writer waits for them), shard 2 on the calling thread (every pool thread
+    busy), shard 3 is being filled when the with block raises: 0-2 are finished, 3 is
+    abandoned, no thread is left. Patches the pipeline's ``ThreadPoolExecutor`` (private) to
+    know when the writer waits for its threads."""
     compressors = ClosedCompressors(monkeypatch)
     before = set(threading.enumerate())
-    data = [f"example {i:05d}" for i in range(40 * 12)]
-    blocks = [pickle.dumps(data[i : i + 4]) for i in range(40, len(data), 4)]
-    # The read-ahead ends with the first block of shard 11.
-    monkeypatch.setattr(pipeline, "READ_AHEAD_BYTES", sum(map(len, blocks[:101])))
+    data = [f"example {i:05d}" for i in range(40 * 3 + 20)]
     monkeypatch.setattr(pipeline, "ThreadPoolExecutor", ReleasingPool)
     ReleasingPool.release = threading.Event()
-    trained = threading.Event()
-    real_train = AtlasDatasetShardWriter._train_dictionary
-
-    def train(shard):
-        trained.wait(60)  # the timeout only ends the wait should the test never open it
-        return real_train(shard)
-
-    monkeypatch.setattr(AtlasDatasetShardWriter, "_train_dictionary", train)
     entered = []
     condition = threading.Condition()
     real_close = AtlasDatasetShardWriter.close
 
     def close(shard):
-        if shard.path.name != "0" and threading.current_thread().name.startswith("atlas-fast"):
+        if threading.current_thread().name.startswith("atlas-fast"):
             with condition:
                 entered.append(shard.path.name)
                 condition.notify_all()
@@ -563,10 +490,8 @@ def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monke
     root = tmp_path / "ds"
     boom = KeyError("boom")
     with pytest.warns(RuntimeWarning) as caught, pytest.raises(KeyError) as info:
-        with AtlasDatasetWriter(root, 40, 4, checksums=True, workers=2) as w:
-            for i, x in enumerate(data[: 40 * 11 + 4]):
-                if i == 40 * 11 + 3:
-                    trained.set()  # the next example ends the read-ahead
+        with AtlasDatasetWriter(root, 40, 4, 1, checksums=True, workers=2) as w:
+            for x in data:
                 w.add_example(x)
             with condition:
                 assert condition.wait_for(lambda: len(entered) == 2, timeout=60)
@@ -574,21 +499,18 @@ def test_a_with_block_that_raises_cancels_the_shards_not_started(tmp_path, monke
             raise boom
     assert info.value is boom
     assert no_thread_left(before, compressors)
-    assert len(compressors.made) == 4  # shards 0-2 and 11 (3-10 never compressed a block)
-    assert sorted(entered) == ["1", "2"]  # the shards after them never started closing
+    assert sorted(entered) == ["0", "1"]
     assert not (root / "meta.json").exists()
     dirs = shard_dirs(root)
-    assert sorted(dirs) == list(range(12))
+    assert sorted(dirs) == [0, 1, 2, 3]
     for n in (0, 1, 2):
         assert "meta.json" in dirs[n]
-    for n in range(3, 11):
-        assert dirs[n] == []  # never given a block
-    assert "meta.json" not in dirs[11]
+    assert "meta.json" not in dirs[3]
     [warning] = [str(c.message) for c in caught]
     assert warning == (
         f"{root}: the dataset is incomplete and has no meta.json: the with block raised "
         "KeyError. Shard directories left in it for inspection: shards 0-2 finished (with "
-        "their meta.json), shards 3-11 unfinished (no meta.json); remove the directory "
+        "their meta.json), shard 3 unfinished (no meta.json); remove the directory "
         "before writing there again."
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .._format import DICT_FILE
 
-__all__ = ["DictionaryHandOver", "shard_writer_classes"]
+__all__ = ["DictionaryHandOver"]
 
 _NO_DICT = "none"  # the marker: run 0 fell back to strategy 1
 
@@ -57,42 +57,23 @@ class DictionaryHandOver:
             time.sleep(0.005)
         return None if data is None else zstandard.ZstdCompressionDict(data)
 
+    # As the ``dictionary_source`` of strategy-3 shard writers, given the shard's blocks:
 
-def shard_writer_classes():
-    """``(AwaitingDictShardWriter, PublishingShardWriter)``: strategy-3 shard writers whose
-    dictionary is the shared one; each instance is given its ``hand_over``."""
-    from ..writer import AtlasDatasetShardWriter, train_dictionary
+    def awaited(self, blocks):
+        """A run > 0's shard: the dictionary run 0 publishes (``wait``)."""
+        return self.wait()
 
-    class AwaitingDictShardWriter(AtlasDatasetShardWriter):
-        """A strategy-3 shard whose dictionary is not trained but awaited: the one run 0
-        publishes from the source's first shard (the rule of ``AtlasDatasetWriter``)."""
+    def trained(self, blocks, *, compression_dict_size, compression_level, shard):
+        """Run 0's first shard: the dictionary trained from its blocks, as a serial run
+        trains it (the writer's ``train_dictionary``), published as soon as it is (None,
+        strategy 1, when it cannot be trained)."""
+        from ..writer import train_dictionary
 
-        hand_over: DictionaryHandOver
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, dictionary_source=self._awaited, **kwargs)
-
-        def _awaited(self, blocks):
-            return self.hand_over.wait()
-
-    class PublishingShardWriter(AtlasDatasetShardWriter):
-        """Run 0's first shard under strategy 2: it publishes the dictionary it trains as
-        soon as it is trained, so that the others compress with it while this shard still
-        compresses its own blocks (None, strategy 1, when it cannot be trained)."""
-
-        hand_over: DictionaryHandOver
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, dictionary_source=self._trained, **kwargs)
-
-        def _trained(self, blocks):
-            zdict = train_dictionary(
-                blocks,
-                compression_dict_size=self.metadata.compression_dict_size,
-                compression_level=self.metadata.compression_level,
-                shard=self.path,
-            )
-            self.hand_over.publish(None if zdict is None else zdict.as_bytes())
-            return zdict
-
-    return AwaitingDictShardWriter, PublishingShardWriter
+        zdict = train_dictionary(
+            blocks,
+            compression_dict_size=compression_dict_size,
+            compression_level=compression_level,
+            shard=shard,
+        )
+        self.publish(None if zdict is None else zdict.as_bytes())
+        return zdict

@@ -3,7 +3,8 @@
 A task is ``(function, job)``: ``function(job, worker)`` runs in worker k's process, given a
 ``Worker`` that says what it may use there (how to report progress, the claim table the
 processes share, how to tell that another one died). Everything a worker needs comes with its
-task or its ``Worker``: nothing is set in module globals or in ``os.environ``.
+task, its ``Worker`` or its process's name (see ``_compat.NO_TORCH_PROCESS_PREFIX``): nothing
+is set in module globals or in ``os.environ``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._compat import NO_TORCH_PROCESS_PREFIX
 from ._claims import Claims
 from ._source import SourceError
 from ._verify import VerifyError
@@ -73,18 +75,6 @@ def child(k: int, inbox, results, table) -> None:
             results.put(("error", k, _portable(exc, k)))
 
 
-# A spawned (or forkserver) worker runs this first: it only writes and compares examples, so
-# it imports atlas_fast without torch (ATLAS_FAST_NO_TORCH, set in its own environment before
-# atlas_fast is imported; see _compat), then becomes ``child``. A forked worker inherits the
-# modules already imported and runs ``child`` directly.
-_BOOTSTRAP = """\
-import os
-os.environ["ATLAS_FAST_NO_TORCH"] = "1"
-from atlas_fast.convert._workers import child
-child(k, inbox, results, table)
-"""
-
-
 def start_method() -> str:
     """ "fork" where it is safe and available: Linux, and no other thread in this process (a
     forked child inherits no thread, so a lock another thread held would stay held); it
@@ -122,16 +112,17 @@ class Workers:
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
         self.claims = ctx.Array("q", len(Claims.layout([(0, 0)] * n)))
-        self.processes = []
-        for k, inbox in enumerate(self.inboxes, 1):
-            if method == "fork":
-                target, args = child, (k, inbox, self.results, self.claims)
-            else:
-                names = {"k": k, "inbox": inbox, "results": self.results, "table": self.claims}
-                target, args = exec, (_BOOTSTRAP, names)
-            self.processes.append(
-                ctx.Process(target=target, args=args, name=f"atlas-fast-convert-{k}", daemon=True)
+        # Workers only write and compare examples: named so, a spawned one imports atlas_fast
+        # without torch (see _compat).
+        self.processes = [
+            ctx.Process(
+                target=child,
+                args=(k, inbox, self.results, self.claims),
+                name=f"{NO_TORCH_PROCESS_PREFIX}convert-{k}",
+                daemon=True,
             )
+            for k, inbox in enumerate(self.inboxes, 1)
+        ]
         if method == "fork":
             self._fork()
         else:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._claims import Claims
-from ._dictionary import DictionaryHandOver, shard_writer_classes
+from ._dictionary import DictionaryHandOver
 from ._progress import Emitter
 from ._spill import SPILL_LIMIT, SpilledShard, compress_spilled
 
@@ -44,9 +44,9 @@ class RunWriter:
     ``shard_size`` examples. Consecutive parts share shards; a part that does not follow the
     one before (a stolen range) starts a new group of shards.
 
-    Strategy 2: run 0 trains the dictionary from its first shard (``PublishingShardWriter``);
-    until it is published, the others read on: the blocks of their own parts (their share)
-    wait in memory for them to compress (``AwaitingDictShardWriter``), those of parts taken
+    Strategy 2: run 0 trains the dictionary from its first shard and publishes it
+    (``DictionaryHandOver``); until it is published, the others read on: the blocks of their
+    own parts (their share) wait in memory for them to compress, those of parts taken
     from other runs go to spill files (``SpilledShard``) that any run compresses once it
     knows the dictionary, before it claims another part. Every shard holds the examples it
     would hold had its run written it at once, and the same bytes.
@@ -62,7 +62,6 @@ class RunWriter:
         self.run_dir = Path(job.run_dir)
         self.hand_over = DictionaryHandOver(job.dict_dir)
         self.shard_writer = AtlasDatasetShardWriter
-        self.awaiting_writer, self.publishing_writer = shard_writer_classes()
         self.strategy = CompressionStrategy(self.options["compression_strategy"])
         self.shared = self.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         self.zdict = None  # the shared dictionary, once known
@@ -71,6 +70,7 @@ class RunWriter:
         self.groups: list = []  # (first part index, shard dirs of the group)
         self.counts: list = []  # (part index, examples) of every part written
         self.writer = None  # the shard being filled
+        self.kind = None  # the writer's: "trains", "awaits", "spills" or None (plain)
         self.deferred: list = []  # closed shards awaiting the dictionary in this memory
         self.spilled = 0  # bytes this run has spilled
         self.progress = Emitter(worker.emit)
@@ -128,14 +128,16 @@ class RunWriter:
             claims.keep_for_first_shard(self._read_rate(), shard_size - done - part.examples)
         count = 0
         progress = self.progress
+        writer = self.writer  # self.writer too, while open (the loop reads it as a local)
         for example in part.read():
-            if self.writer is None:
-                self.writer = self._open_shard()
-            self.writer.add_example(example)
+            if writer is None:
+                writer = self.writer = self._open_shard()
+            writer.add_example(example)
             count += 1
             progress.example()
-            if self.writer.stored_examples == shard_size:
+            if writer.stored_examples == shard_size:
                 self._close_shard()
+                writer = None
         self.counts.append((index, count))
         progress.flush(part.nbytes)
         if job.first and not self.known and self.writer is not None and len(self.shard_dirs) == 1:
@@ -154,7 +156,7 @@ class RunWriter:
             self.zdict = None if data is None else zstandard.ZstdCompressionDict(data)
             self.known = True
 
-    def _make_writer(self, path, cls=None, chosen=None):
+    def _make_writer(self, path, chosen=None, dictionary_source=None):
         from .._format import CompressionStrategy
 
         if chosen is None:
@@ -162,7 +164,7 @@ class RunWriter:
             if self.shared and self.zdict is None:
                 chosen = CompressionStrategy.STANDARD_COMPRESSION
         opts = self.options
-        w = (cls or self.shard_writer)(
+        return self.shard_writer(
             path,
             opts["block_size"],
             compression_strategy=chosen,
@@ -171,46 +173,57 @@ class RunWriter:
             compression_dict_size=opts["compression_dict_size"],
             checksums=opts["checksums"],
             workers=self.job.threads,
+            dictionary_source=dictionary_source,
         )
-        w.hand_over = self.hand_over
-        return w
 
     def _open_shard(self):
+        """The writer of the next shard; ``kind`` says what it is."""
+        from functools import partial
+
         from .._format import CompressionStrategy
 
-        job = self.job
+        job, opts = self.job, self.options
         path = self.run_dir / str(len(self.shard_dirs))
         self.shard_dirs.append(str(path))
         self.groups[-1][1].append(str(path))
         if not self.known and not job.first:
             self._learn_dict(False)
-        if self.known or job.first:
-            if not self.known:  # run 0's first shard: strategy 3, publishing its dictionary
-                return self._make_writer(
-                    path, self.publishing_writer, CompressionStrategy.DICTIONARY_COMPRESSION
-                )
+        self.kind = None
+        if self.known:
             return self._make_writer(path)
         own = job.ranges[job.run]
-        if job.spill_dir is None or own[0] <= self.groups[-1][0] < own[1]:
+        if job.first:
+            # Run 0's first shard: strategy 3, its dictionary published once trained.
+            self.kind = "trains"
+            source = partial(
+                self.hand_over.trained,
+                compression_dict_size=opts["compression_dict_size"],
+                compression_level=opts["compression_level"],
+                shard=path,
+            )
+        elif job.spill_dir is None or own[0] <= self.groups[-1][0] < own[1]:
             # Its own parts (its share): their blocks wait in memory, for this run to
             # compress once the dictionary is published.
-            return self._make_writer(
-                path, self.awaiting_writer, CompressionStrategy.DICTIONARY_COMPRESSION
-            )
-        # Parts taken from another run beyond its share: spilled, for whoever is free.
-        number = len(self.shard_dirs) - 1
-        spill = Path(job.spill_dir) / f"{job.run}-{number}"
-        return SpilledShard(spill, path, number, self.options["block_size"])
+            self.kind = "awaits"
+            source = self.hand_over.awaited
+        else:
+            # Parts taken from another run beyond its share: spilled, for whoever is free.
+            self.kind = "spills"
+            number = len(self.shard_dirs) - 1
+            spill = Path(job.spill_dir) / f"{job.run}-{number}"
+            return SpilledShard(spill, path, number, opts["block_size"])
+        return self._make_writer(path, CompressionStrategy.DICTIONARY_COMPRESSION, source)
 
     def _close_shard(self) -> None:
-        w, self.writer = self.writer, None
-        if isinstance(w, SpilledShard):
+        w, kind = self.writer, self.kind
+        self.writer = self.kind = None
+        if kind == "spills":
             w.close()
             self.spilled += w.nbytes
             self.claims.spilled(w.number)
-        elif isinstance(w, self.awaiting_writer):
+        elif kind == "awaits":
             self.deferred.append(w)  # compressed once the dictionary is published
-        elif self.job.first and not self.known:  # the first shard: it trains the dictionary
+        elif kind == "trains":
             # Its examples are the dictionary's sample: with them settled the others may
             # take any part of run 0's range, while it trains.
             self.claims.first_shard_settled()
@@ -221,9 +234,8 @@ class RunWriter:
 
     def _settle(self, w) -> None:
         """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
-        publishes it as soon as it is trained: ``PublishingShardWriter``; the others await
-        it: ``AwaitingDictShardWriter``): the dictionary leaves the shard, which becomes
-        strategy 2."""
+        publishes it as soon as it is trained; the others await it: see ``_open_shard``):
+        the dictionary leaves the shard, which becomes strategy 2."""
         import zstandard
 
         from .._format import DICT_FILE, META_FILE, CompressionStrategy, dump_meta

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
 
@@ -105,7 +106,7 @@ def test_dolma_attributes_from_the_command_line(tmp_path, capsys, atlas):
 
 
 def test_workers_start_without_torch():
-    """Worker processes set ATLAS_FAST_NO_TORCH=1: atlas_fast then imports no torch."""
+    """ATLAS_FAST_NO_TORCH=1: atlas_fast then imports no torch."""
     code = (
         "import sys, atlas_fast, atlas_fast.convert._run; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
@@ -133,3 +134,46 @@ def test_workers_default_and_ray(tmp_path, capsys, monkeypatch):
         assert cli.main([*base, "--ray", "--workers", given]) == 1
         assert "--ray and --workers exclude each other" in capsys.readouterr().err
     assert len(seen) == 3
+
+
+SPAWNED_PROBE = """
+import importlib.util, multiprocessing, sys
+import atlas_fast  # at the top, as a script converting with workers would: spawn re-runs it
+from atlas_fast.convert._workers import Workers
+
+
+def probe(job, worker):
+    return "torch" in sys.modules, multiprocessing.current_process().name
+
+
+if __name__ == "__main__":
+    pool = Workers(2, 2)  # ATLAS_FAST_CONVERT_START=spawn
+    try:
+        ours = pool.run([None, (probe, None)], lambda examples, nbytes: None)[1]
+    finally:
+        pool.close(kill=False)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as other:  # a process of anyone else's, for comparison
+        theirs = other.apply(probe, (None, None))
+    print(ours[0], theirs[0], importlib.util.find_spec("torch") is not None, ours[1])
+"""
+
+
+def test_spawned_workers_start_without_torch(tmp_path):
+    """A spawned worker imports atlas_fast without torch although the parent's main script
+    (which it re-runs first) imports atlas_fast: its name says so before anything is imported,
+    and nothing is set in the environment."""
+    script = tmp_path / "probe.py"
+    script.write_text(SPAWNED_PROBE)
+    env = {**os.environ, "ATLAS_FAST_CONVERT_START": "spawn"}
+    env.pop("ATLAS_FAST_NO_TORCH", None)
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's atlas_fast
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    ours, theirs, installed, name = done.stdout.split()
+    assert ours == "False"
+    assert theirs == installed  # anyone else's spawned process imports torch, if installed
+    assert name.startswith("atlas-fast-no-torch:")
