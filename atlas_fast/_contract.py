@@ -163,8 +163,10 @@ class _Reader(Protocol):
     def prefetch(self, indices: Sequence) -> bool:
         """A hint: the blocks holding ``indices`` are read next, in that order (what a sampler
         knows of its next window). The core decodes them ahead from its next read in this
-        process on (the compiled core on its read-ahead thread, the Python core on its pool),
-        as far as its read-ahead has room, and only the latest hints are kept until then: a
+        process on (the compiled core on its read-ahead thread, the Python core on its pool;
+        a remote shard's blocks are fetched by its source, neighbours merged, and decoded when
+        read), as far as its read-ahead has room, and only the latest hints are kept until
+        then: a
         reader read in other processes (a DataLoader's workers) does nothing. Indices are
         checked as ``self[i]`` checks them; no result changes.
 
@@ -280,7 +282,8 @@ class BatchSource(Protocol):
         (not decoded ahead, or that failed: decoding it again says why)."""
 
     def _load(self, b: int) -> list:
-        """Block ``b``'s examples, decoded now if not cached, and cached."""
+        """Block ``b``'s examples (stored uncompressed) read now and cached: not looked up
+        again (the caller's ``_lookup`` counted its miss)."""
 
     def _store(self, b: int, data) -> list:
         """Unpickle ``data`` (block ``b``'s decoded bytes), check and cache the examples."""

@@ -164,9 +164,11 @@ def test_cores_behave_alike(root):
 @pytest.mark.parametrize("strategy", [2, 0])
 def test_batches_are_counted_alike(tmp_path_factory, blocks, strategy):
     """A batch (which the compiled core reads in C when it touches few blocks, all cached or
-    small) counts one hit or miss per distinct block, in the order the batch first reads
-    them: the same counts, the same recency order (caches of 40 and 3 blocks), the same
-    errors, in both cores, dataset and shard, compressed or not."""
+    small) looks up every distinct block once, in the order the batch first reads it, before
+    it loads any; then it loads the misses in that order: the same counts (one hit or miss
+    per block, also when a load evicts a block looked up before), the same recency order
+    (caches of 40 and 3 blocks), the same errors, in both cores, dataset and shard,
+    compressed or not."""
     root = tmp_path_factory.mktemp("alike") / "ds"
     write_dataset(root, 120, 40, 4, strategy)
     expected = [example(i) for i in range(120)]
@@ -187,6 +189,9 @@ def test_batches_are_counted_alike(tmp_path_factory, blocks, strategy):
             shard_cache,
             0,
         )
+        first = batches[0]
+        assert ds.__getitems__(first) == [expected[i] for i in first]
+        assert tuple(ds.cache_info())[:2] == (0, len({i // 4 for i in first}))  # (hits, misses)
         for batch in batches + batches:
             assert ds.__getitems__(batch) == [expected[i] for i in batch]
             local = [i % 40 for i in batch]

@@ -5,7 +5,8 @@ facade. It works on a core's shard readers through their core-internal methods `
 (the cached examples of block ``b``, or None, counted as a hit or a miss), ``_ahead(b)`` (the
 examples of block ``b`` if it was decoded ahead, now cached, or None), ``_store(b, data)``
 (unpickle decoded bytes, check and cache them), ``_unpickle_block(b, data)`` (the same, not
-cached), ``_load(b)`` and ``_block_bytes``.
+cached), ``_load(b)`` (a block stored uncompressed, read and cached, not counted again) and
+``_block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -111,40 +112,38 @@ def gather(reader_of, located: list) -> list:
             wanted[key] = [(pos, j % size)]
         else:
             places.append((pos, j % size))
-    todo = []
+    # Every distinct block is looked up before any is loaded: one hit or miss each, for what
+    # the cache held when the batch began (a load cannot evict a block the batch looks up
+    # later), and the remote misses are asked for together (``_prefetch``).
     missed = []
     for key, places in wanted.items():
         reader = readers[key[0]][0]
         examples = reader._lookup(key[1])
         if examples is None:
-            examples = reader._ahead(key[1])  # named by a prefetch(): decoded ahead
-        if examples is None:
             missed.append((reader, key))
         else:
             _place(examples, places, out)
     _prefetch(missed)
+    # The misses, in the order the batch first reads them: decoded ahead (``prefetch``),
+    # read here (stored uncompressed: nothing to decompress; or too small for a pool
+    # hand-off), or left for the pool, whose blocks are cached last.
+    todo = []
+    pooled: dict = {}  # shard number -> whether its blocks go to the pool
     for reader, key in missed:
-        places = wanted[key]
-        examples = None
-        if not reader._compressed:
-            # Nothing to decompress: a thread would only add hand-offs (and the compiled
-            # core unpickles straight from the mapping on this path).
-            examples = reader._load(key[1])
+        examples = reader._ahead(key[1])
+        if examples is None:
+            if not reader._compressed:
+                examples = reader._load(key[1])
+            else:
+                on_pool = pooled.get(key[0])
+                if on_pool is None:
+                    on_pool = pooled[key[0]] = worth_the_pool(reader)
+                if not on_pool:
+                    examples = reader._store(key[1], reader._block_bytes(key[1]))
         if examples is None:
             todo.append((reader, key))
         else:
-            _place(examples, places, out)
-    if len(todo) > 1:
-        # Blocks too small to be worth a pool hand-off are decoded here (as read_ahead does).
-        pooled: dict = {}  # shard number -> whether its blocks go to the pool
-        for reader, key in todo:
-            if pooled.get(key[0]) is None:
-                pooled[key[0]] = worth_the_pool(reader)
-        if not all(pooled.values()):
-            for reader, key in todo:
-                if not pooled[key[0]]:
-                    _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)
-            todo = [job for job in todo if pooled[job[1][0]]]
+            _place(examples, wanted[key], out)
     if len(todo) == 1:
         reader, key = todo[0]
         _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)

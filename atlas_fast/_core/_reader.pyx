@@ -249,12 +249,13 @@ cdef object _batch_c(DatasetCore ds, ShardCore shard, list indices):
     """The examples at ``indices`` (``ds``'s, or ``shard``'s when ``ds`` is None), read as
     _pool.gather reads them, in C: a sampler's batches touch few blocks, most of them
     cached by the batch before. None (nothing read, nothing counted) when the batch touches
-    more than _BATCH_BLOCKS blocks, a shard not opened yet, or a block to decode that is worth
-    gather's thread pool (and not decoded ahead): gather reads those.
+    more than _BATCH_BLOCKS blocks, a shard not opened yet, a block to decode that is worth
+    gather's thread pool (and not decoded ahead), or a missing block of a remote shard
+    (gather asks its source for them together): gather reads those.
 
-    As gather: every distinct block looked up once in the order the batch first reads it
-    (one hit or miss each), a block decoded ahead taken then and an uncompressed one read
-    then, the others decoded after, in that order; the same errors for bad indices.
+    As gather: every distinct block looked up once, in the order the batch first reads it,
+    before any is loaded (one hit or miss each); then the misses loaded in that order; the
+    same errors for bad indices.
     """
     cdef Py_ssize_t count = PyList_GET_SIZE(indices)
     cdef Py_ssize_t k, t, b, local, s
@@ -336,34 +337,32 @@ cdef object _batch_misses(BlockCache cache, list readers, Py_ssize_t* blocks, li
     cdef _Entry e
     cdef _RABuffer ahead
     cdef list got = [None] * n_seen  # each distinct block's examples (held: evictions aside)
-    cdef list todo = []
     for t in range(n_seen):
         reader = <ShardCore>readers[t]
-        if (entries[t] is None and reader._compressed and not _ra_queued(<void*>reader, blocks[t])
-                and worth_the_pool(reader)):
-            return None  # gather decodes it on the pool, beside the others
+        if entries[t] is None and (reader._source is not None or (
+                reader._compressed and not _ra_queued(<void*>reader, blocks[t])
+                and worth_the_pool(reader))):
+            return None  # gather fetches or decodes it, beside the others
+    for t in range(n_seen):  # all looked up before any is loaded
+        reader = <ShardCore>readers[t]
+        e = cache._get((reader._tag, blocks[t]))
+        if e is not None:
+            got[t] = e.examples
     for t in range(n_seen):
+        if got[t] is not None:
+            continue
         reader = <ShardCore>readers[t]
         b = blocks[t]
-        e = cache._get((reader._tag, b))
-        examples = None if e is None else e.examples
-        if examples is None:
-            ahead = reader._take_ahead(b)
-            if ahead is not None:
-                examples = reader._store_ahead((reader._tag, b), b, ahead)
-            elif not reader._compressed:
-                examples = reader._examples(b)
-        if examples is None:
-            todo.append(t)
+        ahead = reader._take_ahead(b)
+        if ahead is not None:
+            examples = reader._store_ahead((reader._tag, b), b, ahead)
         else:
-            got[t] = examples
-    for t in todo:
-        reader = <ShardCore>readers[t]
-        b = blocks[t]
-        data = reader._decoded(b, True)
-        examples = reader._unpickle_c(data, b)
-        e = cache._put((reader._tag, b), b, examples, _data_size(data))
-        got[t] = examples if e.examples is None else e.examples
+            data = reader._decoded(b, True, not reader._compressed)
+            examples = reader._unpickle_c(data, b)
+            e = cache._put((reader._tag, b), b, examples, _data_size(data))
+            if e.examples is not None:  # another thread's copy may have won
+                examples = e.examples
+        got[t] = examples
     return [_item(<list>got[slots[k]], within[k]) for k in range(count)]
 
 
@@ -623,8 +622,26 @@ cdef class ShardCore:
         cdef list hints = self._hints
         self._hints = None
         if self._hints_generation == _generation:
-            for b in hints:
+            self._queue_hinted(hints)
+        return 0
+
+    cdef int _queue_hinted(self, list blocks) except -1:
+        """Read ``blocks`` ahead, named by prefetch(): a local shard's decoded on the
+        read-ahead thread; a remote shard's fetched now by its source, neighbours merged
+        (the fetching is what takes time; each is decoded when read)."""
+        if self._source is None:
+            for b in blocks:
                 self._queue_ahead(b, True)
+            return 0
+        self._hints_worth = 1
+        if self._offsets is None:
+            try:
+                self._open()
+            except Exception:
+                return 0  # raised again, by the read of a block of this shard
+        wanted = [b for b in blocks if self._cache._find((self._tag, b)) is None]
+        if wanted:
+            self._source.prefetch(wanted)
         return 0
 
     def close(self):
@@ -659,7 +676,7 @@ cdef class ShardCore:
         return None if data is None else self._store_ahead((self._tag, b), b, data)
 
     def _load(self, Py_ssize_t b):
-        return self._examples(b)
+        return self._store(b, self._decoded(b, True, True))
 
     def _unpickle_block(self, Py_ssize_t b, data):
         return self._unpickle_c(data, b)
@@ -1091,13 +1108,16 @@ cdef class DatasetCore:
         self._hints = None
         if self._hints_generation != _generation:
             return 0
-        worth = False
+        cdef dict per_shard = {}  # shard -> its blocks named, first named first
         for s, j in hints:
+            per_shard.setdefault(s, []).append(j)
+        worth = False
+        for s, named in per_shard.items():
             try:
                 reader = self._reader_c(s)
             except Exception:
                 continue  # reading an example of the shard says why
-            reader._queue_ahead(j // reader._block_size, True)
+            reader._queue_hinted([j // reader._block_size for j in named])
             worth = worth or reader._hints_worth != 0
         self._hints_worth = worth
         return 0

@@ -434,12 +434,12 @@ class ShardCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
-    def prefetch(self, indices) -> None:
+    def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
-        the pool from this reader's next read in this process on."""
+        the pool (a remote shard's fetched) from this reader's next read in this process on."""
         n = self._n
         blocks = [normalize_index(i, n) // self._block_size for i in indices]
-        if self._pooled is False:
+        if self._pooled is False and self._source is None:
             return False
         self._renew_ahead()
         if self._hints is not None:
@@ -457,8 +457,25 @@ class ShardCore:
     def _queue_hints(self) -> None:
         self._renew_ahead()
         hints, self._hints = self._hints, None
-        for b in hints or ():
-            self._queue_ahead(b)
+        self._queue_hinted(hints or [])
+
+    def _queue_hinted(self, blocks: list) -> bool:
+        """Read ``blocks`` ahead, named by prefetch(): a local shard's decoded on the pool; a
+        remote shard's fetched now by its source, neighbours merged (the fetching is what
+        takes time; each is decoded when read). Whether hints are of use to this shard."""
+        if self._source is None:
+            for b in blocks:
+                self._queue_ahead(b)
+            return self._pooled is not False
+        try:
+            self._opened_files()
+        except Exception:
+            return True  # raised again, by the read of a block of this shard
+        entries = self._cache._entries
+        wanted = [b for b in blocks if entries.get((self._tag, b)) is None]
+        if wanted:
+            self._source.prefetch(wanted)
+        return True
 
     def _queue_ahead(self, b: int) -> None:
         """Decode block ``b`` on the pool unless it is cached or being decoded already; at
@@ -513,7 +530,7 @@ class ShardCore:
         return None if data is None else self._store(b, data)
 
     def _load(self, b: int) -> list:
-        return self._examples(b)
+        return self._store(b, self._decoded(b))
 
     def _unpickle_block(self, b: int, data) -> list:
         return self._unpickle(data, b)
@@ -748,9 +765,9 @@ class DatasetCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
-    def prefetch(self, indices) -> None:
+    def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
-        the pool from this dataset's next read in this process on."""
+        the pool (a remote shard's fetched) from this dataset's next read in this process on."""
         located = [self._locate(i) for i in indices]
         if not self._hints_worth:
             return False
@@ -764,14 +781,17 @@ class DatasetCore:
         hints, self._hints = self._hints, None
         if self._hints_generation != _generation[0]:
             return
-        worth = False
+        per_shard: dict = {}  # shard -> its examples named, first named first
         for s, j in hints:
+            per_shard.setdefault(s, []).append(j)
+        worth = False
+        for s, named in per_shard.items():
             try:
                 reader = self._reader(s)
             except Exception:
                 continue  # reading an example of the shard says why
-            reader._queue_ahead(j // reader._block_size)
-            worth = worth or reader._pooled is not False
+            size = reader._block_size
+            worth = reader._queue_hinted([j // size for j in named]) or worth
         self._hints_worth = worth
 
     def close(self) -> None:
