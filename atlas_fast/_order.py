@@ -17,6 +17,11 @@ import numpy as np
 from ._checks import check_int as _check_int
 from ._compat import torch_installed
 
+# Layouts of passes a BlockOrder keeps: at most _LAYOUTS, and more than two only while they
+# hold at most _LAYOUT_BLOCKS blocks together.
+_LAYOUTS = 8
+_LAYOUT_BLOCKS = 1 << 16
+
 __all__ = [
     "BlockOrder",
     "Counted",
@@ -105,7 +110,7 @@ class BlockOrder:
         self.n = int(lengths.sum())
         self.window_blocks = window_blocks
         self.entropy = tuple(entropy)
-        self._layouts: dict = {}  # pass -> layout, of the two passes laid out last
+        self._layouts: dict = {}  # pass -> layout, of the passes laid out last
         self._keys = None  # (pass, position, Generator): where the last ``windows`` ended
 
     def plan(self, epoch: int):
@@ -117,7 +122,7 @@ class BlockOrder:
 
     def layout(self, epoch: int):
         """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
-        positions in the pass); the last two passes' are kept."""
+        positions in the pass); the last few passes' are kept."""
         layout = self._layouts.get(epoch)
         if layout is not None:
             return layout
@@ -128,9 +133,14 @@ class BlockOrder:
         if nb % w:
             window_ends = np.append(window_ends, ends[-1])
         layout = (perm, key_seed, w, window_ends)
-        if len(self._layouts) >= 2:
-            del self._layouts[next(iter(self._layouts))]
-        self._layouts[epoch] = layout
+        layouts = self._layouts
+        layouts[epoch] = layout
+        # The last two passes' always; up to _LAYOUTS while they are small (a small source
+        # is read several passes at a time by a mixture, and each pass's layout twice).
+        while len(layouts) > 2 and (
+            len(layouts) > _LAYOUTS or len(layouts) * len(perm) > _LAYOUT_BLOCKS
+        ):
+            del layouts[next(iter(layouts))]
         return layout
 
     def windows(self, epoch: int, lo: int, hi: int, layout=None):

@@ -552,10 +552,10 @@ def test_bench_loader_quick(with_stub, script_cache, tmp_path):
     for n in (2, 8, 32):
         rows = [r for r in report["rows"] if r["section"] == f"mix{n}"]
         for nw in (0, 2):
-            epoch = [
-                r for r in rows if r["case"] == f"MixtureSampler({n} sources) epoch, workers={nw}"
-            ]
-            assert epoch and epoch[0]["values"]["python"] > 0
+            for clock in ("wall", "CPU"):
+                case = f"MixtureSampler({n} sources) epoch, workers={nw}, {clock}"
+                epoch = [r for r in rows if r["case"] == case]
+                assert epoch and epoch[0]["values"]["python"] > 0
             decoded = [
                 r for r in rows if r["case"] == f"blocks decoded per example: mixture, workers={nw}"
             ]

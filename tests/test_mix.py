@@ -50,11 +50,17 @@ def _pairs(mix: MixtureDataset, indices) -> list:
     return [mix.locate(i) for i in indices]
 
 
-def _digest(pairs) -> str:
-    h = hashlib.sha256()
-    for name, j in pairs:
-        h.update(f"{name}:{j};".encode())
-    return h.hexdigest()
+def _located(mix: MixtureDataset, indices) -> np.ndarray:
+    """``(source position in mix.names, index within it)`` of each mixture index: (n, 2)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    sources = _sources_of(mix, indices)
+    starts = np.array([mix.source_range(n).start for n in mix.names])
+    return np.stack([sources, indices - starts[sources]], axis=1)
+
+
+def _digest(located: np.ndarray) -> str:
+    """SHA-256 of the (source, index) pairs, in order."""
+    return hashlib.sha256(np.ascontiguousarray(located, dtype="<i8").tobytes()).hexdigest()
 
 
 # -- the dataset --------------------------------------------------------------------------------
@@ -119,9 +125,8 @@ def _check_windows(sources: np.ndarray, window: int, shares: list) -> None:
     by one or more from the exact proportion (exact rational arithmetic)."""
     m = len(shares)
     rows = len(sources) // window
-    counts = np.stack(
-        [np.bincount(sources[k * window : (k + 1) * window], minlength=m) for k in range(rows)]
-    )
+    row = np.arange(rows * window, dtype=np.int64) // window
+    counts = np.bincount(row * m + sources[: rows * window], minlength=rows * m).reshape(rows, m)
     denominator = math.lcm(*(s.denominator for s in shares))
     per_window = np.array([int(s * window * denominator) for s in shares], dtype=np.int64)
     made = np.cumsum(counts, axis=0) * denominator  # scaled by the denominator: exact
@@ -135,26 +140,35 @@ def _check_windows(sources: np.ndarray, window: int, shares: list) -> None:
     assert (np.abs(counts * denominator - per_window) < 2 * denominator).all()
 
 
-@pytest.mark.parametrize(
-    ("weights", "window"),
-    [
-        ({"web": 0.6, "code": 0.25, "books": 0.1, "wiki": 0.05}, 256),
-        ({"web": 1, "code": 1, "books": 1}, 100),  # thirds of 100
-        ({"web": 0.123457, "code": "3/10", "books": Fraction(2, 7), "wiki": 0.01}, 1000),
-    ],
-)
-def test_every_window_holds_its_quota_over_ten_million_positions(plain, weights, window):
+def _check_ten_million(mix, weights, window) -> None:
     total = 10_000_000
     sampler = MixtureSampler(
-        plain, weights, global_batch_size=window, seed=3, epoch_length=total // window * window
+        mix, weights, global_batch_size=window, seed=3, epoch_length=total // window * window
     )
-    sources = _sources_of(plain, sampler.epoch_indices())
+    sources = _sources_of(mix, sampler.epoch_indices())
     assert len(sources) == total // window * window
     given = {
         n: Fraction(repr(w)) if isinstance(w, float) else Fraction(w) for n, w in weights.items()
     }
-    shares = [given.get(n, Fraction(0)) / sum(given.values()) for n in plain.names]
+    shares = [given.get(n, Fraction(0)) / sum(given.values()) for n in mix.names]
     _check_windows(sources, window, shares)
+
+
+def test_every_window_holds_its_quota_over_ten_million_positions(mixture):
+    _check_ten_million(mixture, {"web": 0.6, "code": 0.25, "books": 0.1, "wiki": 0.05}, 256)
+
+
+@pytest.mark.parametrize(
+    ("weights", "window"),
+    [
+        ({"web": 1, "code": 1, "books": 1}, 100),  # thirds of 100
+        ({"web": 0.123457, "code": "3/10", "books": Fraction(2, 7), "wiki": 0.01}, 1000),
+    ],
+)
+def test_every_window_holds_other_quotas_over_ten_million_positions(plain, weights, window):
+    """Weights whose windows do not divide evenly (the order depends on no backend: the
+    stream is the same over either backend's datasets, test_stream_is_the_same_...)."""
+    _check_ten_million(plain, weights, window)
 
 
 def test_a_window_of_several_steps_and_rank_shares(plain):
@@ -187,8 +201,9 @@ def test_a_window_of_several_steps_and_rank_shares(plain):
 
 
 class _Locate:
-    """A map-style dataset answering where each mixture index is (what the DataLoader's
-    workers hand back, without reading examples: the stream is what is checked here)."""
+    """A map-style dataset answering where each mixture index is: (source, index within it)
+    rows (what the DataLoader's workers hand back, without reading examples: the stream is
+    what is checked here)."""
 
     def __init__(self, mix) -> None:
         self.mix = mix
@@ -196,48 +211,73 @@ class _Locate:
     def __len__(self) -> int:
         return len(self.mix)
 
-    def __getitem__(self, i):
-        return self.mix.locate(i)
+    def __getitems__(self, indices) -> np.ndarray:
+        return _located(self.mix, indices)
 
 
-def _ranks_stream(mix, weights, batch, ranks, count) -> list:
+def _share(mix, weights, batch, ranks, rank, count) -> MixtureSampler:
+    return MixtureSampler(
+        mix,
+        weights,
+        global_batch_size=batch,
+        seed=11,
+        num_replicas=ranks,
+        rank=rank,
+        epoch_length=count,
+    )
+
+
+def _global(shares: list, per_rank: int) -> np.ndarray:
     """The global stream rebuilt from the ranks' shares: step by step, rank after rank."""
-    shares = []
-    for r in range(ranks):
-        sampler = MixtureSampler(
-            mix,
-            weights,
-            global_batch_size=batch,
-            seed=11,
-            num_replicas=ranks,
-            rank=r,
-            epoch_length=count,
-        )
-        shares.append(sampler.epoch_indices().reshape(-1, batch // ranks))
+    shares = [np.asarray(s).reshape(-1, per_rank, *np.shape(s)[1:]) for s in shares]
     assert len({len(s) for s in shares}) == 1
-    return np.concatenate(shares, axis=1).ravel().tolist()
+    return np.concatenate(shares, axis=1).reshape(-1, *shares[0].shape[2:])
 
 
-def test_stream_is_the_same_for_any_workers_and_ranks(plain):
+MILLION = {"weights": {"web": 0.5, "code": 0.3, "books": 0.15, "wiki": 0.05}, "batch": 1024}
+MILLION_COUNT = 1_000_448  # 977 global batches of 1024: at least 10**6 positions
+
+
+def _million(mix) -> tuple:
+    """The sampler of the first 10**6 positions (world size 1), and its digest."""
+    whole = _share(mix, MILLION["weights"], MILLION["batch"], 1, 0, MILLION_COUNT)
+    return whole, _digest(_located(mix, whole.epoch_indices()))
+
+
+def test_stream_is_the_same_for_any_world_size(mixture, roots):
+    """SHA-256 of the first 10**6 (source, index) pairs: the same for world sizes 1, 2 and 4
+    at a fixed global batch, and over either backend's datasets."""
+    _, reference = _million(mixture)
+    plain = MixtureDataset({name: atlas_fast.AtlasDataset(r) for name, r in roots.items()})
+    assert _million(plain)[1] == reference  # the default backend's
+    weights, batch = MILLION["weights"], MILLION["batch"]
+    for ranks in (2, 4):
+        shares = [_share(mixture, weights, batch, ranks, r, MILLION_COUNT) for r in range(ranks)]
+        stream = _global([s.epoch_indices() for s in shares], batch // ranks)
+        assert _digest(_located(mixture, stream)) == reference, ranks
+
+
+def test_stream_is_the_same_for_any_workers(plain):
+    """The same 10**6 pairs through a DataLoader with 0, 1, 2 or 4 workers, and on each rank
+    of two with 2 workers (the loader reads no example here: no backend is involved)."""
     torch = pytest.importorskip("torch")
-    weights = {"web": 0.5, "code": 0.3, "books": 0.15, "wiki": 0.05}
-    batch = 1024
-    count = 1_000_448  # 977 global batches: at least 10**6 positions
-    whole = MixtureSampler(plain, weights, global_batch_size=batch, seed=11, epoch_length=count)
-    reference = _digest(_pairs(plain, whole.epoch_indices()))
-    for ranks in (1, 2, 4):
-        assert _digest(_pairs(plain, _ranks_stream(plain, weights, batch, ranks, count))) == (
-            reference
-        ), ranks
-    for workers in (0, 1, 2, 4):
+    whole, reference = _million(plain)
+
+    def read(sampler, workers):
         loader = torch.utils.data.DataLoader(
             _Locate(plain),
-            batch_size=batch,
-            sampler=whole,
+            batch_size=sampler.batch_size,
+            sampler=sampler,
             num_workers=workers,
-            collate_fn=list,
+            collate_fn=lambda rows: rows,
         )
-        assert _digest(p for b in loader for p in b) == reference, workers
+        return np.concatenate(list(loader))
+
+    for workers in (0, 1, 2, 4):
+        assert _digest(read(whole, workers)) == reference, workers
+    weights, batch = MILLION["weights"], MILLION["batch"]
+    halves = [read(_share(plain, weights, batch, 2, r, MILLION_COUNT), 2) for r in range(2)]
+    assert _digest(_global(halves, batch // 2)) == reference
 
 
 def test_ranks_get_disjoint_shares_of_each_step(plain):
@@ -414,6 +454,47 @@ def test_resume_with_other_workers_and_ranks_from_the_step(plain):
     inside = dict(state, yielded=13 * 64 + 5)
     with pytest.raises(ValueError, match="inside a step"):
         MixtureSampler(plain, weights, num_replicas=2, rank=0, **kw).load_state_dict(inside)
+
+
+def test_interrupted_at_random_steps_resumes_with_other_workers(mixture):
+    """Windows of 3 steps: a run interrupted after random steps (inside a window too),
+    resumed by a new sampler with another number of DataLoader workers, reads exactly the
+    examples of the uninterrupted run: from the training loop's step count
+    (``state_dict(step=k)``, a plain DataLoader); a StatefulDataLoader's state resumes too
+    (with as many workers: torchdata refuses another number)."""
+    torch = pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    weights = {"web": 4, "code": 3, "books": 2, "wiki": 1}
+    kw = {"global_batch_size": 32, "window": 96, "seed": 17, "epoch_length": 32 * 30}
+    whole = [
+        example(mixture.locate(i)[1])
+        for i in MixtureSampler(mixture, weights, **kw).epoch_indices()
+    ]
+    rng = random.Random(3)
+    steps = [rng.randrange(1, 10) * 3 + 1, rng.randrange(1, 10) * 3 + 2, rng.randrange(1, 10) * 3]
+    for k, (before, after) in zip(steps, [(2, 0), (0, 2), (2, 1)]):
+        for kind in ("step", "stateful"):
+            loader_class = (
+                stateful.StatefulDataLoader if kind == "stateful" else torch.utils.data.DataLoader
+            )
+            sampler = MixtureSampler(mixture, weights, **kw)
+            loader = loader_class(
+                mixture, batch_size=32, sampler=sampler, num_workers=before, collate_fn=list
+            )
+            it = iter(loader)
+            head = [x for _ in range(k) for x in next(it)]
+            state = loader.state_dict() if kind == "stateful" else sampler.state_dict(step=k)
+            del it, loader
+            resumed = MixtureSampler(mixture, {"web": 1}, **kw)
+            workers = before if kind == "stateful" else after  # torchdata refuses another
+            again = loader_class(
+                mixture, batch_size=32, sampler=resumed, num_workers=workers, collate_fn=list
+            )
+            if kind == "stateful":
+                again.load_state_dict(state)
+            else:
+                resumed.load_state_dict(state)
+            assert head + [x for batch in again for x in batch] == whole, (k, kind, workers)
 
 
 def test_stateful_dataloader_saves_and_restores_it(plain):

@@ -79,6 +79,29 @@ SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "total_size",
 }
 
+MIXTURE = {"sources", "names", "locate", "index", "source_range", "prefetch", "close"}
+MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
+    "set_weights",
+    "schedule",
+    "config",
+    "consumed",
+    "source_order",
+    "mixture",
+    "names",
+    "seed",
+    "epoch",
+    "epoch_length",
+    "total_steps",
+    "global_batch_size",
+    "batch_size",
+    "window",
+    "window_blocks",
+    "unit",
+    "rank",
+    "num_replicas",
+}
+MIX_MODULE = {"MixtureDataset", "MixtureSampler", "from_config"}
+
 
 def _public(obj) -> set:
     return {name for name in dir(obj) if not name.startswith("_")}
@@ -123,3 +146,14 @@ def test_writers_show_their_declared_names_only(tmp_path):
 def test_the_sampler_shows_its_declared_names_only(atlas, tmp_path):
     sampler = atlas_fast.BlockShuffleSampler(atlas.AtlasDataset(_dataset(tmp_path)), seed=0)
     assert _public(sampler) == SAMPLER
+
+
+def test_the_mixture_shows_its_declared_names_only(atlas, tmp_path):
+    from atlas_fast import mix
+
+    assert set(mix.__all__) == MIX_MODULE
+    mixture = atlas_fast.MixtureDataset({"a": atlas.AtlasDataset(_dataset(tmp_path))})
+    sampler = atlas_fast.MixtureSampler(mixture, {"a": 1}, global_batch_size=4, seed=0)
+    assert mixture[list(sampler)[-1]] in range(120)  # iterated: lazily made attributes too
+    assert _public(mixture) == MIXTURE
+    assert _public(sampler) == MIXTURE_SAMPLER
