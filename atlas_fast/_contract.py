@@ -252,8 +252,9 @@ class ShardSourceProtocol(Protocol):
     def block(self, b: int) -> bytes:
         """Block ``b``'s stored bytes, exactly (after ``offsets``)."""
 
-    def prefetch(self, blocks) -> None:
-        """Fetch ``blocks`` now, neighbours merged: a batch about to be read."""
+    def prefetch(self, blocks, hint: bool = False) -> None:
+        """Fetch ``blocks`` now, neighbours merged: a batch about to be read (``hint``: blocks
+        a sampler reads next, in an order of its own, not a pass in order's batch)."""
 
     def warm(self) -> None:
         """A pass in order reaches this shard soon: fetch its index and first blocks now."""

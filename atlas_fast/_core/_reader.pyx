@@ -641,7 +641,7 @@ cdef class ShardCore:
                 return 0  # raised again, by the read of a block of this shard
         wanted = [b for b in blocks if self._cache._find((self._tag, b)) is None]
         if wanted:
-            self._source.prefetch(wanted)
+            self._source.prefetch(wanted, True)
         return 0
 
     def close(self):

@@ -474,7 +474,7 @@ class ShardCore:
         entries = self._cache._entries
         wanted = [b for b in blocks if entries.get((self._tag, b)) is None]
         if wanted:
-            self._source.prefetch(wanted)
+            self._source.prefetch(wanted, True)
         return True
 
     def _queue_ahead(self, b: int) -> None:

@@ -56,6 +56,7 @@ def test_a_mixture_of_remote_datasets_reads_as_the_local_one(s3, sources, atlas,
         sampler.set_epoch(epoch)
         expected = [example(mix.locate(i)[1]) for i in sampler.epoch_indices()]
         assert [x for batch in loader for x in batch] == expected
+    mix.close()
 
 
 @pytest.mark.timeout(240)
@@ -71,10 +72,10 @@ def test_a_remote_source_fetches_the_blocks_named_next(s3, sources, atlas, monke
     read: dict = {}  # ... first read
     real_prefetch, real_block = ShardSource.prefetch, ShardSource.block
 
-    def prefetch(self, blocks):
+    def prefetch(self, blocks, hint=False):
         for b in blocks:
             asked.setdefault((self.url, b), batch[0])
-        return real_prefetch(self, blocks)
+        return real_prefetch(self, blocks, hint)
 
     def block(self, b):
         read.setdefault((self.url, b), batch[0])
@@ -90,6 +91,7 @@ def test_a_remote_source_fetches_the_blocks_named_next(s3, sources, atlas, monke
         batch[0] = k
         got += mix.__getitems__([next(it) for _ in range(40)])
     assert got == [example(mix.locate(i)[1]) for i in sampler.epoch_indices()]
+    mix.close()  # what was fetched and not read is given back
     early = [key for key, k in read.items() if asked.get(key, k) < k]
     assert len(early) >= len(read) * 3 // 4, (len(early), len(read))
     # Nothing fetched over and over: about the bytes of the blocks read or named (a source's
