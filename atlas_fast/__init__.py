@@ -29,6 +29,7 @@ from .atlas import (
     AtlasDatasetShardMetadata,
     CompressionStrategy,
 )
+from .mix import MixtureDataset, MixtureSampler
 from .sampler import BlockShuffleSampler
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
@@ -41,6 +42,8 @@ __all__ = [
     "AtlasDatasetWriter",
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
+    "MixtureDataset",
+    "MixtureSampler",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",

@@ -173,6 +173,20 @@ class _Reader(Protocol):
     def cache_reserve(self, blocks: int) -> None:
         """``BlockCacheCore.reserve`` on this reader's cache."""
 
+    def prefetch(self, indices: Sequence) -> bool:
+        """A hint: the blocks holding ``indices`` are read next, in that order (what a sampler
+        knows of its next window). The core decodes them ahead from its next read in this
+        process on (the compiled core on its read-ahead thread, the Python core on its pool;
+        a remote shard's blocks are fetched by its source, neighbours merged, and decoded when
+        read), as far as its read-ahead has room, and only the latest hints are kept until
+        then: a
+        reader read in other processes (a DataLoader's workers) does nothing. Indices are
+        checked as ``self[i]`` checks them; no result changes.
+
+        Returns False once the reader knows that hints are of no use to it (its blocks are
+        stored uncompressed, or too small on average to be worth decoding on another
+        thread): the caller may stop naming blocks."""
+
     def close(self) -> None:
         """Release files, mappings and cached blocks; the reader reopens on next use."""
 
@@ -251,8 +265,9 @@ class ShardSourceProtocol(Protocol):
     def block(self, b: int) -> bytes:
         """Block ``b``'s stored bytes, exactly (after ``offsets``)."""
 
-    def prefetch(self, blocks) -> None:
-        """Fetch ``blocks`` now, neighbours merged: a batch about to be read."""
+    def prefetch(self, blocks, hint: bool = False) -> None:
+        """Fetch ``blocks`` now, neighbours merged: a batch about to be read (``hint``: blocks
+        a sampler reads next, in an order of its own, not a pass in order's batch)."""
 
     def warm(self) -> None:
         """A pass in order reaches this shard soon: fetch its index and first blocks now."""
@@ -276,8 +291,13 @@ class BatchSource(Protocol):
     def _lookup(self, b: int) -> list | None:
         """Block ``b``'s cached examples or None, counted as a hit or a miss."""
 
+    def _ahead(self, b: int) -> list | None:
+        """Block ``b``'s examples if it was decoded ahead (``prefetch``), now cached, or None
+        (not decoded ahead, or that failed: decoding it again says why)."""
+
     def _load(self, b: int) -> list:
-        """Block ``b``'s examples, decoded now if not cached, and cached."""
+        """Block ``b``'s examples (stored uncompressed) read now and cached: not looked up
+        again (the caller's ``_lookup`` counted its miss)."""
 
     def _store(self, b: int, data) -> list:
         """Unpickle ``data`` (block ``b``'s decoded bytes), check and cache the examples."""

@@ -16,65 +16,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_int
-from ._compat import torch_installed
+from ._order import (
+    BlockOrder,
+    Counted,
+    ReadAhead,
+    block_lengths,
+    check_int,
+    distributed_defaults,
+)
+from ._order import sampler_bases as _sampler_bases
 
 __all__ = ["BlockShuffleSampler", "block_lengths"]
 
-
-def _sampler_bases() -> tuple:
-    if not torch_installed():
-        return ()
-    try:
-        from torch.utils.data import Sampler
-    except Exception:  # a broken torch install must not break reading
-        return ()
-    return (Sampler,)
-
-
-def _distributed_defaults() -> tuple:
-    """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
-    if not torch_installed():
-        return 1, 0
-    try:
-        import torch.distributed as dist
-    except Exception:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def block_lengths(dataset) -> np.ndarray:
-    """Examples per block of ``dataset`` (an Atlas dataset or shard), over all its shards.
-
-    From the shards' metadata alone: nothing is opened.
-    """
-    shards = getattr(dataset, "shards", None)
-    if shards is None:
-        if getattr(dataset, "metadata", None) is None or not hasattr(
-            dataset.metadata, "block_size"
-        ):
-            raise TypeError(
-                "BlockShuffleSampler needs an AtlasDataset or AtlasDatasetShard, "
-                f"not {type(dataset).__name__}"
-            )
-        shards = [dataset]
-    parts = []
-    for shard in shards:
-        n = len(shard)
-        size = shard.metadata.block_size
-        full, rest = divmod(n, size)
-        parts.append(np.full(full, size, dtype=np.int64))
-        if rest:
-            parts.append(np.array([rest], dtype=np.int64))
-    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    if int(lengths.sum()) != len(dataset):
-        raise ValueError(
-            f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
-            f"but it has {len(dataset)}"
-        )
-    return lengths
+_check_int = check_int
 
 
 class _StreamReader:
@@ -176,7 +130,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         self.window_blocks = window_blocks
         self.seed = check_int("seed", seed, minimum=0)
         if num_replicas is None or rank is None:
-            world, own = _distributed_defaults()
+            world, own = distributed_defaults()
             if num_replicas is None:
                 num_replicas = world
             if rank is None:
@@ -192,12 +146,13 @@ class BlockShuffleSampler(*_sampler_bases()):
         reserve = getattr(dataset, "cache_reserve", None)  # None: a layout, not a reader
         if reserve is not None and window_blocks is not None:
             reserve(2 * window_blocks)
-        self._starts = np.cumsum(self._lengths) - self._lengths  # first index of each block
+        self._orders = None  # the BlockOrder of self.seed (see _order)
+        self._dataset = dataset  # told which blocks come next (ReadAhead)
         self.num_examples = int(self._lengths.sum())
         n, r = self.num_examples, self.num_replicas
         self.num_samples = n // r if self.drop_last else -(-n // r)
         self.total_size = self.num_samples * r
-        self._yielded = 0  # by the current (or last) iterator, counted from the epoch start
+        self._counted = None  # the current (or last) iterator's Counted
         self._resume = None  # (epoch, yielded) from load_state_dict, for the next iteration
 
     def __len__(self) -> int:
@@ -209,46 +164,22 @@ class BlockShuffleSampler(*_sampler_bases()):
 
     # -- the order ------------------------------------------------------------------------
 
-    def _plan(self, epoch: int):
-        """(permuted blocks, their end positions in the epoch, seed of the shuffle keys)."""
-        seeds = np.random.SeedSequence([self.seed, epoch]).spawn(2)
-        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self._lengths))
-        ends = np.cumsum(self._lengths[perm])
-        return perm, ends, seeds[1]
+    def _order(self) -> BlockOrder:
+        """The epochs' orders (made again when ``load_state_dict`` adopts another seed)."""
+        order = self._orders
+        if order is None or order.entropy != (self.seed,):
+            order = self._orders = BlockOrder(self._lengths, self.window_blocks, (self.seed,))
+        return order
 
     def _layout(self, epoch: int):
         """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
         positions in the epoch)."""
-        perm, ends, key_seed = self._plan(epoch)
-        nb = len(perm)
-        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
-        window_ends = ends[w - 1 :: w]
-        if nb % w:
-            window_ends = np.append(window_ends, ends[-1])
-        return perm, key_seed, w, window_ends
+        return self._order().layout(epoch)
 
     def _windows(self, epoch: int, lo: int, hi: int, layout=None):
         """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks;
         ``layout``: the epoch's ``_layout``, when the caller has it already."""
-        if lo >= hi:
-            return
-        perm, key_seed, w, window_ends = self._layout(epoch) if layout is None else layout
-        k = int(np.searchsorted(window_ends, lo, side="right"))
-        start = int(window_ends[k - 1]) if k else 0
-        # One key per position: key p is output p of the stream, whatever the rank.
-        keys = np.random.PCG64(key_seed)
-        keys.advance(start)
-        keys = np.random.Generator(keys)
-        while start < hi:
-            blocks = perm[k * w : (k + 1) * w]
-            lengths = self._lengths[blocks]
-            count = int(lengths.sum())
-            firsts = self._starts[blocks] - (np.cumsum(lengths) - lengths)
-            order = np.repeat(firsts, lengths) + np.arange(count, dtype=np.int64)
-            order = order[np.argsort(keys.random(count), kind="stable")]
-            yield order[max(lo - start, 0) : hi - start]
-            start += count
-            k += 1
+        return self._order().windows(epoch, lo, hi, layout)
 
     def _rank_ranges(self, skip: int = 0):
         """This rank's share of the epoch order after its first ``skip`` positions: ranges
@@ -354,14 +285,23 @@ class BlockShuffleSampler(*_sampler_bases()):
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         self._resume = None
-        self._yielded = skip
-        return self._iterate(epoch, skip)
+        self._counted = Counted(skip)
+        return self._counted.iterate(self._chunks(epoch, skip))
 
-    def _iterate(self, epoch: int, skip: int):
-        for chunk in self._rank_chunks(epoch, skip):
-            for i in chunk.tolist():
-                self._yielded += 1
-                yield i
+    @property
+    def _yielded(self) -> int:
+        """Indices yielded by the current (or last) iterator, counted from the epoch start."""
+        return 0 if self._counted is None else self._counted.count()
+
+    def _chunks(self, epoch: int, skip: int):
+        chunks = self._rank_chunks(epoch, skip)
+        if self.window_blocks is not None and not _dealing(self.batch_size, self.num_workers):
+            # Read in this process (no DataLoader workers to deal to): the dataset decodes
+            # the next window's blocks ahead, while this one's are read.
+            order = self._order()
+            horizon = self.window_blocks * int(self._lengths.max(initial=1))
+            chunks = ReadAhead(self._dataset, order.starts, horizon).chunks(chunks)
+        return chunks
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole order for ``epoch`` (default: the current one) as an array."""
@@ -420,7 +360,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         if "seed" in state:
             self.seed = check_int("seed", state["seed"], minimum=0)
         self.epoch = epoch
-        self._yielded = yielded
+        self._counted = Counted(yielded)
         self._resume = (epoch, yielded)
 
     def __repr__(self) -> str:

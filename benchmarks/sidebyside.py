@@ -150,6 +150,8 @@ def _fmt_value(v, unit: str) -> str:
         return f"{v / 1e6:,.1f} MB"
     if unit == "fds":
         return f"{v:,.0f}"
+    if unit == "blocks":
+        return f"{v:.4f}"
     if unit == "s":
         return f"{v * 1e3:,.1f} ms"
     for div, suffix in ((1e6, "M"), (1e3, "k")):

@@ -1,7 +1,8 @@
 """The documentation's performance tables, generated from the runs in benchmarks/results/.
 
 Each JSON file there is the output of one benchmark run (``--json``), its machine paths
-removed. This script renders them into docs/performance.md and the README's one table, each
+removed. This script renders them into docs/performance.md, docs/mixtures.md and the README's one
+table, each
 between marker comments (``<!-- tables:NAME -->`` ... ``<!-- /tables:NAME -->``), so that no
 figure in the documentation is typed by hand:
 
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PERFORMANCE = ROOT / "docs" / "performance.md"
+MIXTURES = ROOT / "docs" / "mixtures.md"
 README = ROOT / "README.md"
 
 # An absolute POSIX path inside a string (not a URL's path: no ":" right before it).
@@ -284,6 +286,130 @@ def memory_table(run: dict) -> str:
     )
 
 
+# -- mixtures (bench_loader.py --patterns a,m) -------------------------------------------------
+
+
+def _mix_sections(run: dict) -> list:
+    """``(sources, cases)`` of each (m) section, by number of sources."""
+    out = []
+    for section, cases in _rows_by_section(run).items():
+        match = re.fullmatch(r"mix(\d+)", section)
+        if match:
+            out.append((int(match.group(1)), cases))
+    return sorted(out, key=lambda item: item[0])
+
+
+def mixtures_clock(run: dict) -> str:
+    """The clock of the mixture rows: CPU time when the run has it (runs before it had the
+    wall clock alone, their rows unsuffixed)."""
+    cases = {row["case"] for row in run["rows"]}
+    return "CPU" if "BlockShuffleSampler(AtlasDataset) epoch, workers=0, CPU" in cases else ""
+
+
+def mixtures_table(run: dict) -> str:
+    """A mixture's epoch against one dataset's, per number of sources and workers."""
+    clock = mixtures_clock(run)
+    suffix = f", {clock}" if clock else ""
+    rows = []
+    for n, cases in _mix_sections(run):
+        for nw in (0, 2):
+            one = cases.get(f"BlockShuffleSampler(AtlasDataset) epoch, workers={nw}{suffix}")
+            mix = cases.get(f"MixtureSampler({n} sources) epoch, workers={nw}{suffix}")
+            blocks_one = cases.get(f"blocks decoded per example: one dataset, workers={nw}")
+            blocks_mix = cases.get(f"blocks decoded per example: mixture, workers={nw}")
+            if not (one and mix and blocks_one and blocks_mix):
+                continue
+            rows.append(
+                [
+                    str(n),
+                    str(nw),
+                    f"{_rate(one['values'].get('cython'))}/s",
+                    f"{_rate(mix['values'].get('cython'))}/s",
+                    _ratio(_ratio_of(mix, "cython x one dataset")),
+                    f"{blocks_one['values']['cython']:.4f} / {blocks_mix['values']['cython']:.4f}",
+                    _ratio(_ratio_of(blocks_mix, "cython / one dataset")),
+                ]
+            )
+    return _table(
+        [
+            "sources",
+            "workers",
+            "one dataset (BlockShuffleSampler)",
+            "mixture (MixtureSampler)",
+            "mixture x one",
+            "blocks decoded per example (one / mixture)",
+            "ratio",
+        ],
+        rows,
+    )
+
+
+def mixture_sampler_table(run: dict) -> str:
+    """Each sampler's own cost, and a resume far into training."""
+    rows = []
+    for n, cases in _mix_sections(run):
+        cost = cases.get("sampler cost per index (iterating it alone)")
+        resume = cases.get("load_state_dict at position 10**9 (3 stages)")
+        if not (cost and resume):
+            continue
+        single = re.search(r"BlockShuffleSampler: ([\d,.]+) ns", cost.get("note", ""))
+        first = re.search(r"first global batch: ([\d.]+) ms", resume.get("note", ""))
+        rows.append(
+            [
+                str(n),
+                f"{single.group(1)} ns" if single else "-",
+                f"{cost['values']['cython']:,.0f} ns",
+                f"{resume['values']['cython'] * 1e3:.2f} ms",
+                f"{first.group(1)} ms" if first else "-",
+            ]
+        )
+    return _table(
+        [
+            "sources",
+            "BlockShuffleSampler per index",
+            "MixtureSampler per index",
+            "load_state_dict at position 10<sup>9</sup>",
+            "then its first global batch",
+        ],
+        rows,
+    )
+
+
+def in_order_table(run: dict) -> str:
+    """BlockShuffleSampler's epoch with 0 workers against a pass in order, per corpus."""
+    rows = []
+    for section, cases in _rows_by_section(run).items():
+        epoch = cases.get("BlockShuffleSampler(ds) epoch, workers=0, CPU")
+        in_order = cases.get("sequential pass (shuffle=False), workers=0, CPU")
+        if not (epoch and in_order):
+            continue
+        rows.append(
+            [
+                _dataset(section),
+                f"{_rate(epoch['values'].get('cython'))}/s",
+                f"{_rate(in_order['values'].get('cython'))}/s",
+                _ratio(_pick_ratio(epoch, "cython sequential / epoch")),
+            ]
+        )
+    return _table(
+        ["data", "BlockShuffleSampler epoch", "pass in order", "pass in order / epoch"], rows
+    )
+
+
+def mixtures_blocks() -> dict:
+    run = load("bench_mixtures")
+    return {
+        "mixtures-run": run_line(
+            run,
+            "; compiled backend; epochs by "
+            + ("CPU time" if mixtures_clock(run) else "the wall clock"),
+        ),
+        "mixtures": mixtures_table(run),
+        "mixtures-sampler": mixture_sampler_table(run),
+        "mixtures-in-order": in_order_table(run),
+    }
+
+
 # -- atlas-fast bench ---------------------------------------------------------------------
 
 _PATTERNS = ["open", "sequential", "random", "batch", "shuffled", "cached"]
@@ -366,6 +492,7 @@ def rendered() -> dict:
     """Path -> the text that path should have."""
     return {
         PERFORMANCE: fill(PERFORMANCE.read_text(), performance_blocks(), str(PERFORMANCE)),
+        MIXTURES: fill(MIXTURES.read_text(), mixtures_blocks(), str(MIXTURES)),
         README: fill(README.read_text(), readme_blocks(), str(README)),
     }
 

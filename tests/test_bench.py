@@ -549,6 +549,19 @@ def test_bench_loader_quick(with_stub, script_cache, tmp_path):
         for clock in ("wall", "CPU"):
             assert f"BlockShuffleSampler(ds) epoch, workers={nw}, {clock}" in cases
     assert "warm, cache_bytes=1 GiB: uniform random ds[i]" in cases
+    for n in (2, 8, 32):
+        rows = [r for r in report["rows"] if r["section"] == f"mix{n}"]
+        for nw in (0, 2):
+            for clock in ("wall", "CPU"):
+                case = f"MixtureSampler({n} sources) epoch, workers={nw}, {clock}"
+                epoch = [r for r in rows if r["case"] == case]
+                assert epoch and epoch[0]["values"]["python"] > 0
+            decoded = [
+                r for r in rows if r["case"] == f"blocks decoded per example: mixture, workers={nw}"
+            ]
+            assert 0 < decoded[0]["values"]["python"] < 1
+        cost = [r for r in rows if r["case"] == "sampler cost per index (iterating it alone)"]
+        assert cost and cost[0]["unit"] == "ns"
     pss = [r for r in report["rows"] if r["case"] == "PSS per worker (median)"]
     if Path("/proc/self/smaps_rollup").exists():
         assert pss[0]["values"]["reference"] > 0 and pss[0]["values"]["python"] > 0

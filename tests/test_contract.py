@@ -110,7 +110,7 @@ def _dataset(core, root, cache):
         [str(d) for d in shard_dirs],
         meta.shard_sizes,
         [None] * len(shard_dirs),
-        (root / "zstd_dict.bin").read_bytes(),
+        (root / "zstd_dict.bin").read_bytes() if (root / "zstd_dict.bin").exists() else None,
         pickle.loads,
         cache,
     )
@@ -157,6 +157,52 @@ def test_cores_behave_alike(root):
         assert info.currsize > 0
         alike = (info.hits + info.misses, info.max_bytes, info.blocks)
         results.append((alike, info.max_blocks, sorted(keys), raw, data, errors))
+    assert all(r == results[0] for r in results)
+
+
+@pytest.mark.parametrize("blocks", [40, 3])
+@pytest.mark.parametrize("strategy", [2, 0])
+def test_batches_are_counted_alike(tmp_path_factory, blocks, strategy):
+    """A batch (which the compiled core reads in C when it touches few blocks, all cached or
+    small) looks up every distinct block once, in the order the batch first reads it, before
+    it loads any; then it loads the misses in that order: the same counts (one hit or miss
+    per block, also when a load evicts a block looked up before), the same recency order
+    (caches of 40 and 3 blocks), the same errors, in both cores, dataset and shard,
+    compressed or not."""
+    root = tmp_path_factory.mktemp("alike") / "ds"
+    write_dataset(root, 120, 40, 4, strategy)
+    expected = [example(i) for i in range(120)]
+    rng = random.Random(4)
+    batches = [[rng.randrange(40, 80) for _ in range(12)] for _ in range(6)]
+    batches += [list(range(120)), [-1, 0, -120, 7] * 3, [5], []]  # 30 blocks; negative; one
+    results = []
+    for core in CORES:
+        cache = core.BlockCache(None, blocks)
+        ds = _dataset(core, root, cache)
+        shard_cache = core.BlockCache(None, blocks)
+        dict_file = root / "zstd_dict.bin"
+        shard = core.ShardCore(
+            str(root / "1"),
+            _format.read_shard_metadata(root / "1"),
+            dict_file.read_bytes() if dict_file.exists() else None,
+            pickle.loads,
+            shard_cache,
+            0,
+        )
+        first = batches[0]
+        assert ds.__getitems__(first) == [expected[i] for i in first]
+        assert tuple(ds.cache_info())[:2] == (0, len({i // 4 for i in first}))  # (hits, misses)
+        for batch in batches + batches:
+            assert ds.__getitems__(batch) == [expected[i] for i in batch]
+            local = [i % 40 for i in batch]
+            assert shard.__getitems__(local) == [expected[40 + i] for i in local]
+        errors = []
+        for reader, batch in ((ds, [41, 42, 120]), (ds, [41, "1"]), (shard, [1, 2, 40])):
+            with pytest.raises((IndexError, TypeError)) as bad:
+                reader.__getitems__(batch)
+            errors.append((type(bad.value), str(bad.value)))
+        counts = (tuple(ds.cache_info()), tuple(shard.cache_info()))
+        results.append((counts, cache.keys(), shard_cache.keys(), errors))
     assert all(r == results[0] for r in results)
 
 

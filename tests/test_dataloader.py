@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from loader_helpers import example, keep_shards, write_dataset
 
+import atlas_fast._core._pool
 from atlas_fast import BlockShuffleSampler
 
 torch = pytest.importorskip("torch")
@@ -41,7 +42,10 @@ def test_dataloader_without_workers(atlas, root, expected):
         assert _epoch(loader) == [expected[i] for i in order]
 
 
-def test_dataloader_fork_workers(atlas, root, expected):
+def test_dataloader_fork_workers(atlas, root, expected, monkeypatch):
+    # These blocks are small: a batch sends them to the pool anyway, so that the parent has
+    # started its thread pool before the fork.
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)
     ds = atlas.AtlasDataset(root, cache_blocks=16)
     ds.__getitems__([0, 100, 200])  # the parent has read (and started its thread pool)
     ds[299]

@@ -22,6 +22,8 @@ PACKAGE = {
     "AtlasDatasetWriter",
     "AtlasDatasetShardWriter",
     "BlockShuffleSampler",
+    "MixtureDataset",
+    "MixtureSampler",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
@@ -46,6 +48,7 @@ READER = {"VERSION", "root", "mmap_index", "metadata"} | {
     "cache_info",
     "cache_reserve",
     "close",
+    "prefetch",
     "storage_options",
     "cache_dir",
     "cache_dir_bytes",
@@ -78,6 +81,29 @@ SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "total_size",
 }
 
+MIXTURE = {"sources", "names", "locate", "index", "source_range", "prefetch", "close"}
+MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
+    "set_weights",
+    "schedule",
+    "config",
+    "consumed",
+    "source_order",
+    "mixture",
+    "names",
+    "seed",
+    "epoch",
+    "epoch_length",
+    "total_steps",
+    "global_batch_size",
+    "batch_size",
+    "window",
+    "window_blocks",
+    "unit",
+    "rank",
+    "num_replicas",
+}
+MIX_MODULE = {"MixtureDataset", "MixtureSampler", "from_config"}
+
 
 def _public(obj) -> set:
     return {name for name in dir(obj) if not name.startswith("_")}
@@ -98,7 +124,7 @@ def test_the_package_exports_exactly_its_names():
     # process: a submodule another test imported becomes an attribute of the package)
     code = "import atlas_fast; print(' '.join(n for n in dir(atlas_fast) if n[0] != '_'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage"}
+    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage", "mix"}
 
 
 def test_readers_show_their_declared_names_only(atlas, tmp_path):
@@ -122,3 +148,14 @@ def test_writers_show_their_declared_names_only(tmp_path):
 def test_the_sampler_shows_its_declared_names_only(atlas, tmp_path):
     sampler = atlas_fast.BlockShuffleSampler(atlas.AtlasDataset(_dataset(tmp_path)), seed=0)
     assert _public(sampler) == SAMPLER
+
+
+def test_the_mixture_shows_its_declared_names_only(atlas, tmp_path):
+    from atlas_fast import mix
+
+    assert set(mix.__all__) == MIX_MODULE
+    mixture = atlas_fast.MixtureDataset({"a": atlas.AtlasDataset(_dataset(tmp_path))})
+    sampler = atlas_fast.MixtureSampler(mixture, {"a": 1}, global_batch_size=4, seed=0)
+    assert mixture[list(sampler)[-1]] in range(120)  # iterated: lazily made attributes too
+    assert _public(mixture) == MIXTURE
+    assert _public(sampler) == MIXTURE_SAMPLER

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+from pathlib import Path
 
 import pytest
 from helpers import child_report, fork_check, run_threads
@@ -265,3 +266,186 @@ def test_safe_loading_reads_ahead_too(atlas, root, expected):
     ds = atlas.AtlasDataset(root, trusted=False)
     assert list(ds) == expected
     assert [ds[i] for i in range(N)] == expected
+
+
+# -- prefetch(): the blocks a sampler reads next, decoded ahead ------------------------------
+
+
+def _ahead_counter(backend, monkeypatch):
+    """A function returning how many blocks were decoded ahead for prefetch() so far: the C
+    read-ahead's jobs taken, or the Python core's pool jobs (a private name: the pool is not
+    observable otherwise)."""
+    if backend == "cython":
+        return lambda: info()["taken"]
+    calls = []
+    real = atlas_fast._core._pool.decode_on_pool
+    monkeypatch.setattr(
+        atlas_fast._core._reader_py, "decode_on_pool", lambda r, b: calls.append(b) or real(r, b)
+    )
+    return lambda: len(calls)
+
+
+def _shuffled_windows(rng, blocks: int, per_window: int) -> list:
+    """Windows of ``per_window`` shuffled blocks of 10, each window's indices shuffled."""
+    order = list(range(blocks))
+    rng.shuffle(order)
+    windows = []
+    for k in range(0, blocks, per_window):
+        indices = [b * 10 + j for b in order[k : k + per_window] for j in range(10)]
+        rng.shuffle(indices)
+        windows.append(indices)
+    return windows
+
+
+@pytest.mark.parametrize("where", ["dataset", "shard"])
+def test_prefetch_decodes_the_next_window_ahead(atlas, backend, root, expected, where, monkeypatch):
+    """A sampler names the next window's blocks while reading this one, in batches and in
+    single reads: every example exact, and the named blocks decoded ahead (when compressed:
+    uncompressed blocks are read from the file, prefetch() says it is of no use)."""
+    ahead = _ahead_counter(backend, monkeypatch)
+    ds = atlas.AtlasDataset(root)
+    reader, base = (ds, 0) if where == "dataset" else (ds.shards[1], 200)
+    rng = random.Random(7)
+    windows = _shuffled_windows(rng, len(reader) // 10, 3)
+    compressed = ds.shards[0].metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    before = ahead()
+    answers = [reader.prefetch(windows[0][::10])]
+    for k, window in enumerate(windows):
+        if k + 1 < len(windows):
+            answers.append(reader.prefetch(windows[k + 1]))  # every index of each block
+        half = len(window) // 2
+        assert reader.__getitems__(window[:half]) == [expected[base + i] for i in window[:half]]
+        assert [reader[i] for i in window[half:]] == [expected[base + i] for i in window[half:]]
+    assert list(reader) == expected[base : base + len(reader)]
+    if compressed:
+        assert all(answers)
+        assert ahead() - before >= len(reader) // 10 - 3  # the first window's may be read first
+    else:
+        assert ahead() == before
+        assert answers[0] is True and answers[-1] is False
+
+
+def test_prefetch_checks_indices_and_changes_no_result(atlas, root, expected):
+    ds = atlas.AtlasDataset(root)
+    with pytest.raises(IndexError):
+        ds.prefetch([0, N])
+    with pytest.raises(TypeError):
+        ds.prefetch(["a"])
+    with pytest.raises(IndexError):
+        ds.shards[0].prefetch([200])
+    ds.prefetch([N - 1, -1, 0, 5, 5])  # negative, repeated: as ds[i] takes them
+    ds.prefetch([])
+    assert ds.__getitems__([599, 0, 5, 300]) == [expected[i] for i in (599, 0, 5, 300)]
+    ds.prefetch(list(range(0, N, 10)))  # more blocks than the read-ahead holds
+    assert [ds[i] for i in range(N)] == expected
+    ds.prefetch([100, 110])
+    ds.close()  # what was named is dropped
+    assert ds[100] == expected[100] and ds.__getitems__([110, 111]) == expected[110:112]
+
+
+def test_prefetch_of_a_damaged_block_reports_it_where_it_is(atlas, tmp_path):
+    root = write_dataset(tmp_path / "ds", N, 200, 10)
+    _damage_block(root, 1, 7)  # examples 270..279
+    direct = _error_of(lambda: atlas.AtlasDataset(root)[275])
+    assert direct is not None
+    ds = atlas.AtlasDataset(root)
+    ds.prefetch([260, 270, 280])
+    assert ds.__getitems__([261, 262]) == [example(261), example(262)]
+    assert _error_of(lambda: ds.__getitems__([281, 275])) == direct
+    ds.prefetch([270])
+    assert _error_of(lambda: ds[272]) == direct
+    assert ds[285] == example(285)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_prefetch_named_before_a_fork_is_not_acted_on_in_the_child(
+    atlas, backend, root, expected, monkeypatch
+):
+    """A DataLoader's sampler names blocks in the parent, whose dataset the workers read: the
+    hints stay in the parent (never acted on there, it reads nothing), and a forked copy
+    ignores them."""
+    ahead = _ahead_counter(backend, monkeypatch)
+    ds = atlas.AtlasDataset(root)
+    ds[0]  # opened
+    ds.prefetch([300, 310, 320])
+
+    def child():
+        before = ahead()
+        ok = ds.__getitems__([301, 311, 321]) == [expected[i] for i in (301, 311, 321)]
+        return ok and ahead() == before
+
+    before = ahead()
+    pid, read = fork_check(child)
+    report = child_report(pid, read)
+    assert report == b"ok", report
+    assert ahead() == before  # the parent read nothing since
+    assert ds[300] == expected[300]
+
+
+def test_sampler_epoch_reads_the_next_window_ahead(atlas, backend, root, expected, monkeypatch):
+    """BlockShuffleSampler read in this process names each next window's blocks: decoded
+    ahead (compressed blocks); read by DataLoader workers, the parent decodes nothing."""
+    from atlas_fast import BlockShuffleSampler
+
+    ahead = _ahead_counter(backend, monkeypatch)
+    ds = atlas.AtlasDataset(root)
+    compressed = ds.shards[0].metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
+    sampler = BlockShuffleSampler(ds, window_blocks=4, seed=2)
+    order = sampler.epoch_indices().tolist()
+    before = ahead()
+    batches = [order[k : k + 16] for k in range(0, N, 16)]
+    assert [x for batch in batches for x in ds.__getitems__(batch)] == [expected[i] for i in order]
+    assert ahead() == before  # epoch_indices() names nothing
+    ds.close()  # nothing cached
+    got = []
+    it = iter(sampler)
+    for batch in batches:
+        got += ds.__getitems__([next(it) for _ in batch])
+    assert got == [expected[i] for i in order]
+    assert (ahead() - before >= N // 10 - 8) if compressed else ahead() == before
+    torch = pytest.importorskip("torch")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, sampler=sampler, num_workers=2, collate_fn=list
+    )
+    ds.close()
+    before = ahead()
+    assert [x for batch in loader for x in batch] == [expected[i] for i in order]
+    assert ahead() == before
+
+
+def test_exit_with_decoded_jobs_of_readers_kept_by_a_cycle(backend, tmp_path):
+    """Readers kept alive by a reference cycle are freed by the interpreter's last collection,
+    after the modules' dicts were cleared, and cancel their read-ahead jobs then: the process
+    exits (it once hung there, a Python global gone under the read-ahead's lock)."""
+    import subprocess
+    import sys
+
+    root = write_dataset(tmp_path / "ds", N, 200, 10)
+    code = (
+        "import time, atlas_fast, atlas_fast._python\n"
+        f"module = atlas_fast._python if {backend!r} == 'python' else atlas_fast.atlas\n"
+        "try:\n"
+        "    import atlas_fast._reader as reader\n"
+        "    reader._readahead_min_bytes(0)\n"
+        "except ImportError:\n"
+        "    pass\n"
+        f"ds = module.AtlasDataset({str(root)!r})\n"
+        "for i in range(35):\n"
+        "    ds[i]\n"
+        "ds.prefetch(list(range(300, 600, 10)))\n"
+        "ds[100]\n"
+        "cycle = [ds]\n"
+        "cycle.append(cycle)\n"
+        "del ds\n"
+        "time.sleep(0.3)\n"
+        "print('read')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 0 and out.stdout == "read\n", out.stderr
+    assert "Error" not in out.stderr, out.stderr

@@ -2,9 +2,11 @@
 
 Part of the core side of the contract (``_contract``): called by the cores only, never by the
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
-(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_store(b, data)``
-(unpickle decoded bytes, check and cache them), ``_pass_block(b, data)`` (the same,
-cached as a pass in order keeps its blocks), ``_load(b)`` and ``_block_bytes``.
+(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_ahead(b)`` (the
+examples of block ``b`` if it was decoded ahead, now cached, or None), ``_store(b, data)``
+(unpickle decoded bytes, check and cache them), ``_pass_block(b, data)`` (the same, cached
+as a pass in order keeps its blocks), ``_load(b)`` (a block stored uncompressed, read and
+cached, not counted again) and ``_block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -21,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .._fork import after_fork_in_child
 from .._format import DATA_FILE
 
-__all__ = ["gather", "read_ahead", "pool_size", "READ_AHEAD"]
+__all__ = ["gather", "read_ahead", "decode_on_pool", "worth_the_pool", "pool_size", "READ_AHEAD"]
 
 # Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
 # READ_AHEAD + 1 decoded blocks are held per iterator besides the cache).
@@ -110,7 +112,9 @@ def gather(reader_of, located: list) -> list:
             wanted[key] = [(pos, j % size)]
         else:
             places.append((pos, j % size))
-    todo = []
+    # Every distinct block is looked up before any is loaded: one hit or miss each, for what
+    # the cache held when the batch began (a load cannot evict a block the batch looks up
+    # later), and the remote misses are asked for together (``_prefetch``).
     missed = []
     for key, places in wanted.items():
         reader = readers[key[0]][0]
@@ -120,17 +124,26 @@ def gather(reader_of, located: list) -> list:
         else:
             _place(examples, places, out)
     _prefetch(missed)
+    # The misses, in the order the batch first reads them: decoded ahead (``prefetch``),
+    # read here (stored uncompressed: nothing to decompress; or too small for a pool
+    # hand-off), or left for the pool, whose blocks are cached last.
+    todo = []
+    pooled: dict = {}  # shard number -> whether its blocks go to the pool
     for reader, key in missed:
-        places = wanted[key]
-        examples = None
-        if not reader._compressed:
-            # Nothing to decompress: a thread would only add hand-offs (and the compiled
-            # core unpickles straight from the mapping on this path).
-            examples = reader._load(key[1])
+        examples = reader._ahead(key[1])
+        if examples is None:
+            if not reader._compressed:
+                examples = reader._load(key[1])
+            else:
+                on_pool = pooled.get(key[0])
+                if on_pool is None:
+                    on_pool = pooled[key[0]] = worth_the_pool(reader)
+                if not on_pool:
+                    examples = reader._store(key[1], reader._block_bytes(key[1]))
         if examples is None:
             todo.append((reader, key))
         else:
-            _place(examples, places, out)
+            _place(examples, wanted[key], out)
     if len(todo) == 1:
         reader, key = todo[0]
         _place(reader._store(key[1], reader._block_bytes(key[1])), wanted[key], out)
@@ -227,7 +240,7 @@ class _Ahead:
 POOL_MIN_BLOCK_BYTES = 16 * 1024
 
 
-def _worth_the_pool(reader) -> bool:
+def worth_the_pool(reader) -> bool:
     """Whether ``reader``'s blocks are worth decompressing on the pool: compressed, and
     large enough on average."""
     if not reader._compressed or reader._source is not None:
@@ -240,6 +253,13 @@ def _worth_the_pool(reader) -> bool:
     except OSError:
         return True  # reading will report the problem
     return blocks > 0 and stored / blocks >= POOL_MIN_BLOCK_BYTES
+
+
+def decode_on_pool(reader, b: int):
+    """A future of ``reader._block_bytes(b)`` decoded on the pool, or None when the pool takes
+    no more work (the Python core's ``prefetch``, for a reader ``worth_the_pool``)."""
+    future = _submit(reader._block_bytes, b)
+    return None if future is _INLINE else future
 
 
 def read_ahead(blocks):
@@ -267,7 +287,7 @@ def read_ahead(blocks):
                     reader._source.warm()  # a remote shard this pass reaches soon
                 on_pool = pooled.get(id(reader))
                 if on_pool is None:
-                    on_pool = pooled[id(reader)] = _worth_the_pool(reader)
+                    on_pool = pooled[id(reader)] = worth_the_pool(reader)
                 pending.append(_Ahead(reader, nxt[1], on_pool))
             if not pending:
                 return

@@ -4,7 +4,8 @@
 # ---------------------------------------------------------------------------------------------
 # Read-ahead: the next blocks of a pass in order decompressed by a C thread
 #
-# A pass in order (iter(ds), or ds[i] for i in order) queues the next blocks here, as jobs.
+# A pass in order (iter(ds), or ds[i] for i in order) queues the next blocks here, as jobs;
+# so does a reader's prefetch() (the blocks a sampler reads next), at the reader's next read.
 # One process-wide worker, a pthread that never touches a Python object nor the GIL,
 # decompresses them from the mapping into malloc'd buffers while the caller unpickles the
 # block before; the caller then unpickles from that buffer. A caller whose block is still
@@ -120,7 +121,9 @@ cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
 # does. The Python backend's pool draws the line at the same size (_pool.POOL_MIN_BLOCK_BYTES).
 cdef size_t _ra_min_bytes = 16384
 C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
-_ra_owners = [None] * _RA_SLOTS
+# A C global, not a module attribute: the final collection at interpreter exit may free a
+# reader (a dealloc cancels its jobs, under _ra.mu) after the module's dict was cleared.
+cdef list _ra_owners = [None] * _RA_SLOTS
 
 
 cdef _RASync* _ra_new_sync() noexcept:
@@ -257,9 +260,14 @@ cdef bint _ra_queued(void* who, Py_ssize_t block) noexcept:
 
 
 cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, size_t src_size,
-                   ZstdDict zdict) except -1:
+                   ZstdDict zdict, bint hint) except -1:
     """Queue block ``block`` of reader ``who`` (its frame ``src[0:src_size]``, kept alive by
-    ``owner``) unless it is queued already or cannot be; whether it is queued. GIL held."""
+    ``owner``) unless it is queued already or cannot be; whether it is queued. GIL held.
+
+    A pass in order (``hint`` false) may take the slot of the oldest job decoded and not taken
+    (a pass that stopped reading); a hint (a reader's ``prefetch``) only one of a job queued
+    _RA_SLOTS queuings ago or more, so that hints never push out the jobs queued just before
+    them, which are read first."""
     global _ra_seq, _ra_held
     cdef unsigned long long declared
     cdef int i
@@ -287,8 +295,9 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
             if free_slot < 0 or _ra_fits_better(&_ra_slots[i], &_ra_slots[free_slot],
                                                 <size_t>declared):
                 free_slot = i
-        elif st == _RA_READY and (_ra_slots[i].who == NULL or stale < 0
-                                  or _ra_slots[i].seq < _ra_slots[stale].seq):
+        elif st == _RA_READY and (not hint or _ra_slots[i].who == NULL
+                                  or _ra_slots[i].seq + _RA_SLOTS <= _ra_seq) and (
+                _ra_slots[i].who == NULL or stale < 0 or _ra_slots[i].seq < _ra_slots[stale].seq):
             stale = i  # orphaned, or the oldest decoded: a pass that stopped reading
     if free_slot < 0 and stale >= 0:
         _ra_free_slot_lock_held(stale, dropped)

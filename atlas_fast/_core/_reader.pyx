@@ -64,12 +64,12 @@ import pickle
 import sys
 from collections import deque
 
-from ._pool import gather
+from ._pool import gather, worth_the_pool
 from ._shards import ShardOpener, open_dictionary, shard_layout
-from .._fork import after_fork_in_child
 from .._compat import freeze_in_worker
 from .._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
 from .._errors import AtlasFormatError
+from .._fork import after_fork_in_child
 from .._format import (
     INDEX_FILE,
     check_block_examples,
@@ -249,6 +249,131 @@ cdef inline object _item(list examples, Py_ssize_t j):
     return PyObject_GetItem(examples, j)
 
 
+cdef enum:
+    _BATCH_BLOCKS = 32  # distinct blocks a batch read by _batch_c may touch
+
+
+cdef object _batch_c(DatasetCore ds, ShardCore shard, list indices):
+    """The examples at ``indices`` (``ds``'s, or ``shard``'s when ``ds`` is None), read as
+    _pool.gather reads them, in C: a sampler's batches touch few blocks, most of them
+    cached by the batch before. None (nothing read, nothing counted) when the batch touches
+    more than _BATCH_BLOCKS blocks, a shard not opened yet, a block to decode that is worth
+    gather's thread pool (and not decoded ahead), or a missing block of a remote shard
+    (gather asks its source for them together): gather reads those.
+
+    As gather: every distinct block looked up once, in the order the batch first reads it,
+    before any is loaded (one hit or miss each); then the misses loaded in that order; the
+    same errors for bad indices.
+    """
+    cdef Py_ssize_t count = PyList_GET_SIZE(indices)
+    cdef Py_ssize_t k, t, b, local, s
+    cdef Py_ssize_t n_seen = 0
+    cdef Py_ssize_t misses = 0
+    cdef void* seen_reader[_BATCH_BLOCKS]
+    cdef Py_ssize_t seen_block[_BATCH_BLOCKS]
+    cdef ShardCore reader
+    cdef _Entry e
+    cdef BlockCache cache = shard._cache if ds is None else ds._cache
+    cdef list readers = []  # of the distinct blocks, first read first
+    cdef list entries = []  # their cached entries (None: not cached whole)
+    cdef list out
+    cdef Py_ssize_t* slots = <Py_ssize_t*>PyMem_Malloc(2 * max(count, 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t* within
+    if slots == NULL:
+        raise MemoryError()
+    within = slots + count
+    try:
+        for k in range(count):
+            if ds is None:
+                reader = shard
+                local = _normalize(<object>PyList_GET_ITEM(indices, k), shard._n)
+            else:
+                local = _normalize(<object>PyList_GET_ITEM(indices, k), ds._total)
+                s = ds._shard_of(local)
+                if s:
+                    local -= ds._c_ends[s - 1]
+                if <object>PyList_GET_ITEM(ds._readers, s) is None:
+                    return None  # a shard not read yet
+                reader = <ShardCore>PyList_GET_ITEM(ds._readers, s)
+            b = local // reader._block_size
+            within[k] = local - b * reader._block_size
+            t = n_seen - 1  # the block of the index before, most often
+            if t < 0 or seen_reader[t] != <void*>reader or seen_block[t] != b:
+                t = 0
+                while t < n_seen and (seen_reader[t] != <void*>reader or seen_block[t] != b):
+                    t += 1
+                if t == n_seen:
+                    if n_seen == _BATCH_BLOCKS:
+                        return None
+                    e = reader._last
+                    if e is None or not e.live or e.block != b or e.examples is None:
+                        e = cache._find((reader._tag, b))
+                        if e is not None and e.examples is None:
+                            e = None
+                    misses += e is None
+                    readers.append(reader)
+                    entries.append(e)
+                    seen_reader[t] = <void*>reader
+                    seen_block[t] = b
+                    n_seen += 1
+            slots[k] = t
+        if misses:
+            return _batch_misses(cache, readers, seen_block, entries, slots, within, count)
+        out = [None] * count
+        # Allocating may have run a collection, whose finalizers may have read and evicted:
+        # check again. No Python code runs from here on, so the entries stay as checked.
+        for t in range(n_seen):
+            e = <_Entry>PyList_GET_ITEM(entries, t)
+            if not e.live or e.examples is None:
+                return None
+        for t in range(n_seen):
+            cache._hit(<_Entry>PyList_GET_ITEM(entries, t))
+        for k in range(count):
+            e = <_Entry>PyList_GET_ITEM(entries, slots[k])
+            out[k] = _item(e.examples, within[k])
+        return out
+    finally:
+        PyMem_Free(slots)
+
+
+cdef object _batch_misses(BlockCache cache, list readers, Py_ssize_t* blocks, list entries,
+                          Py_ssize_t* slots, Py_ssize_t* within, Py_ssize_t count):
+    """_batch_c for a batch some of whose blocks are not cached (``entries[t]`` None)."""
+    cdef Py_ssize_t t, k, b
+    cdef Py_ssize_t n_seen = len(readers)
+    cdef ShardCore reader
+    cdef _Entry e
+    cdef _RABuffer ahead
+    cdef list got = [None] * n_seen  # each distinct block's examples (held: evictions aside)
+    for t in range(n_seen):
+        reader = <ShardCore>readers[t]
+        if entries[t] is None and (reader._source is not None or (
+                reader._compressed and not _ra_queued(<void*>reader, blocks[t])
+                and worth_the_pool(reader))):
+            return None  # gather fetches or decodes it, beside the others
+    for t in range(n_seen):  # all looked up before any is loaded
+        reader = <ShardCore>readers[t]
+        e = cache._get((reader._tag, blocks[t]))
+        if e is not None:
+            got[t] = e.examples
+    for t in range(n_seen):
+        if got[t] is not None:
+            continue
+        reader = <ShardCore>readers[t]
+        b = blocks[t]
+        ahead = reader._take_ahead(b)
+        if ahead is not None:
+            examples = reader._store_ahead((reader._tag, b), b, ahead)
+        else:
+            data = reader._decoded(b, True, not reader._compressed)
+            examples = reader._unpickle_c(data, b)
+            e = cache._put((reader._tag, b), b, examples, _data_size(data))
+            if e.examples is not None:  # another thread's copy may have won
+                examples = e.examples
+        got[t] = examples
+    return [_item(<list>got[slots[k]], within[k]) for k in range(count)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Shards
 
@@ -287,8 +412,15 @@ cdef class ShardCore:
     cdef ZstdDict _zdict
     cdef PyThread_type_lock _lock
     cdef unsigned long _lock_generation
+    # Blocks named by prefetch() and not queued yet (None: none), in this fork generation.
+    cdef list _hints
+    cdef unsigned long _hints_generation
+    # Whether prefetch() hints are worth queuing: the blocks are compressed and large enough
+    # on average to be read ahead (-1: not known before the shard is open).
+    cdef int _hints_worth
 
     def __cinit__(self, *args, **kwargs):
+        self._hints_worth = -1
         self._next = -1
         self._run_next = 0
         self._lock = _new_lock()
@@ -313,6 +445,8 @@ cdef class ShardCore:
         return self._n
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         return self._get(_normalize(i, self._n))
 
     cdef inline object _get(self, Py_ssize_t k):
@@ -364,6 +498,9 @@ cdef class ShardCore:
             data = e.data  # read a second time: worth unpickling whole
         else:
             self._cache._misses += 1
+            ahead = self._take_ahead(b)
+            if ahead is not None:  # named by prefetch(): read whole, soon
+                return _item(self._store_ahead(key, b, ahead), j)
             data = self._decoded(b, True, True)
             if self._last is None or self._last.block != b - 1:
                 out = self._partial(key, b, j, data)
@@ -460,9 +597,15 @@ cdef class ShardCore:
         cdef Py_ssize_t n = self._n
         cdef Py_ssize_t first = _run_start(indices, n, self._run_next)
         cdef Py_ssize_t k
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
+        if type(indices) is list:
+            out = _batch_c(None, self, indices)
+            if out is not None:
+                return out
         return gather(lambda s: self, [(0, _normalize(i, n)) for i in indices])
 
     def __iter__(self):
@@ -475,11 +618,52 @@ cdef class ShardCore:
     def cache_reserve(self, blocks):
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices):
+        """A hint: the blocks of ``indices`` are read next (see _contract); queued for
+        read-ahead at this reader's next read in this process."""
+        cdef Py_ssize_t n = self._n
+        cdef list blocks = [_normalize(i, n) // self._block_size for i in indices]
+        if self._hints_worth == 0:
+            return False
+        if self._hints is not None and self._hints_generation == _generation:
+            blocks = self._hints + blocks
+        self._hints = blocks[-_RA_SLOTS:] if blocks else None
+        self._hints_generation = _generation
+        return True
+
+    cdef int _queue_hints(self) except -1:
+        """Queue the blocks prefetch() named (unless named before a fork)."""
+        cdef list hints = self._hints
+        self._hints = None
+        if self._hints_generation == _generation:
+            self._queue_hinted(hints)
+        return 0
+
+    cdef int _queue_hinted(self, list blocks) except -1:
+        """Read ``blocks`` ahead, named by prefetch(): a local shard's decoded on the
+        read-ahead thread; a remote shard's fetched now by its source, neighbours merged
+        (the fetching is what takes time; each is decoded when read)."""
+        if self._source is None:
+            for b in blocks:
+                self._queue_ahead(b, True)
+            return 0
+        self._hints_worth = 1
+        if self._offsets is None:
+            try:
+                self._open()
+            except Exception:
+                return 0  # raised again, by the read of a block of this shard
+        wanted = [b for b in blocks if self._cache._find((self._tag, b)) is None]
+        if wanted:
+            self._source.prefetch(wanted, True)
+        return 0
+
     def close(self):
         """Release the mapping, the dictionary and the cached blocks (reopened on next use)."""
         cdef PyThread_type_lock lock = self._lock_get()
         if lock == NULL:
             raise MemoryError("cannot allocate a lock")
+        self._hints = None
         _ra_cancel(<void*>self, -1)
         _acquire(lock)
         # Dropped after the lock is released: freeing them may run arbitrary code.
@@ -501,8 +685,12 @@ cdef class ShardCore:
         cdef _Entry e = self._cache._get((self._tag, b))
         return None if e is None else e.examples
 
+    def _ahead(self, Py_ssize_t b):
+        cdef _RABuffer data = self._take_ahead(b)
+        return None if data is None else self._store_ahead((self._tag, b), b, data)
+
     def _load(self, Py_ssize_t b):
-        return self._examples(b)
+        return self._store(b, self._decoded(b, True, True))
 
     def _pass_block(self, Py_ssize_t b, data):
         return self._passed(data, b, _data_size(data))
@@ -661,22 +849,41 @@ cdef class ShardCore:
             if queue:
                 self._queue_next(b)
         self._cache._misses += 1
-        if ahead is None:
-            data = self._decoded(b, True, True)
-            size = _data_size(data)
-            examples = self._unpickle_c(data, b)
-            del data
-        else:
-            size = ahead.size
-            try:
-                examples = self._unpickle_c(ahead, b)
-            finally:
-                _ra_recycle(ahead)
+        if ahead is not None:
+            return _item(self._store_ahead(key, b, ahead, True), j)
+        data = self._decoded(b, True, True)
+        size = _data_size(data)
+        examples = self._unpickle_c(data, b)
+        del data
         e = self._cache._put(key, b, examples, size, True)
         if e.examples is not None:  # another thread's copy may have won
             examples = e.examples
         self._last = e
         return _item(examples, j)
+
+    cdef list _store_ahead(self, object key, Py_ssize_t b, _RABuffer data, bint in_order=False):
+        """Block ``b``'s examples from its bytes ``data`` decoded ahead (given back to the
+        read-ahead after), cached under ``key`` (as a pass in order keeps its blocks when
+        ``in_order``); the block is now the last read."""
+        cdef Py_ssize_t size = data.size
+        cdef list examples
+        cdef _Entry e
+        try:
+            examples = self._unpickle_c(data, b)
+        finally:
+            _ra_recycle(data)
+        e = self._cache._put(key, b, examples, size, in_order)
+        if e.examples is not None:  # another thread's copy may have won
+            examples = e.examples
+        self._last = e
+        return examples
+
+    cdef _RABuffer _take_ahead(self, Py_ssize_t b):
+        """Block ``b``'s bytes if it is queued for read-ahead (waiting for them), else None
+        (also when decoding it failed there: the caller's own path says why)."""
+        if not self._compressed or not _ra_queued(<void*>self, b):
+            return None
+        return _ra_take(<void*>self, b)
 
     cdef list _held(self, Py_ssize_t b):
         """For ``iter``: block ``b``'s examples if the cache holds the block (a hit; held as
@@ -706,14 +913,18 @@ cdef class ShardCore:
         """Queue the _RA_DEPTH blocks after ``b`` for read-ahead."""
         cdef Py_ssize_t nb
         for nb in range(b + 1, min(b + 1 + _RA_DEPTH, self._n_blocks)):
-            self._queue_ahead(nb)
+            self._queue_ahead(nb, False)
         return 0
 
-    cdef int _queue_ahead(self, Py_ssize_t b) except -1:
+    cdef int _queue_ahead(self, Py_ssize_t b, bint hint) except -1:
         """Queue block ``b`` (0 <= b < blocks) for read-ahead, unless it is cached, stored
-        uncompressed, or its shard cannot be opened (reading the block will say why)."""
+        uncompressed, or its shard cannot be opened (reading the block will say why);
+        ``hint``: named by prefetch() (see _ra_queue)."""
         cdef struct_stat st
-        if not self._compressed or self._cache._find((self._tag, b)) is not None:
+        if not self._compressed:
+            self._hints_worth = 0
+            return 0
+        if self._cache._find((self._tag, b)) is not None:
             return 0
         if self._source is not None:
             # Its blocks are fetched ahead by the source and decoded on this thread; a pass
@@ -741,8 +952,14 @@ cdef class ShardCore:
             return 0
         if <uint64_t>st.st_size < end:
             return 0
+        if hint and self._hints_worth < 0:
+            # Stored bytes per block on average, against the smallest block read ahead.
+            self._hints_worth = (self._offs[self._n_blocks]
+                                 >= <uint64_t>self._n_blocks * _ra_min_bytes)
+        if hint and not self._hints_worth:
+            return 0
         return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
-                         <size_t>(end - start), zdict)
+                         <size_t>(end - start), zdict, hint)
 
     def __dealloc__(self):
         # self._lock is not freed: a lock from before a fork may be held by a lost thread,
@@ -780,7 +997,7 @@ def _read_in_order(pairs):
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
                 for later, nb in ahead:
-                    later._queue_ahead(nb)
+                    later._queue_ahead(nb, False)
                 if data is None:
                     block = reader._decoded(b, True, True)
                     examples = reader._passed(block, b, _data_size(block))
@@ -815,8 +1032,14 @@ cdef class DatasetCore:
     cdef Py_ssize_t _next  # the example after the one _get read last
     cdef Py_ssize_t* _c_ends
     cdef Py_ssize_t _n_shards
+    # (shard, index in it) of the examples named by prefetch() and not queued yet (None:
+    # none), in this fork generation.
+    cdef list _hints
+    cdef unsigned long _hints_generation
+    cdef bint _hints_worth  # whether one of the shards hinted last is worth its hints
 
     def __cinit__(self, *args, **kwargs):
+        self._hints_worth = True
         self._c_ends = NULL
         self._readers = []
         self._next = -1
@@ -883,6 +1106,8 @@ cdef class DatasetCore:
         return s, k - (self._c_ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         return self._get(_normalize(i, self._total))
 
     cdef inline object _get(self, Py_ssize_t k):
@@ -912,9 +1137,15 @@ cdef class DatasetCore:
         batch of a pass in order: as ShardCore's)."""
         cdef Py_ssize_t first = _run_start(indices, self._total, self._run_next)
         cdef Py_ssize_t k
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self._get(k) for k in range(first, first + len(indices))]
+        if type(indices) is list:
+            out = _batch_c(self, None, indices)
+            if out is not None:
+                return out
         return gather(self._reader, [self._locate(i) for i in indices])
 
     def __iter__(self):
@@ -932,8 +1163,42 @@ cdef class DatasetCore:
     def cache_reserve(self, blocks):
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices):
+        """A hint: the blocks of ``indices`` are read next (see _contract); queued for
+        read-ahead at this dataset's next read in this process."""
+        cdef list located = [self._locate(i) for i in indices]
+        if not self._hints_worth:
+            return False
+        if self._hints is not None and self._hints_generation == _generation:
+            located = self._hints + located
+        self._hints = located[-_RA_SLOTS:] if located else None
+        self._hints_generation = _generation
+        return True
+
+    cdef int _queue_hints(self) except -1:
+        """Queue the blocks prefetch() named (unless named before a fork)."""
+        cdef list hints = self._hints
+        cdef ShardCore reader
+        self._hints = None
+        if self._hints_generation != _generation:
+            return 0
+        cdef dict per_shard = {}  # shard -> its blocks named, first named first
+        for s, j in hints:
+            per_shard.setdefault(s, []).append(j)
+        worth = False
+        for s, named in per_shard.items():
+            try:
+                reader = self._reader_c(s)
+            except Exception:
+                continue  # reading an example of the shard says why
+            reader._queue_hinted([j // reader._block_size for j in named])
+            worth = worth or reader._hints_worth != 0
+        self._hints_worth = worth
+        return 0
+
     def close(self):
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        self._hints = None
         self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:

@@ -45,7 +45,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-from ._pool import gather, read_ahead
+from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
 
 # What CoreModule (atlas_fast._contract) declares
@@ -141,6 +141,9 @@ _files = _FilePool()
 # Bumped in a forked child: a shard's lock from an older generation may have been held by a
 # parent thread that does not exist in the child, so the shard replaces it on next use.
 _generation = [0]
+# Blocks a reader decodes ahead on the pool for prefetch() at most (as the compiled core's
+# read-ahead holds at most 16 jobs).
+_AHEAD_JOBS = 16
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
@@ -384,11 +387,19 @@ class ShardCore:
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
         self._tls = _ThreadState()
+        # prefetch(): the blocks named and not queued yet (None: none), and the blocks being
+        # decoded ahead on the pool (block -> future), both of fork generation _ahead_generation.
+        self._hints = None
+        self._jobs: dict = {}
+        self._ahead_generation = _generation[0]
+        self._pooled = None  # whether this shard's blocks are worth the pool (found on first use)
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         k = normalize_index(i, self._n)
         b, j = divmod(k, self._block_size)
         entry = self._last
@@ -423,7 +434,9 @@ class ShardCore:
         key = (self._tag, b)
         entry, examples = self._cache._get(key)
         if entry is None:
-            data = self._decoded(b)
+            data = self._take_ahead(b) if self._jobs else None
+            if data is None:
+                data = self._decoded(b)
             examples = self._unpickle(data, b)
             entry, examples = self._cache._put(key, b, examples, len(data), in_order)
         self._last = entry
@@ -452,6 +465,8 @@ class ShardCore:
         batch of a pass in order, ``run_start``, is read as ``self[i]`` reads one)."""
         n = self._n
         first = run_start(indices, n, self._run_next)
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
@@ -471,8 +486,83 @@ class ShardCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices) -> bool:
+        """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
+        the pool (a remote shard's fetched) from this reader's next read in this process on."""
+        n = self._n
+        blocks = [normalize_index(i, n) // self._block_size for i in indices]
+        if self._pooled is False and self._source is None:
+            return False
+        self._renew_ahead()
+        if self._hints is not None:
+            blocks = self._hints + blocks
+        self._hints = blocks[-_AHEAD_JOBS:] if blocks else None
+        return True
+
+    def _renew_ahead(self) -> None:
+        """Forget hints and jobs of an older fork generation (the parent's pool's)."""
+        if self._ahead_generation != _generation[0]:
+            self._hints = None
+            self._jobs = {}
+            self._ahead_generation = _generation[0]
+
+    def _queue_hints(self) -> None:
+        self._renew_ahead()
+        hints, self._hints = self._hints, None
+        self._queue_hinted(hints or [])
+
+    def _queue_hinted(self, blocks: list) -> bool:
+        """Read ``blocks`` ahead, named by prefetch(): a local shard's decoded on the pool; a
+        remote shard's fetched now by its source, neighbours merged (the fetching is what
+        takes time; each is decoded when read). Whether hints are of use to this shard."""
+        if self._source is None:
+            for b in blocks:
+                self._queue_ahead(b)
+            return self._pooled is not False
+        try:
+            self._opened_files()
+        except Exception:
+            return True  # raised again, by the read of a block of this shard
+        entries = self._cache._entries
+        wanted = [b for b in blocks if entries.get((self._tag, b)) is None]
+        if wanted:
+            self._source.prefetch(wanted, True)
+        return True
+
+    def _queue_ahead(self, b: int) -> None:
+        """Decode block ``b`` on the pool unless it is cached or being decoded already; at
+        most _AHEAD_JOBS blocks at once (the oldest job is dropped for a new one)."""
+        jobs = self._jobs
+        if b in jobs or self._cache._entries.get((self._tag, b)) is not None:
+            return
+        if self._pooled is None:
+            self._pooled = worth_the_pool(self)
+        if not self._pooled:
+            return
+        while len(jobs) >= _AHEAD_JOBS:
+            jobs.pop(next(iter(jobs))).cancel()
+        future = decode_on_pool(self, b)
+        if future is not None:
+            jobs[b] = future
+
+    def _take_ahead(self, b: int):
+        """Block ``b``'s bytes if it is being decoded ahead (waiting for them), else None (also
+        when that failed: the caller's own decoding says why)."""
+        self._renew_ahead()
+        future = self._jobs.pop(b, None)
+        if future is None or future.cancel():
+            return None
+        try:
+            return future.result()
+        except Exception:
+            return None
+
     def close(self) -> None:
         """Release the shard's files and its cached blocks (it reopens on next use)."""
+        self._hints = None
+        for future in self._jobs.values():
+            future.cancel()
+        self._jobs = {}
         with self._lock():
             self._last = None
             self._opened = None
@@ -487,8 +577,12 @@ class ShardCore:
     def _lookup(self, b: int):
         return self._cache._get((self._tag, b))[1]
 
+    def _ahead(self, b: int):
+        data = self._take_ahead(b) if self._jobs else None
+        return None if data is None else self._store(b, data)
+
     def _load(self, b: int) -> list:
-        return self._examples(b)
+        return self._store(b, self._decoded(b))
 
     def _pass_block(self, b: int, data) -> list:
         examples = self._unpickle(data, b)
@@ -670,6 +764,11 @@ class DatasetCore:
         self._total = total
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
         self._next = -1  # the example after the one __getitem__ read last
+        # (shard, index in it) of the examples named by prefetch() and not queued yet (None:
+        # none), in fork generation _hints_generation.
+        self._hints = None
+        self._hints_generation = _generation[0]
+        self._hints_worth = True  # whether one of the shards hinted last is worth its hints
 
     def __len__(self) -> int:
         return self._total
@@ -689,6 +788,8 @@ class DatasetCore:
         return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
+        if self._hints is not None:
+            self._queue_hints()
         k = normalize_index(i, self._total)
         s = bisect_right(self._ends, k)
         start = self._ends[s - 1] if s else 0
@@ -705,6 +806,8 @@ class DatasetCore:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
         batch of a pass in order: as ShardCore's)."""
         first = run_start(indices, self._total, self._run_next)
+        if self._hints is not None:
+            self._queue_hints()
         if first >= 0:
             self._run_next = first + len(indices)
             return [self[k] for k in range(first, first + len(indices))]
@@ -726,8 +829,38 @@ class DatasetCore:
     def cache_reserve(self, blocks: int) -> None:
         self._cache.reserve(blocks)
 
+    def prefetch(self, indices) -> bool:
+        """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
+        the pool (a remote shard's fetched) from this dataset's next read in this process on."""
+        located = [self._locate(i) for i in indices]
+        if not self._hints_worth:
+            return False
+        if self._hints is not None and self._hints_generation == _generation[0]:
+            located = self._hints + located
+        self._hints = located[-_AHEAD_JOBS:] if located else None
+        self._hints_generation = _generation[0]
+        return True
+
+    def _queue_hints(self) -> None:
+        hints, self._hints = self._hints, None
+        if self._hints_generation != _generation[0]:
+            return
+        per_shard: dict = {}  # shard -> its examples named, first named first
+        for s, j in hints:
+            per_shard.setdefault(s, []).append(j)
+        worth = False
+        for s, named in per_shard.items():
+            try:
+                reader = self._reader(s)
+            except Exception:
+                continue  # reading an example of the shard says why
+            size = reader._block_size
+            worth = reader._queue_hinted([j // size for j in named]) or worth
+        self._hints_worth = worth
+
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
+        self._hints = None
         self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:

@@ -153,9 +153,10 @@ class BlockFetcher:
                 return data
         return self._read([b], self._offsets[b], self._offsets[b + 1])
 
-    def prefetch(self, blocks) -> None:
+    def prefetch(self, blocks, hint: bool = False) -> None:
         """Fetch ``blocks`` (those not held or asked for yet), neighbours merged, concurrently;
-        each is kept until ``get`` reads it."""
+        each is kept until ``get`` reads it. ``hint``: blocks a sampler reads next, in an
+        order of its own: never taken for a batch of a pass in order."""
         self._here()
         settings = self.obj.location.settings
         with self._lock:
@@ -172,7 +173,7 @@ class BlockFetcher:
             # Batches of a pass in order (each a run of blocks starting where the last one
             # ended, give or take a block: DataLoader workers take every other batch) read
             # ahead as a pass does.
-            if asked:
+            if asked and not hint:
                 end = self._batch_end
                 contiguous = asked[-1] - asked[0] + 1 == len(asked)
                 if contiguous and end is not None and end - 1 <= asked[0] <= end + 2:

@@ -177,11 +177,12 @@ class ShardSource:
             self._check_size()
         return data
 
-    def prefetch(self, blocks) -> None:
-        """Fetch ``blocks`` now, neighbours merged (a batch about to be read)."""
+    def prefetch(self, blocks, hint: bool = False) -> None:
+        """Fetch ``blocks`` now, neighbours merged (a batch about to be read; ``hint``: blocks
+        a sampler reads next, see ``BlockFetcher.prefetch``)."""
         fetcher = self._fetcher
         if fetcher is not None:
-            fetcher.prefetch(blocks)
+            fetcher.prefetch(blocks, hint)
 
     def warm(self) -> None:
         """A pass in order will read this shard next: read its index.npy and start fetching

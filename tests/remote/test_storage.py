@@ -190,6 +190,30 @@ def test_block_fetcher_batch_prefetch_merges_and_keeps_until_read(blob):
     assert fetcher.held() == (0, 0)
 
 
+def test_block_fetcher_hints_never_start_a_pass_read_ahead(blob):
+    """Blocks a sampler names ahead (``hint``) are fetched and kept until read, but unlike a
+    pass in order's batches, neighbours named one after the other start no read-ahead."""
+    obj = Location(blob.url("dir")).object("blob")
+    offsets = _offsets(len(PAYLOAD), 30)
+    hinted = BlockFetcher(obj, offsets)
+    for b in (4, 5, 6):
+        hinted.prefetch([b], hint=True)
+    for b in (4, 5, 6):
+        assert hinted.get(b) == PAYLOAD[offsets[b] : offsets[b + 1]]
+    assert blob.proxy.stats()["requests"] == 3 and read_ahead_held() == 0
+    assert hinted.held() == (0, 0)
+    batches = BlockFetcher(obj, offsets)
+    for b in (4, 5, 6):
+        batches.prefetch([b])
+    assert read_ahead_held() > 0 or batches.held()[0] + batches.held()[1] > 1  # it reads ahead
+    batches.close()
+    import time
+
+    deadline = time.monotonic() + 10
+    while read_ahead_held() and time.monotonic() < deadline:
+        time.sleep(0.01)  # requests in flight give their bytes back when they land
+
+
 def test_block_fetcher_drops_read_ahead_when_the_pass_ends(blob):
     obj = Location(blob.url("dir"), {"request_bytes": 30_000}).object("blob")
     offsets = _offsets(len(PAYLOAD), 30)

@@ -1,0 +1,279 @@
+"""What the training orders share (``sampler.BlockShuffleSampler``, ``mix.MixtureSampler``).
+
+- argument checks, torch's ``Sampler`` base when torch is installed, the distributed defaults;
+- ``block_lengths``: the examples per block of a dataset, from its shards' metadata;
+- ``BlockOrder``: the block-shuffled passes over one dataset's examples, each a function of
+  ``(entropy, pass)`` alone and computable from any position;
+- ``ReadAhead``: tells a dataset which blocks an order reads next (its ``prefetch``), so that
+  the core decodes them ahead.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ._checks import check_int as _check_int
+from ._compat import torch_installed
+
+# Layouts of passes a BlockOrder keeps: at most _LAYOUTS, and more than two only while they
+# hold at most _LAYOUT_BLOCKS blocks together.
+_LAYOUTS = 8
+_LAYOUT_BLOCKS = 1 << 16
+
+__all__ = [
+    "BlockOrder",
+    "Counted",
+    "ReadAhead",
+    "block_lengths",
+    "check_int",
+    "distributed_defaults",
+    "sampler_bases",
+]
+
+
+def sampler_bases() -> tuple:
+    """``(torch.utils.data.Sampler,)`` when torch imports, else ``()``."""
+    if not torch_installed():
+        return ()
+    try:
+        from torch.utils.data import Sampler
+    except Exception:  # a broken torch install must not break reading
+        return ()
+    return (Sampler,)
+
+
+def distributed_defaults() -> tuple:
+    """(world size, rank) from torch.distributed when it is initialised, else (1, 0)."""
+    if not torch_installed():
+        return 1, 0
+    try:
+        import torch.distributed as dist
+    except Exception:
+        return 1, 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def check_int(name: str, value, minimum=None, **bounds) -> int:
+    """``_checks.check_int`` with ``minimum`` as a positional argument too."""
+    return _check_int(name, value, minimum=minimum, **bounds)
+
+
+def block_lengths(dataset) -> np.ndarray:
+    """Examples per block of ``dataset`` (an Atlas dataset or shard), over all its shards.
+
+    From the shards' metadata alone: nothing is opened.
+    """
+    shards = getattr(dataset, "shards", None)
+    if shards is None:
+        if getattr(dataset, "metadata", None) is None or not hasattr(
+            dataset.metadata, "block_size"
+        ):
+            raise TypeError(
+                "BlockShuffleSampler needs an AtlasDataset or AtlasDatasetShard, "
+                f"not {type(dataset).__name__}"
+            )
+        shards = [dataset]
+    parts = []
+    for shard in shards:
+        n = len(shard)
+        size = shard.metadata.block_size
+        full, rest = divmod(n, size)
+        parts.append(np.full(full, size, dtype=np.int64))
+        if rest:
+            parts.append(np.array([rest], dtype=np.int64))
+    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if int(lengths.sum()) != len(dataset):
+        raise ValueError(
+            f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
+            f"but it has {len(dataset)}"
+        )
+    return lengths
+
+
+class BlockOrder:
+    """The block-shuffled passes over the examples of one dataset of blocks ``lengths``.
+
+    Pass ``e`` permutes the blocks, then shuffles the examples of each window of
+    ``window_blocks`` consecutive permuted blocks together (``None``: one window, a uniform
+    shuffle). It depends on ``(*entropy, e)`` alone (``numpy.random.SeedSequence``), and any
+    stretch of it is made without the positions before: the in-window shuffle keys come from a
+    counter-addressable PCG64 stream.
+    """
+
+    def __init__(self, lengths: np.ndarray, window_blocks, entropy: tuple) -> None:
+        self.lengths = lengths
+        self.starts = np.cumsum(lengths) - lengths  # first example of each block
+        self.n = int(lengths.sum())
+        self.window_blocks = window_blocks
+        self.entropy = tuple(entropy)
+        self._layouts: dict = {}  # pass -> layout, of the passes laid out last
+        self._keys = None  # (pass, position, Generator): where the last ``windows`` ended
+
+    def plan(self, epoch: int):
+        """(permuted blocks, their end positions in the pass, seed of the shuffle keys)."""
+        seeds = np.random.SeedSequence([*self.entropy, epoch]).spawn(2)
+        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self.lengths))
+        ends = np.cumsum(self.lengths[perm])
+        return perm, ends, seeds[1]
+
+    def layout(self, epoch: int):
+        """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
+        positions in the pass); the last few passes' are kept."""
+        layout = self._layouts.get(epoch)
+        if layout is not None:
+            return layout
+        perm, ends, key_seed = self.plan(epoch)
+        nb = len(perm)
+        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
+        window_ends = ends[w - 1 :: w]
+        if nb % w:
+            window_ends = np.append(window_ends, ends[-1])
+        layout = (perm, key_seed, w, window_ends)
+        layouts = self._layouts
+        layouts[epoch] = layout
+        # The last two passes' always; up to _LAYOUTS while they are small (a small source
+        # is read several passes at a time by a mixture, and each pass's layout twice).
+        while len(layouts) > 2 and (
+            len(layouts) > _LAYOUTS or len(layouts) * len(perm) > _LAYOUT_BLOCKS
+        ):
+            del layouts[next(iter(layouts))]
+        return layout
+
+    def windows(self, epoch: int, lo: int, hi: int, layout=None):
+        """Pass ``epoch`` at positions ``lo <= p < hi``, in chunks (one per window touched);
+        ``layout``: the pass's ``layout``, when the caller has it already."""
+        if lo >= hi:
+            return
+        perm, key_seed, w, window_ends = self.layout(epoch) if layout is None else layout
+        k = int(np.searchsorted(window_ends, lo, side="right"))
+        start = int(window_ends[k - 1]) if k else 0
+        # One key per position: key p is output p of the stream, whatever the rank. A call
+        # that starts where the last one ended continues its generator.
+        if self._keys is not None and self._keys[:2] == (epoch, start):
+            keys = self._keys[2]
+        else:
+            keys = np.random.PCG64(key_seed)
+            keys.advance(start)
+            keys = np.random.Generator(keys)
+        self._keys = None  # in use: a generator left unfinished is not continued
+        while start < hi:
+            blocks = perm[k * w : (k + 1) * w]
+            lengths = self.lengths[blocks]
+            count = int(lengths.sum())
+            firsts = self.starts[blocks] - (np.cumsum(lengths) - lengths)
+            order = np.repeat(firsts, lengths) + np.arange(count, dtype=np.int64)
+            order = order[np.argsort(keys.random(count), kind="stable")]
+            start += count
+            k += 1
+            if start >= hi:  # the next call may continue from here
+                self._keys = (epoch, start, keys)
+            yield order[max(lo - start + count, 0) : hi - start + count]
+
+    def window_at(self, epoch: int, position: int) -> tuple:
+        """``(lo, hi)``: the positions of the window of pass ``epoch`` holding ``position``."""
+        window_ends = self.layout(epoch)[3]
+        k = int(np.searchsorted(window_ends, position, side="right"))
+        return (int(window_ends[k - 1]) if k else 0), int(window_ends[k])
+
+
+class ReadAhead:
+    """Tells ``dataset`` (through its ``prefetch(indices)``, when it has one) which blocks an
+    order of its indices reads next: the order's chunks pass through ``chunks()``, and the
+    blocks first read within ``horizon`` positions past the chunk handed out are named, in the
+    order they are first read; a block named is not named again within ``memory`` positions.
+
+    ``starts``: the first index of every block, ascending. A dataset read in another process
+    (by a DataLoader's workers) is told for nothing: a core acts on a hint at its next read in
+    this process only, and keeps just the latest ones until then.
+    """
+
+    def __init__(self, dataset, starts: np.ndarray, horizon: int, memory=None) -> None:
+        self._prefetch = getattr(dataset, "prefetch", None)
+        self._starts = starts
+        self._horizon = max(1, int(horizon))
+        self._memory = 8 * self._horizon if memory is None else memory
+        self._named: dict = {}  # block -> the position it was named at
+
+    def chunks(self, chunks):
+        """``chunks`` (arrays of indices, in order), unchanged, naming blocks ahead."""
+        if self._prefetch is None or not len(self._starts):
+            yield from chunks
+            return
+        pending: list = []  # chunks read from ``chunks`` and not yet handed out
+        ahead = 0  # positions in ``pending``
+        told = 0  # positions of ``pending`` whose blocks were named
+        position = 0  # of pending[0] in the order
+        source = iter(chunks)
+        more = True
+        while True:
+            while more and ahead < self._horizon + (len(pending[0]) if pending else 1):
+                chunk = next(source, None)
+                if chunk is None:
+                    more = False
+                else:
+                    pending.append(chunk)
+                    ahead += len(chunk)
+            if not pending:
+                return
+            if told < ahead and self._prefetch is not None:
+                self._name(np.concatenate(pending)[told:], position + told)
+            told = ahead
+            chunk = pending.pop(0)
+            ahead -= len(chunk)
+            told -= len(chunk)
+            position += len(chunk)
+            yield chunk
+
+    def _name(self, indices: np.ndarray, position: int) -> None:
+        """Name the blocks of ``indices`` (the order from ``position`` on)."""
+        if not len(indices):
+            return
+        blocks = np.searchsorted(self._starts, indices, side="right") - 1
+        unique, first = np.unique(blocks, return_index=True)
+        named = self._named
+        recent = position - self._memory
+        new = []
+        for b in unique[np.argsort(first, kind="stable")].tolist():
+            if named.get(b, recent - 1) < recent:
+                named[b] = position
+                new.append(b)
+        if len(named) > 2048:
+            for b in [b for b, p in named.items() if p < recent]:
+                del named[b]
+        if new and self._prefetch(self._starts[new].tolist()) is False:
+            self._prefetch = None  # of no use to this dataset
+
+
+class Counted:
+    """How many indices of an iteration were handed out (``count()``, plus ``start``), the
+    iteration (``iterate``) handing out the indices of its chunks (arrays) one at a time
+    through ``itertools.chain``: no Python frame per index."""
+
+    def __init__(self, start: int = 0) -> None:
+        self._done = start  # indices of the chunks before the current one, plus start
+        self._current = None  # the current chunk's list iterator
+        self._size = 0  # its length
+
+    def iterate(self, chunks):
+        """The indices of ``chunks``, counted. (Not kept here: the iterator refers to this
+        object, and a cycle would keep the datasets it reads until a collection.)"""
+        return itertools.chain.from_iterable(self._lists(chunks))
+
+    def _lists(self, chunks):
+        for chunk in chunks:
+            items = chunk.tolist()
+            if items:
+                self._done += self._size
+                self._current = current = iter(items)
+                self._size = len(items)
+                yield current
+
+    def count(self) -> int:
+        current = self._current
+        if current is None:
+            return self._done
+        return self._done + self._size - current.__length_hint__()
