@@ -59,7 +59,7 @@ from ._writing.commit import dump_meta_atomic
 from ._writing.context import note, writing
 from ._writing.options import WriterOptions, default_workers
 from ._writing.pipeline import ShardFinisher, abort_shard
-from .storage._url import is_url, local_path
+from .storage._url import local_path
 
 __all__ = [
     "AtlasDatasetWriter",
@@ -666,6 +666,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
 
 def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, who):
     """The ``ShardUploads`` of a writer to the URL ``path``, or None for a local path."""
+    from ._writing.upload import ShardUploads, is_remote, open_destination
+
     if not is_remote(path):
         if storage_options is not None or overwrite or staging_bytes is not None:
             raise InvalidArgumentError(
@@ -675,16 +677,8 @@ def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, w
         return None
     if staging_bytes is not None:
         staging_bytes = check_int("staging_bytes", staging_bytes, minimum=1)
-    from ._writing.upload import ShardUploads, open_destination
-
     dest = open_destination(path, storage_options, overwrite=bool(overwrite), who=who)
     return ShardUploads(dest, staging_dir=staging_dir, staging_bytes=staging_bytes)
-
-
-def is_remote(path) -> bool:
-    """Whether ``path`` is a URL written through object storage (not a local path or
-    ``file://``)."""
-    return is_url(path) and not path[:7].lower() == "file://"
 
 
 def _create_directory(path: Path, who: str, what: str) -> None:

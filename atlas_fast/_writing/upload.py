@@ -23,13 +23,14 @@ from pathlib import Path
 
 from .._errors import destination_exists
 from .._format import DICT_FILE, META_FILE, meta_text
-from ..storage import Location
+from ..storage import Location, is_url
 from ..storage._upload import Destination
 
 __all__ = [
     "DEFAULT_STAGING_BYTES",
     "ShardUploads",
     "commit_uploaded",
+    "is_remote",
     "open_destination",
     "remove_objects",
     "shard_names",
@@ -43,6 +44,11 @@ DEFAULT_STAGING_BYTES = 2 << 30
 # Shards uploaded at once (each a multipart upload of parallel parts): the next shard's upload
 # starts while the last parts of one are in flight.
 UPLOAD_THREADS = 2
+
+
+def is_remote(path) -> bool:
+    """Whether ``path`` is written through object storage: a URL, not ``file://``."""
+    return isinstance(path, str) and is_url(path) and path[:7].lower() != "file://"
 
 
 def shard_names(count: int) -> list:
