@@ -271,11 +271,14 @@ def _clean_after_failure(dest: Destination, objects: list) -> None:
         pass  # the error raised is the upload's; a lifecycle rule sweeps what is left
 
 
-def commit_uploaded(dest: Destination, staged: list, fields: dict, dict_bytes) -> None:
+def commit_uploaded(
+    dest: Destination, staged: list, fields: dict, dict_bytes, *, discard: str | None = None
+) -> None:
     """Turn shards uploaded under staging names into the dataset's: ``staged`` lists, in
     dataset order, ``(staging name, [object names])``; each object is copied within the
-    store to its final name (no data through here), the staging objects deleted, then the
-    root's files put, meta.json last."""
+    store to its final name (no data through here), the staging objects deleted (and all
+    else under the folder ``discard``: what failed attempts left), then the root's files
+    put, meta.json last."""
     final = shard_names(len(staged))
     moves = []
     for (old, objects), new in zip(staged, final):
@@ -285,4 +288,6 @@ def commit_uploaded(dest: Destination, staged: list, fields: dict, dict_bytes) -
         for future in [pool.submit(dest.copy, a, b) for a, b in moves]:
             future.result()
     remove_objects(dest, [a for a, _ in moves])
+    if discard is not None:
+        remove_objects(dest, dest.names(discard))
     _put_root(dest, fields, dict_bytes)
