@@ -92,22 +92,28 @@ def _shard_files(local_dir: Path) -> list:
 
 
 def upload_shard(dest: Destination, local_dir: Path, name: str) -> list:
-    """Upload the files of the shard directory ``local_dir`` as ``name/...``; their names."""
-    done = []
-    for path in _shard_files(Path(local_dir)):
-        target = f"{name}/{path.name}"
-        dest.put_file(target, path)
-        done.append(target)
-    return done
+    """Upload the files of the shard directory ``local_dir`` as ``name/...``, all at once
+    (a round trip for the small ones while data.bin's parts go up); their names."""
+    files = _shard_files(Path(local_dir))
+    targets = [f"{name}/{path.name}" for path in files]
+    if len(files) == 1:
+        dest.put_file(targets[0], files[0])
+        return targets
+    with ThreadPoolExecutor(len(files), thread_name_prefix="atlas-fast-upload-file") as pool:
+        futures = [pool.submit(dest.put_file, t, p) for t, p in zip(targets, files)]
+        for future in futures:
+            future.result()
+    return targets
 
 
-def _put_root(dest: Destination, fields: dict, dict_bytes) -> None:
-    """The root's files: the shared dictionary, then (last of all) meta.json. Multipart
-    uploads left open under the dataset (by a failed attempt whose abort failed) are
-    aborted first."""
+def _put_root(dest: Destination, fields: dict, dict_bytes, *, sweep: bool = True) -> None:
+    """The root's files: the shared dictionary (unless None), then (last of all) meta.json.
+    Multipart uploads left open under the dataset (by a failed attempt whose abort failed)
+    are aborted first: ``sweep``, or when an upload of this process failed."""
     if dict_bytes is not None:
         dest.put_bytes(DICT_FILE, dict_bytes)
-    dest.abort_uploads()
+    if sweep or dest.failed_uploads:
+        dest.abort_uploads()
     dest.put_bytes(META_FILE, meta_text(fields).encode())
 
 
@@ -137,6 +143,7 @@ class ShardUploads:
         self._futures: list = []  # (number, future) in the order handed over
         self.names: dict = {}  # shard number -> name it is stored under
         self.objects: list = []  # every object stored so far (under _lock)
+        self._shared = None  # the upload of the shared dictionary (strategy 2), once begun
         self._error = None
 
     def add(self, number: int, started: int) -> None:
@@ -153,6 +160,20 @@ class ShardUploads:
         self.names[number] = name
         future = self._pool.submit(self._upload, local_dir, name, size)
         self._futures.append((number, future))
+        shared = self.local / DICT_FILE
+        if self._shared is None and shared.is_file():  # strategy 2: known after shard 0
+            self._shared = self._pool.submit(self._put_shared, shared)
+
+    def _put_shared(self, path: Path) -> None:
+        try:
+            self.dest.put_file(DICT_FILE, path)
+            with self._lock:
+                self.objects.append(DICT_FILE)
+        except BaseException as exc:
+            with self._lock:
+                if self._error is None:
+                    self._error = exc
+            raise
 
     def _upload(self, local_dir: Path, name: str, size: int) -> None:
         try:
@@ -182,13 +203,17 @@ class ShardUploads:
         the shared dictionary (``dict_file``, strategy 2) and the root meta.json, last."""
         for _number, future in self._futures:
             future.result()
+        if self._shared is not None:
+            self._shared.result()
+            dict_file = None  # stored already
         self.check()
         final = shard_names(len(fields["shard_sizes"]))
         moves = [(old, final[n]) for n, old in sorted(self.names.items()) if old != final[n]]
         if moves:
             self._rename(moves)
         dict_bytes = dict_file.read_bytes() if dict_file is not None else None
-        _put_root(self.dest, fields, dict_bytes)
+        # No sweep unless an upload failed: every upload of this writer completed.
+        _put_root(self.dest, fields, dict_bytes, sweep=False)
         self.close()
 
     def _rename(self, moves: list) -> None:

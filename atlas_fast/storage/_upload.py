@@ -68,15 +68,19 @@ class Destination:
             )
         self.location = location
         self.settings = location.settings
+        # Upload attempts that failed in this process (each followed by an abort of what
+        # it may have left open, which can fail too): a final sweep is due when not 0.
+        self.failed_uploads = 0
 
     def __reduce__(self):
-        return (Destination, (self.location,))
+        return (Destination, (self.location,))  # a fresh count of failed uploads
 
     def url(self, name: str) -> str:
         return self.location.object(name).url
 
     def _writer(self):
-        options = self.location._engine_options
+        # One per process, store and options: the writers take whole keys, never a prefix.
+        options = self.location.storage_options  # the engine's and the retries' settings
         key = (os.getpid(), self.location.scheme, self.location.container, repr(options))
         with _writers_lock:
             writer = _writers.get(key)
@@ -93,8 +97,15 @@ class Destination:
         return writer
 
     def key(self, name: str) -> str:
-        """The object key (or fsspec path) of ``name`` under this location."""
-        return self._writer().key(name)
+        """The object key (or fsspec URL) of ``name`` under this location ("": the
+        location's own prefix)."""
+        location = self.location
+        name = name.strip("/")
+        if location.scheme not in _obstore_schemes():
+            return location.object(name).url if name else location.url
+        if not name:
+            return location.prefix
+        return f"{location.prefix}/{name}" if location.prefix else name
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -102,17 +113,17 @@ class Destination:
         """Upload the local file ``path`` as the object ``name`` (multipart when large)."""
         path = Path(path)
         writer = self._writer()
-        self._retrying(name, lambda: writer.put_file(writer.key(name), path), upload=True)
+        self._retrying(name, lambda: writer.put_file(self.key(name), path), upload=True)
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Write ``data`` as the object ``name`` (one request)."""
         writer = self._writer()
-        self._retrying(name, lambda: writer.put_bytes(writer.key(name), bytes(data)))
+        self._retrying(name, lambda: writer.put_bytes(self.key(name), bytes(data)))
 
     def copy(self, source: str, target: str) -> None:
         """Copy the object ``source`` to ``target`` within the store (no data through here)."""
         writer = self._writer()
-        self._retrying(target, lambda: writer.copy(writer.key(source), writer.key(target)))
+        self._retrying(target, lambda: writer.copy(self.key(source), self.key(target)))
 
     def delete(self, names) -> None:
         """Delete the objects ``names`` (missing ones are no error)."""
@@ -120,22 +131,26 @@ class Destination:
         if not names:
             return
         writer = self._writer()
-        keys = [writer.key(n) for n in names]
+        keys = [self.key(n) for n in names]
         self._retrying(names[0], lambda: writer.delete(keys))
 
     def names(self, under: str = "", limit: int | None = None) -> list:
         """The names of the objects under ``under`` (a folder of this location, "" for all
         of it), relative to this location; at most ``limit`` of them."""
         writer = self._writer()
-        return self._retrying(under or "", lambda: writer.names(under, limit), what="listed")
+        top = self.key(under)
+        found = self._retrying(under or "", lambda: writer.names(top, limit), what="listed")
+        base = self.key("")
+        return [k[len(base) + 1 :] if base else k for k in found]
 
     def abort_uploads(self, under: str = "", exact: bool = False) -> int:
         """Abort the multipart uploads left open under ``under`` (``exact``: of that one
         object); how many. Only S3 lists them: elsewhere a no-op returning 0 (GCS and Azure
         drop uncommitted parts themselves, or by a lifecycle rule)."""
         writer = self._writer()
+        key = self.key(under)
         return self._retrying(
-            under or "", lambda: writer.abort_uploads(under, exact), what="cleaned up"
+            under or "", lambda: writer.abort_uploads(key, exact), what="cleaned up"
         )
 
     # -- retrying ------------------------------------------------------------------------------
@@ -154,8 +169,9 @@ class Destination:
             except Exception as exc:
                 failure = writer.sort(exc)
             if upload:
+                self.failed_uploads += 1
                 try:  # a multipart upload the failed attempt left open
-                    writer.abort_uploads(name, True)
+                    writer.abort_uploads(self.key(name), True)
                 except Exception:
                     pass  # swept again when the dataset is committed or abandoned
             if isinstance(failure, NotFound):
@@ -199,6 +215,12 @@ class Destination:
             delay = min(delay * 2, 5.0)
 
 
+def _obstore_schemes():
+    from ._url import OBSTORE_SCHEMES
+
+    return OBSTORE_SCHEMES
+
+
 class _ObstoreWriter:
     """Writes through obstore, with its own request retries on (each part of a multipart
     upload is retried alone, not the whole object)."""
@@ -227,13 +249,8 @@ class _ObstoreWriter:
         self._engine = engine
         self._obstore = engine._obstore
         self.store = engine.store
-        self.prefix = location.prefix
         self.requests = settings.requests_in_flight
         self._boto = None
-
-    def key(self, name: str) -> str:
-        name = name.strip("/")
-        return f"{self.prefix}/{name}" if self.prefix else name
 
     def sort(self, exc: Exception):
         if isinstance(exc, (Transient, Denied, NotFound, Changed, Fatal)):
@@ -261,22 +278,22 @@ class _ObstoreWriter:
     def delete(self, keys: list) -> None:
         self._obstore.delete(self.store, keys)
 
-    def names(self, under: str, limit) -> list:
-        prefix = self.key(under) if under else self.prefix
+    def names(self, prefix: str, limit) -> list:
+        """The keys under the folder ``prefix`` (all of the bucket for "")."""
         out = []
-        start = len(self.prefix) + 1 if self.prefix else 0
         for chunk in self._obstore.list(self.store, prefix or None, chunk_size=limit or 1000):
             for meta in chunk:
-                out.append(meta["path"][start:])
+                out.append(meta["path"])
                 if limit is not None and len(out) >= limit:
                     return out
         return out
 
-    def abort_uploads(self, under: str, exact: bool) -> int:
+    def abort_uploads(self, prefix: str, exact: bool) -> int:
+        """Abort the open multipart uploads of the key ``prefix`` (``exact``) or under the
+        folder ``prefix``."""
         if self.kind != "s3":
             return 0
         client = self._boto_client()
-        prefix = self.key(under) if under else self.prefix
         if not exact and prefix:
             prefix += "/"
         bucket = self.location.container
@@ -315,10 +332,6 @@ class _FsspecWriter:
 
         self._engine = FsspecEngine(location.scheme, location._engine_options)
         self.fs = self._engine.fs
-        self.location = location
-
-    def key(self, name: str) -> str:
-        return self.location.object(name.strip("/")).url
 
     def sort(self, exc: Exception):
         if isinstance(exc, (Transient, Denied, NotFound, Changed, Fatal)):
@@ -347,19 +360,18 @@ class _FsspecWriter:
             except FileNotFoundError:
                 pass
 
-    def names(self, under: str, limit) -> list:
-        base = self.location.url.rstrip("/")
-        top = f"{base}/{under}" if under else base
+    def names(self, top: str, limit) -> list:
+        """The URLs under the folder URL ``top``."""
+        scheme, _, root = top.partition("://")
         try:
             found = self.fs.find(top)
         except FileNotFoundError:
             return []
-        root = base.split("://", 1)[-1]
         out = []
         for path in sorted(found):
             path = path.split("://", 1)[-1]
-            if path.startswith(root + "/"):
-                out.append(path[len(root) + 1 :])
+            if path.startswith(root.rstrip("/") + "/"):
+                out.append(f"{scheme}://{path}")
         return out[:limit] if limit is not None else out
 
     def abort_uploads(self, under: str, exact: bool) -> int:

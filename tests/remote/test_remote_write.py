@@ -272,3 +272,14 @@ def test_a_writer_killed_mid_upload_leaves_no_root_meta_json(s3, tmp_path):
     assert "0/meta.json" in objects and "meta.json" not in objects
     with pytest.raises(AtlasFormatError, match="incomplete"):
         atlas_fast.AtlasDataset(s3.url("killed"))
+
+
+def test_datasets_under_neighbouring_prefixes_stay_apart(s3, atlas, tmp_path):
+    first, second = make_examples(40, seed=3), make_examples(25, seed=4)
+    write(s3.url("sets/a"), first, shard_size=15, block_size=5)
+    write(s3.url("sets/a-2"), second, shard_size=15, block_size=5)  # "sets/a" begins its name
+    write(tmp_path / "a", first, shard_size=15, block_size=5)
+    write(tmp_path / "a-2", second, shard_size=15, block_size=5)
+    assert stored(s3, "sets/a") == local_files(tmp_path / "a")
+    assert stored(s3, "sets/a-2") == local_files(tmp_path / "a-2")
+    check_read_back(atlas, s3.url("sets/a"), first, tmp_path)
