@@ -219,7 +219,14 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
                 raise TypeError(
                     f"dictionary_source must be callable, not {type(dictionary_source).__name__}"
                 )
-        self.path = Path(path)
+        from ._writing.upload import is_remote
+
+        if is_remote(path):
+            raise InvalidArgumentError(
+                f"{path}: AtlasDatasetShardWriter writes a local directory; write a dataset "
+                "to object storage with AtlasDatasetWriter"
+            )
+        self.path = Path(local_path(path))
         _create_directory(self.path, "AtlasDatasetShardWriter", "shard")
         self.metadata = AtlasDatasetShardMetadata(
             VERSION,

@@ -283,3 +283,13 @@ def test_datasets_under_neighbouring_prefixes_stay_apart(s3, atlas, tmp_path):
     assert stored(s3, "sets/a") == local_files(tmp_path / "a")
     assert stored(s3, "sets/a-2") == local_files(tmp_path / "a-2")
     check_read_back(atlas, s3.url("sets/a"), first, tmp_path)
+
+
+def test_a_shard_writer_refuses_a_url(tmp_path):
+    from atlas_fast import AtlasDatasetShardWriter
+
+    with pytest.raises(ValueError, match="writes a local directory"):
+        AtlasDatasetShardWriter("s3://bucket/ds/0", block_size=5)
+    with AtlasDatasetShardWriter(f"file://{tmp_path / 'shard'}", block_size=5) as shard:
+        shard.add_example(1)
+    assert (tmp_path / "shard" / "meta.json").is_file()
