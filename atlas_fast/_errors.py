@@ -60,23 +60,21 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """
 
 
-def destination_exists(path, who: str, *, empty_dir_ok: bool = False, what: str = "dataset"):
+def destination_exists(
+    path, who: str, *, empty_dir_ok: bool = False, what: str = "dataset", state: str | None = None
+):
     """The ``FileExistsError`` for a destination in the way of ``who``, which writes a new
     ``what`` at ``path``: one sentence naming the path, what is there and what to do.
 
     ``empty_dir_ok``: ``who`` accepts an empty directory (``convert``, ``write_atlas``); the
     writers, as the reference's, create the directory themselves and refuse any existing path.
     The error keeps the type and ``errno`` (EEXIST) the reference's ``Path.mkdir`` raises.
+    ``state``: what is there, said after "already exists" (a URL's: the caller looked);
+    None: looked up on the local file system.
     """
-    path = Path(path)
-    state = ""
-    if path.is_dir():
-        try:
-            state = " and is not empty" if any(path.iterdir()) else " (an empty directory)"
-        except OSError:
-            pass
-    elif path.exists() or path.is_symlink():
-        state = " and is not a directory"
+    if state is None:
+        path = Path(path)
+        state = _what_is_at(path)
     need = (
         f"writes a new {what} into an absent or empty directory"
         if empty_dir_ok
@@ -88,8 +86,19 @@ def destination_exists(path, who: str, *, empty_dir_ok: bool = False, what: str 
     )
 
 
+def _what_is_at(path: Path) -> str:
+    if path.is_dir():
+        try:
+            return " and is not empty" if any(path.iterdir()) else " (an empty directory)"
+        except OSError:
+            return ""
+    if path.exists() or path.is_symlink():
+        return " and is not a directory"
+    return ""
+
+
 class StorageError(OSError):
-    """An object of a dataset in object storage (or behind a URL) could not be read.
+    """An object of a dataset in object storage (or behind a URL) could not be read or written.
 
     Raised after retries when the failure is transient (connection errors, timeouts, 5xx,
     throttling, short bodies) and at once when it is not (access denied, a bucket that does

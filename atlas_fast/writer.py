@@ -36,6 +36,7 @@ from pathlib import Path
 
 import zstandard
 
+from ._checks import check_int
 from ._errors import InvalidArgumentError, destination_exists
 from ._format import (
     DICT_FILE,
@@ -58,6 +59,7 @@ from ._writing.commit import dump_meta_atomic
 from ._writing.context import note, writing
 from ._writing.options import WriterOptions, default_workers
 from ._writing.pipeline import ShardFinisher, abort_shard
+from .storage._url import local_path
 
 __all__ = [
     "AtlasDatasetWriter",
@@ -113,15 +115,19 @@ class _FinishedOnlyOnSuccess:
         raise NotImplementedError
 
     def _left_behind(self) -> str:
-        """What the directory holds now, in a sentence for the warning."""
+        """What the directory holds now, and what to do, in sentences for the warning."""
         raise NotImplementedError
+
+    def _shown(self):
+        """Where the writer writes, as the warning names it."""
+        return self.path
 
     def _say_incomplete(self, why: str, problems: list, exc: BaseException) -> None:
         """Warn that the writer ended unfinished (``why``), naming its directory and what is
         left in it; ``problems`` (met while abandoning it) are added to ``exc`` as notes."""
         message = (
-            f"{self.path}: the {self._kind} is incomplete and has no meta.json: {why}. "
-            f"{self._left_behind()}; remove the directory before writing there again."
+            f"{self._shown()}: the {self._kind} is incomplete and has no meta.json: {why}. "
+            f"{self._left_behind()}"
         )
         for problem in problems:
             note(exc, f"atlas_fast: abandoning {self.path}: {problem}")
@@ -213,7 +219,14 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
                 raise TypeError(
                     f"dictionary_source must be callable, not {type(dictionary_source).__name__}"
                 )
-        self.path = Path(path)
+        from ._writing.upload import is_remote
+
+        if is_remote(path):
+            raise InvalidArgumentError(
+                f"{path}: AtlasDatasetShardWriter writes a local directory; write a dataset "
+                "to object storage with AtlasDatasetWriter"
+            )
+        self.path = Path(local_path(path))
         _create_directory(self.path, "AtlasDatasetShardWriter", "shard")
         self.metadata = AtlasDatasetShardMetadata(
             VERSION,
@@ -379,7 +392,10 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
         return []
 
     def _left_behind(self) -> str:
-        return "What was written so far is left for inspection"
+        return (
+            "What was written so far is left for inspection; remove the directory before "
+            "writing there again."
+        )
 
 
 # The class above, whatever a test double patched in as ``AtlasDatasetShardWriter`` is.
@@ -436,9 +452,19 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         *,
         checksums=False,
         workers=None,
+        storage_options=None,
+        overwrite=False,
+        staging_dir=None,
+        staging_bytes=None,
     ):
         options = WriterOptions.from_arguments(locals())
-        self.path = Path(path)
+        # A URL: the dataset is written into a local staging directory, shard by shard, each
+        # uploaded and removed locally once finished (``_writing.upload.ShardUploads``).
+        self._uploads = _uploads_for(
+            path, storage_options, overwrite, staging_dir, staging_bytes, "AtlasDatasetWriter"
+        )
+        self.path = self._uploads.local if self._uploads is not None else Path(local_path(path))
+        self._url = self._uploads.dest.location.url if self._uploads is not None else None
         self.shard_size = options.shard_size
         self.block_size = options.block_size
         # Becomes STANDARD_COMPRESSION if strategy 2's first shard cannot train a dictionary.
@@ -451,13 +477,19 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.shard_sizes: list = []  # sizes of the shards finished so far
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         self._closed = False
-        self._finisher = ShardFinisher(self.workers)  # workers > 1: shards closed on a pool
+        # workers > 1: shards closed on a pool (``_stored`` is told of each, once closed).
+        self._finisher = ShardFinisher(self.workers, self._stored)
         # Whether current_shard is being filled, by this thread only (not yet handed to
         # close() here or on the pool): what abandoning the dataset aborts.
         self._filling = False
         self._own = False  # whether current_shard's writer is this module's class
-        _create_directory(self.path, "AtlasDatasetWriter", "dataset")
-        self.current_shard = self._new_shard()
+        try:
+            _create_directory(self.path, "AtlasDatasetWriter", "dataset")
+            self.current_shard = self._new_shard()
+        except BaseException:
+            if self._uploads is not None:
+                self._uploads.close()
+            raise
         self._filling = True
 
     def _new_shard(self):
@@ -510,6 +542,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             if len(self.shard_sizes) == 1:  # the others need its dictionary: here
                 shard.close()
                 self._share_first_dictionary(Path(shard.path))
+                self._stored(shard)
                 return
         if not last and self.workers > 1:
             train = strategy == CompressionStrategy.DICTIONARY_COMPRESSION
@@ -519,6 +552,14 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             if (train or self._own) and self._finisher.take(shard, wait_for_thread=train):
                 return
         shard.close()
+        self._stored(shard)
+
+    def _stored(self, shard) -> None:
+        """``shard`` is finished (closed here or on the pool): to a URL, it is uploaded."""
+        if self._uploads is not None:
+            # Shards begun so far (the next one too, unless closing): its name's width.
+            started = len(self.shard_sizes) + (0 if self._closed else 1)
+            self._uploads.add(int(Path(shard.path).name), started)
 
     def _share_first_dictionary(self, shard_dir: Path) -> None:
         """Strategy 2, after the first shard closed: what it decided is read from its files.
@@ -560,15 +601,24 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._say_incomplete(f"closing it raised {type(exc).__name__}", problems, exc)
             raise
         self._finisher.stop()
+        metadata = AtlasDatasetMetadata(
+            VERSION, list(self.shard_sizes), int(self.compression_strategy)
+        )
+        if self._uploads is not None:
+            try:
+                shared = self.path / DICT_FILE
+                self._uploads.commit(metadata._asdict(), shared if shared.is_file() else None)
+            except BaseException as exc:
+                problems = self._abandon()
+                self._say_incomplete(f"committing it raised {type(exc).__name__}", problems, exc)
+                raise
+            return
         count = len(self.shard_sizes)
         width = len(str(count - 1))
         for number in range(count):
             name = str(number)
             if len(name) < width:
                 (self.path / name).rename(self.path / name.zfill(width))
-        metadata = AtlasDatasetMetadata(
-            VERSION, list(self.shard_sizes), int(self.compression_strategy)
-        )
         dump_meta_atomic(self.path / META_FILE, metadata._asdict())
 
     def abort(self) -> None:
@@ -586,9 +636,20 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._filling:
             self._filling = False
             problems += abort_shard(self.current_shard)
-        return problems + self._finisher.abandon()
+        problems += self._finisher.abandon()
+        if self._uploads is not None:
+            problems += self._uploads.abandon()
+        return problems
+
+    def _shown(self):
+        return self._url if self._uploads is not None else self.path
 
     def _left_behind(self) -> str:
+        if self._uploads is not None:
+            return (
+                "The objects it had uploaded were deleted, its open multipart uploads aborted "
+                "and its local staging directory removed."
+            )
         finished, unfinished = [], []
         try:
             for entry in self.path.iterdir():
@@ -603,7 +664,28 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             parts.append(f"{_shards(finished)} finished (with {its} meta.json)")
         if unfinished:
             parts.append(f"{_shards(unfinished)} unfinished (no meta.json)")
-        return "Shard directories left in it for inspection: " + (", ".join(parts) or "none")
+        return (
+            "Shard directories left in it for inspection: "
+            + (", ".join(parts) or "none")
+            + "; remove the directory before writing there again."
+        )
+
+
+def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, who):
+    """The ``ShardUploads`` of a writer to the URL ``path``, or None for a local path."""
+    from ._writing.upload import ShardUploads, is_remote, open_destination
+
+    if not is_remote(path):
+        if storage_options is not None or overwrite or staging_bytes is not None:
+            raise InvalidArgumentError(
+                f"{path}: storage_options, overwrite and staging_bytes are for a URL "
+                "(s3://, gs://, az:// ...), not a local path"
+            )
+        return None
+    if staging_bytes is not None:
+        staging_bytes = check_int("staging_bytes", staging_bytes, minimum=1)
+    dest = open_destination(path, storage_options, overwrite=bool(overwrite), who=who)
+    return ShardUploads(dest, staging_dir=staging_dir, staging_bytes=staging_bytes)
 
 
 def _create_directory(path: Path, who: str, what: str) -> None:

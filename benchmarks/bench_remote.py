@@ -8,9 +8,14 @@ Patterns, each in a fresh spawned process (cold clients and caches), medians of 
 - ``in order, 2 workers``: ``DataLoader(batch_size=64, num_workers=2)`` (fork), a pass in order.
 
 Reported per pattern and link: examples/s, the ratio to local disk and to 0 ms, and the
-requests and bytes the proxy saw per run beside the bytes stored. Run under the bench lock:
+requests and bytes the proxy saw per run beside the bytes stored.
 
-    flock /work/bench.lock python benchmarks/bench_remote.py [--json out.json]
+Writing (``write``): the same corpus written by ``AtlasDatasetWriter`` (strategy 2, blocks of
+100, about three shards) to local disk and to moto's S3 server (its own process) through the
+proxy at 0 and 50 ms, each rep in a fresh spawned process, the examples already in memory;
+examples/s and the ratio to the local write (medians). Run under the bench lock:
+
+    flock /work/bench.lock python benchmarks/bench_remote.py [--json out.json] [--only write]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ RANDOM = 150
 REPS = 3
 LATENCIES = (0.0, 0.02, 0.05)
 PATTERNS = ("in order", "random", "sampler", "in order, 2 workers")
+WRITE_LATENCIES = (0.0, 0.05)
 
 
 def _measure(root: str, pattern: str, seed: int) -> tuple:
@@ -81,13 +87,97 @@ def _run(root: str, pattern: str, seed: int) -> tuple:
     return out
 
 
+def _write(target: str, count: int, env: dict) -> tuple:
+    """In a fresh process: (examples written, seconds) of writing the corpus to ``target``."""
+    import os
+
+    os.environ.update(env)
+    from atlas_fast import AtlasDatasetWriter
+    from atlas_fast.bench import corpus
+
+    examples = corpus.examples("documents", count)
+    start = time.perf_counter()
+    with AtlasDatasetWriter(
+        target, shard_size=corpus.shard_size(len(examples)), block_size=100
+    ) as writer:
+        for example in examples:
+            writer.add_example(example)
+    return len(examples), time.perf_counter() - start
+
+
+def _write_child(queue, target: str, count: int, env: dict) -> None:
+    queue.put(_write(target, count, env))
+
+
+def _run_write(target: str, count: int, env: dict) -> tuple:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_write_child, args=(queue, target, count, env))
+    proc.start()
+    out = queue.get(timeout=600)
+    proc.join(60)
+    return out
+
+
+def write_rows(reps: int, count: int) -> dict:
+    """The write rows: local disk, then S3 (moto) at each of WRITE_LATENCIES."""
+    from servers import S3_ENV, MotoProcess
+
+    rows: dict = {}
+    moto = MotoProcess()
+    try:
+        moto.client().create_bucket(Bucket="bench")
+        links = [("local", None)] + [(f"{int(lat * 1000)} ms", lat) for lat in WRITE_LATENCIES]
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, latency in links:
+                proxy = None
+                env = dict(S3_ENV)
+                if latency is not None:
+                    proxy = ProxyProcess("127.0.0.1", moto.port, latency=latency)
+                    env["AWS_ENDPOINT_URL"] = proxy.url
+                try:
+                    rates, requests = [], []
+                    for rep in range(reps):
+                        if proxy is None:
+                            target = f"{tmp}/write-{rep}"
+                        else:
+                            target = f"s3://bench/{int(latency * 1000)}ms-{rep}"
+                            proxy.reset_stats()
+                        n, seconds = _run_write(target, count, env)
+                        rates.append(n / seconds)
+                        if proxy is not None:
+                            requests.append(proxy.stats()["requests"])
+                    row = {"examples_per_s": statistics.median(rates), "rates": rates}
+                    if requests:
+                        row["requests"] = statistics.median(requests)
+                    rows[label] = row
+                    print(f"{label:6s} write                  {row}", flush=True)
+                finally:
+                    if proxy is not None:
+                        proxy.close()
+    finally:
+        moto.close()
+    base = rows["local"]["examples_per_s"]
+    for row in rows.values():
+        row["vs_local"] = row["examples_per_s"] / base
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json")
     parser.add_argument("--reps", type=int, default=REPS)
     parser.add_argument("--count", type=int, default=COUNT)
+    parser.add_argument("--only", choices=("read", "write"))
     args = parser.parse_args()
     from atlas_fast.bench import corpus
+
+    if args.only == "write":
+        results = {"count": args.count, "runs": {"write": write_rows(args.reps, args.count)}}
+        print(json.dumps(results["runs"], indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         local = corpus.dataset(tmp, "documents", args.count, 2, 100)
@@ -132,6 +222,8 @@ def main() -> None:
         for row in rows.values():
             row["vs_local"] = row["examples_per_s"] / base
             row["vs_0ms"] = row["examples_per_s"] / zero
+    if args.only is None:
+        results["runs"]["write"] = write_rows(args.reps, args.count)
     print(json.dumps(results["runs"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

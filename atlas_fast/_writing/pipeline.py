@@ -43,8 +43,9 @@ class ShardFinisher:
     running.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, on_closed=None) -> None:
         self.workers = workers
+        self.on_closed = on_closed  # called with each shard closed without error, in order
         self._pool = None
         self._finishing: deque = deque()  # (shard writer, future of its closing)
 
@@ -77,6 +78,13 @@ class ShardFinisher:
                 still.extend(self._finishing)
                 self._finishing = still
                 raise shard_error(shard, exc)
+            if self.on_closed is not None:
+                try:
+                    self.on_closed(shard)
+                except BaseException:
+                    still.extend(self._finishing)
+                    self._finishing = still
+                    raise
         self._finishing = still
 
     def abandon(self) -> list:

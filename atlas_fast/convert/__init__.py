@@ -70,7 +70,20 @@ def format_module(fmt: str):
         ) from None
 
 
-def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=False, **options):
+def convert(
+    src,
+    dst,
+    fmt,
+    *,
+    workers=None,
+    verify=False,
+    progress=None,
+    ray=False,
+    storage_options=None,
+    overwrite=False,
+    staging_dir=None,
+    **options,
+):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
     Atlas dataset at ``dst``; returns a ``ConvertSummary``.
 
@@ -95,6 +108,13 @@ def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=Fal
     instead of worker processes (a task per part, in part order; the ``ray`` extra; no
     ``checksums``; ``dst`` must be on a file system every node sees; Ray decides the
     parallelism: ``workers`` > 1 with it is an error).
+
+    ``dst`` may be a URL (``s3://bucket/path``, ``gs://``, ``az://``; ``storage_options``
+    as for reading, over the standard environment variables): the dataset is converted into
+    a temporary directory under ``staging_dir`` (default: the system's; it must hold the whole
+    converted dataset), then uploaded, each dataset's root meta.json last, and the local copy
+    removed. Objects already under ``dst`` are refused unless ``overwrite=True``, which
+    deletes them first.
 
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """
@@ -130,6 +150,9 @@ def convert(src, dst, fmt, *, workers=None, verify=False, progress=None, ray=Fal
         progress=progress,
         options=WriterOptions(**writer_options).as_dict(exclude=("workers",)),
         ray=bool(ray),
+        storage_options=storage_options,
+        overwrite=bool(overwrite),
+        staging_dir=staging_dir,
     )
 
 

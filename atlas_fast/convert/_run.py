@@ -142,13 +142,43 @@ def run_conversion(
     progress,
     options: dict,
     ray: bool = False,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+    staging_dir=None,
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
+    from .._writing.upload import is_remote
+    from ..storage import local_path
+
+    if is_remote(dst):
+        from ._upload import RemoteDestination
+
+        remote = RemoteDestination(dst, storage_options, overwrite, staging_dir)
+        try:
+            return _run(
+                list_sources,
+                remote.local,
+                remote,
+                fmt,
+                workers,
+                verify,
+                progress,
+                options,
+                ray,
+            )
+        finally:
+            remote.remove()
+    if storage_options is not None or overwrite:
+        raise ValueError(f"{dst}: storage_options and overwrite are for a URL DST")
+    dst = Path(local_path(dst))
+    check_destination(dst)
+    return _run(list_sources, dst, None, fmt, workers, verify, progress, options, ray)
+
+
+def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray):
     from .._format import read_dataset_metadata
 
     started = time.monotonic()
-    dst = Path(dst)
-    check_destination(dst)
     pool = Serial(1 if ray else workers)
     staging = None
     ok = False
@@ -161,10 +191,12 @@ def run_conversion(
         if processes > 1:
             pool = Workers(processes, pool.cores)
         staging = Staging(dst)
-        summary = ConvertSummary(fmt, dst)
+        summary = ConvertSummary(fmt, dst if remote is None else remote.url)
         for s, source in enumerate(sources):
             root = staging.out if source.split is None else staging.out / source.split
             label = dst if source.split is None else dst / source.split
+            if remote is not None:
+                label = remote.label(source.split)
             if ray:
                 examples, shards = write_with_ray(source, root, options)
                 if verify:
@@ -179,6 +211,8 @@ def run_conversion(
                 )
             summary.datasets.append((source.split, examples, shards))
         staging.move_in()
+        if remote is not None:
+            remote.upload([split for split, _, _ in summary.datasets])
         ok = True
     finally:
         pool.close(kill=not ok)

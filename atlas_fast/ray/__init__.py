@@ -80,6 +80,8 @@ def write_atlas(
     preserve_order: bool = True,
     ray_remote_args: dict | None = None,
     concurrency: int | None = None,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
 ):
     """Write the Ray Dataset ``dataset`` as an Atlas dataset at ``path``; return its metadata.
 
@@ -106,13 +108,26 @@ def write_atlas(
 
     Nothing is a dataset until the end: the root meta.json is written last, atomically, once
     every task has succeeded. A failed write leaves no meta.json and no staging directory.
+
+    ``path`` may be a URL (``s3://bucket/path``, ``gs://``, ``az://``): for a cluster without
+    a shared disk. Each task writes a shard on its node's local disk, uploads it under
+    ``path/.atlas-staging-<job>/`` (multipart, while it writes the next) and removes it; the
+    driver then copies the reported shards to their final names within the store (no data
+    passes through the driver), deletes the staging objects and puts the root meta.json
+    last. ``storage_options`` (as for reading; given to every task: the tasks do not see the
+    driver's environment variables unless Ray passes them on) and ``overwrite`` (objects
+    already under ``path`` are refused unless True) are for a URL.
     """
     impl = _ray_data("atlas_fast.ray.write_atlas")
-    path = Path(path)
+    from .._writing.upload import is_remote
+
+    if not is_remote(path):
+        path = Path(path)
     writer_options = WriterOptions.from_arguments(locals())
     shard_size, block_size = writer_options.shard_size, writer_options.block_size
     strategy = writer_options.compression_strategy
-    impl.check_destination(path)
+    if not is_remote(path):
+        impl.check_destination(path)
     zdict = None
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         if dict_sample_rows is None:
@@ -137,6 +152,8 @@ def write_atlas(
         compression_dict_size=compression_dict_size,
         compression_dict=zdict,
         item_column=item_column,
+        storage_options=storage_options,
+        overwrite=overwrite,
     )
     options = dataset.context.execution_options
     previous = options.preserve_order

@@ -16,9 +16,23 @@ from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
 from .._errors import destination_exists
-from .._format import DATA_FILE, META_FILE, CompressionStrategy, read_shard_metadata
+from .._format import (
+    DATA_FILE,
+    META_FILE,
+    VERSION,
+    AtlasDatasetMetadata,
+    CompressionStrategy,
+    read_shard_metadata,
+)
 from .._writing.commit import commit_staged_shards
 from .._writing.options import WriterOptions
+from .._writing.upload import (
+    commit_uploaded,
+    is_remote,
+    open_destination,
+    remove_objects,
+    upload_shard,
+)
 from ..atlas import AtlasDataset
 from ..writer import AtlasDatasetShardWriter, pickle_block, train_dictionary
 from ._rows import example_to_row, plan_read_tasks, row_to_example
@@ -131,9 +145,20 @@ class AtlasDatasink(Datasink):
         compression_dict_size: float = 0.01,
         compression_dict: bytes | None = None,
         item_column: str | None = "item",
+        storage_options: dict | None = None,
+        overwrite: bool = False,
     ):
         options = WriterOptions.from_arguments(locals())
-        check_destination(Path(path))
+        # A URL: tasks upload their shards under a staging prefix, the driver commits them.
+        self.remote = None
+        if is_remote(path):
+            self.remote = open_destination(
+                path, storage_options, overwrite=bool(overwrite), who="write_atlas"
+            )
+        elif storage_options is not None or overwrite:
+            raise ValueError(f"{path}: storage_options and overwrite are for a URL")
+        else:
+            check_destination(Path(path))
         strategy = options.compression_strategy
         shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
         if shared and compression_dict is None:
@@ -143,7 +168,7 @@ class AtlasDatasink(Datasink):
             )
         if not shared and compression_dict is not None:
             raise ValueError("compression_dict is only for compression_strategy 2")
-        self.path = Path(path)
+        self.path = Path(path) if self.remote is None else self.remote.location.url
         self.shard_size = options.shard_size
         self.block_size = options.block_size
         self.compression_strategy = strategy
@@ -151,7 +176,8 @@ class AtlasDatasink(Datasink):
         self.compression_dict_size = options.compression_dict_size
         self.compression_dict = None if compression_dict is None else bytes(compression_dict)
         self.item_column = item_column
-        self.staging = self.path / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        self.job = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        self.staging = self.path / self.job if self.remote is None else None
         self.metadata = None  # the dataset's AtlasDatasetMetadata, once committed
         self._created_root = False
         self._moved: list = []  # shard directories moved into path by a commit under way
@@ -164,6 +190,8 @@ class AtlasDatasink(Datasink):
         return "Atlas"
 
     def on_write_start(self, schema=None) -> None:
+        if self.remote is not None:
+            return
         self._make_root()
         self.staging.mkdir(exist_ok=True)
 
@@ -174,6 +202,8 @@ class AtlasDatasink(Datasink):
 
     def write(self, blocks, ctx) -> dict:
         """Write this task's rows as shards into a staging directory of this attempt's own."""
+        if self.remote is not None:
+            return self._write_remote(blocks, ctx)
         attempt = self.staging / f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
         zdict = None
         if self.compression_dict is not None:
@@ -211,6 +241,81 @@ class AtlasDatasink(Datasink):
             raise
         return {"task": ctx.task_idx, "attempt": attempt.name, "shards": shards}
 
+    def _write_remote(self, blocks, ctx) -> dict:
+        """A task writing to a URL: each shard written in a local temporary directory,
+        uploaded under ``<job>/<task>-<attempt>/<n>`` (while the next is written) and
+        removed; a failed attempt deletes what it uploaded."""
+        import tempfile
+        from concurrent.futures import ThreadPoolExecutor
+
+        attempt = f"{self.job}/{ctx.task_idx:06d}-{uuid.uuid4().hex}"
+        local = Path(tempfile.mkdtemp(prefix="atlas-fast-task-"))
+        zdict = None
+        if self.compression_dict is not None:
+            zdict = zstandard.ZstdCompressionDict(self.compression_dict)
+        dest = self.remote
+        shards: list = []  # (staging name, objects, examples)
+        pending: list = []
+        uploaded: list = []
+
+        def upload(number: int, size: int) -> None:
+            name = f"{attempt}/{number}"
+            objects = upload_shard(dest, local / str(number), name)
+            uploaded.extend(objects)
+            shutil.rmtree(local / str(number), ignore_errors=True)
+            shards.append((number, name, objects, size))
+
+        writer = None
+        threads = _task_cpus()
+        pool = ThreadPoolExecutor(2, thread_name_prefix="atlas-fast-upload")
+
+        def finish(writer, number):
+            writer.close()
+            while len(pending) >= 2:  # at most two shards wait on local disk
+                pending.pop(0).result()
+            pending.append(pool.submit(upload, number, len(writer)))
+
+        try:
+            number = 0
+            for block in blocks:
+                for row in block_rows(block):
+                    if writer is None:
+                        writer = AtlasDatasetShardWriter(
+                            path=local / str(number),
+                            block_size=self.block_size,
+                            compression_strategy=self.compression_strategy,
+                            compression_level=self.compression_level,
+                            compression_dict=zdict,
+                            compression_dict_size=self.compression_dict_size,
+                            workers=threads,
+                        )
+                    writer.add_example(row_to_example(row, self.item_column))
+                    if len(writer) == self.shard_size:
+                        finish(writer, number)
+                        writer, number = None, number + 1
+            if writer is not None:
+                finish(writer, number)
+            for future in pending:
+                future.result()
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            try:  # nothing of a failed attempt is reported, nor kept
+                remove_objects(dest, uploaded)
+                dest.abort_uploads(attempt)
+            except Exception:
+                pass
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            shutil.rmtree(local, ignore_errors=True)
+        shards.sort()
+        return {
+            "task": ctx.task_idx,
+            "attempt": attempt,
+            "shards": [(name, objects) for _, name, objects, _ in shards],
+            "sizes": [size for *_, size in shards],
+        }
+
     def on_write_complete(self, write_result) -> None:
         """Commit the reported shards in task order; the root meta.json comes last."""
         reports = sorted(
@@ -219,6 +324,9 @@ class AtlasDatasink(Datasink):
         tasks = [r["task"] for r in reports]
         if len(set(tasks)) != len(tasks):
             raise RuntimeError(f"{self.path}: a write task reported its shards twice: {tasks}")
+        if self.remote is not None:
+            self._commit_remote(reports, write_result.num_rows)
+            return
         staged = [self.staging / r["attempt"] / name for r in reports for name in r["shards"]]
         stored = sum(read_shard_metadata(p).stored_examples for p in staged)
         if stored != write_result.num_rows:
@@ -238,8 +346,36 @@ class AtlasDatasink(Datasink):
         )
         self._moved = []
 
+    def _commit_remote(self, reports: list, rows: int) -> None:
+        sizes = [n for r in reports for n in r["sizes"]]
+        if sum(sizes) != rows:
+            raise RuntimeError(
+                f"{self.path}: the staged shards hold {sum(sizes)} examples, "
+                f"the write tasks received {rows} rows"
+            )
+        fields = AtlasDatasetMetadata(VERSION, sizes, int(self.compression_strategy))._asdict()
+        commit_uploaded(
+            self.remote,
+            [shard for r in reports for shard in r["shards"]],
+            fields,
+            self.compression_dict,
+            discard=self.job,
+        )
+        self.metadata = AtlasDatasetMetadata(**fields)
+
     def on_write_failed(self, error: Exception) -> None:
         """Remove the staging area (and what a failed commit moved); write no meta.json."""
+        if self.remote is not None:
+            dest = self.remote
+            try:
+                names = dest.names()
+                if META_FILE not in names:
+                    # The destination held nothing: all under it is this job's.
+                    remove_objects(dest, names)
+                    dest.abort_uploads()
+            except Exception:
+                pass
+            return
         shutil.rmtree(self.staging, ignore_errors=True)
         if (self.path / META_FILE).exists():
             return

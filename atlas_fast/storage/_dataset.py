@@ -228,8 +228,8 @@ class RemoteDataset:
         obj = self.location.object(META_FILE)
         text = _read(
             obj,
-            ": not an Atlas dataset (no root meta.json: its writer did not finish, or the URL "
-            "does not name a dataset root)",
+            ": not an Atlas dataset, or an incomplete dataset (no root meta.json: its writer "
+            "did not finish, or the URL does not name a dataset root)",
             MAX_META_BYTES,
         )
         self.metadata = dataset_metadata_from(parse_json_object(text, obj.url), obj.url)

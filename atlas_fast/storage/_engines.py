@@ -102,7 +102,9 @@ class ObstoreEngine:
 
     CHUNK = 1 << 20  # a body arrives in chunks of at least this many bytes (the last excepted)
 
-    def __init__(self, kind: str, scheme: str, container: str, options: dict) -> None:
+    def __init__(
+        self, kind: str, scheme: str, container: str, options: dict, retry: dict | None = None
+    ) -> None:
         import obstore
         from obstore import exceptions
         from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
@@ -116,7 +118,7 @@ class ObstoreEngine:
         if scheme == "http" or allow in ("1", "true", "yes", "on"):
             client["allow_http"] = True
         client.update(options.pop("client_options", None) or {})
-        retry = {"max_retries": 0}
+        retry = retry or {"max_retries": 0}  # writers retry each request (``_upload``)
         if kind == "s3":
             self.store = S3Store(container, client_options=client, retry_config=retry, **options)
         elif kind == "gcs":

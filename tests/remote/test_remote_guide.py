@@ -1,5 +1,7 @@
 """The object-storage guide's examples run, against moto's S3 server with the dataset they
-name uploaded (tests/test_docs.py runs every other page's)."""
+name uploaded (tests/test_docs.py runs every other page's); its writing examples write there.
+The Ray example (a ``py`` block: it needs a Ray cluster) is tests/remote/test_remote_ray.py's
+write."""
 
 from __future__ import annotations
 
@@ -30,5 +32,9 @@ def test_the_remote_guide_runs(s3, tmp_path, monkeypatch):
     for k, code in enumerate(blocks):
         exec(compile(code, f"{GUIDE}:block {k}", "exec"), namespace)
     assert namespace["ds"][123] == {"id": 123}
+    # Its writing examples wrote what they say.
+    assert list(namespace["new"]) == [{"id": i} for i in range(250)]
+    converted = atlas_fast.AtlasDataset("s3://my-bucket/datasets/from-jsonl")
+    assert list(converted) == [{"n": i} for i in range(50)]
     assert namespace["ds"].cache_dir == "atlas-cache"  # the disk cache's example, last
     assert any((tmp_path / "atlas-cache" / "blocks").iterdir())
