@@ -65,7 +65,7 @@ def test_a_remote_source_fetches_the_blocks_named_next(s3, sources, atlas, monke
     source fetches those blocks (``ShardSource.prefetch``, private: the fetching is not
     observable otherwise) during a batch before the one that reads them, neighbours merged,
     without fetching much more than is read."""
-    from atlas_fast._remote import ShardSource
+    from atlas_fast.storage._dataset import ShardSource
 
     batch = [0]
     asked: dict = {}  # (shard url, block) -> the batch during which it was first asked for
