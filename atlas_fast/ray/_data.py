@@ -200,6 +200,19 @@ class AtlasDatasink(Datasink):
             self.path.mkdir(parents=True)
             self._created_root = True
 
+    def _shard_writer(self, path, zdict, threads: int):
+        """A shard writer at ``path`` with this datasink's options (``zdict``: the shared
+        dictionary, or None; ``threads``: its compression threads)."""
+        return AtlasDatasetShardWriter(
+            path=path,
+            block_size=self.block_size,
+            compression_strategy=self.compression_strategy,
+            compression_level=self.compression_level,
+            compression_dict=zdict,
+            compression_dict_size=self.compression_dict_size,
+            workers=threads,
+        )
+
     def write(self, blocks, ctx) -> dict:
         """Write this task's rows as shards into a staging directory of this attempt's own."""
         if self.remote is not None:
@@ -220,15 +233,7 @@ class AtlasDatasink(Datasink):
                         if not attempt.is_dir():
                             raise RuntimeError(f"{attempt}: removed (the write job has failed)")
                         shards.append(str(len(shards)))
-                        writer = AtlasDatasetShardWriter(
-                            path=attempt / shards[-1],
-                            block_size=self.block_size,
-                            compression_strategy=self.compression_strategy,
-                            compression_level=self.compression_level,
-                            compression_dict=zdict,
-                            compression_dict_size=self.compression_dict_size,
-                            workers=threads,
-                        )
+                        writer = self._shard_writer(attempt / shards[-1], zdict, threads)
                     writer.add_example(row_to_example(row, self.item_column))
                     if len(writer) == self.shard_size:
                         writer.close()
@@ -280,15 +285,7 @@ class AtlasDatasink(Datasink):
             for block in blocks:
                 for row in block_rows(block):
                     if writer is None:
-                        writer = AtlasDatasetShardWriter(
-                            path=local / str(number),
-                            block_size=self.block_size,
-                            compression_strategy=self.compression_strategy,
-                            compression_level=self.compression_level,
-                            compression_dict=zdict,
-                            compression_dict_size=self.compression_dict_size,
-                            workers=threads,
-                        )
+                        writer = self._shard_writer(local / str(number), zdict, threads)
                     writer.add_example(row_to_example(row, self.item_column))
                     if len(writer) == self.shard_size:
                         finish(writer, number)
