@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from helpers import FIXTURES, fixture_cases
 
@@ -33,3 +35,22 @@ def reference_case(request) -> str:
     if request.param == "<no fixtures>":
         pytest.skip(f"reference fixtures not found at {FIXTURES} (set ATLAS_FAST_FIXTURES)")
     return request.param
+
+
+@pytest.fixture(scope="module")
+def ray():
+    """A local 2-CPU Ray cluster for one test module (skipped without the ray extra), with
+    Ray Data keeping the dataset's order."""
+    ray = pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=256 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # read back in dataset order
+    yield ray
+    ray.shutdown()

@@ -10,7 +10,6 @@ suite's independent reference algorithm where torch, which it imports, is absent
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import subprocess
 import sys
@@ -189,23 +188,6 @@ def test_commit_discards_the_staging_area_before_meta_json(tmp_path):
 
 
 # -- on a local Ray cluster -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray():
-    ray = pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
-    ray.init(
-        num_cpus=2,
-        object_store_memory=256 * 2**20,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True  # read back in dataset order
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

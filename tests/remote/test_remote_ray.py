@@ -4,7 +4,6 @@ a task that fails once and is retried leaves no duplicate, missing or staging ob
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -12,23 +11,6 @@ import pytest
 from helpers import reference_read, same
 from servers import S3_ENV
 from test_remote_write import download, local_files, open_uploads, stored
-
-
-@pytest.fixture(scope="module")
-def ray():
-    ray = pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
-    ray.init(
-        num_cpus=2,
-        object_store_memory=256 * 2**20,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True
-    yield ray
-    ray.shutdown()
 
 
 def task_options(s3) -> dict:
