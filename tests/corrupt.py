@@ -94,5 +94,22 @@ def frame_with_content_size(size: int, body: bytes = b"\x00" * 8) -> bytes:
     return magic + descriptor + size.to_bytes(8, "little") + body
 
 
+def write_silently_corrupted(root: Path) -> Path:
+    """An uncompressed dataset with checksums whose shard 1, block 3, has one bit flipped
+    inside a pickled string (it still unpickles: only the checksum sees it); its shard
+    directory. Index and checksum files are left as written."""
+    with AtlasDatasetWriter(root, 40, 4, compression_strategy=0, checksums=True) as w:
+        for x in make_examples(80):
+            w.add_example(x)
+    shard_dir = root / "1"
+    blocks = read_blocks(shard_dir)
+    target = blocks[3]
+    at = target.index(b"alpha") if b"alpha" in target else target.index(b"beta")
+    data = bytearray((shard_dir / "data.bin").read_bytes())
+    data[sum(len(b) for b in blocks[:3]) + at] ^= 0x01
+    (shard_dir / "data.bin").write_bytes(bytes(data))
+    return shard_dir
+
+
 def read_all(ds) -> list:
     return [ds[i] for i in range(len(ds))]

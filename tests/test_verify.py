@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from corrupt import (
     copy_case,
-    make_examples,
     read_all,
     read_blocks,
     write_blocks,
     write_dataset,
+    write_silently_corrupted,
 )
 from helpers import FIXTURES, assert_same, load_expected
 
@@ -327,18 +327,7 @@ def test_checksums_default_off(tmp_path):
 def test_checksums_find_silent_corruption(capsys, atlas, tmp_path):
     """A flipped byte inside a pickled string still unpickles: only the checksum sees it."""
     root = tmp_path / "ds"
-    with AtlasDatasetWriter(root, 40, 4, compression_strategy=0, checksums=True) as w:
-        for x in make_examples(80):
-            w.add_example(x)
-    shard_dir = root / "1"
-    blocks = read_blocks(shard_dir)
-    target = blocks[3]
-    at = target.index(b"alpha") if b"alpha" in target else target.index(b"beta")
-    blocks[3] = target[:at] + bytes([target[at] ^ 0x01]) + target[at + 1 :]
-    data = bytearray((shard_dir / "data.bin").read_bytes())
-    start = sum(len(b) for b in blocks[:3])
-    data[start : start + len(blocks[3])] = blocks[3]
-    (shard_dir / "data.bin").write_bytes(bytes(data))  # index and sidecar untouched
+    shard_dir = write_silently_corrupted(root)  # index and sidecar untouched
 
     read_all(atlas.AtlasDataset(root))  # still decodes: the corruption is silent
     report = verify(root, readers=atlas)

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from corrupt import make_examples, read_blocks, write_dataset
+from corrupt import make_examples, read_blocks, write_dataset, write_silently_corrupted
 from helpers import FIXTURES
 from servers import upload_tree
 
@@ -102,17 +102,7 @@ def test_verify_fetches_each_block_once_in_large_requests(s3, tmp_path, atlas):
 
 def test_verify_finds_silent_corruption_at_its_url(s3, tmp_path, atlas):
     root = tmp_path / "ds"
-    with AtlasDatasetWriter(root, 40, 4, compression_strategy=0, checksums=True) as w:
-        for x in make_examples(80):
-            w.add_example(x)
-    shard_dir = root / "1"
-    blocks = read_blocks(shard_dir)
-    target = blocks[3]
-    at = target.index(b"alpha") if b"alpha" in target else target.index(b"beta")
-    data = bytearray((shard_dir / "data.bin").read_bytes())
-    start = sum(len(b) for b in blocks[:3])
-    data[start + at] ^= 0x01  # still unpickles: only the checksum sees it
-    (shard_dir / "data.bin").write_bytes(bytes(data))
+    write_silently_corrupted(root)
     upload_tree(s3.client, s3.bucket, root, "ds")
     url = s3.url("ds")
     (problem,) = verify(url, readers=atlas)["problems"]
