@@ -101,6 +101,13 @@ def _read(obj, what: str, limit: int | None = None) -> bytes:
         raise AtlasFormatError(f"{exc}{what}") from exc
 
 
+def _read_meta(location, what: str) -> tuple:
+    """``(the JSON object of location's meta.json, its URL)``; a missing one is worded by
+    ``what`` (see ``_read``)."""
+    obj = location.object(META_FILE)
+    return parse_json_object(_read(obj, what, MAX_META_BYTES), obj.url), obj.url
+
+
 class ShardSource:
     """The bytes of one remote shard: its meta.json, index.npy, zstd_dict.bin (strategy 3) and
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
@@ -138,14 +145,12 @@ class ShardSource:
         """The shard's parsed meta.json (read on first use)."""
         with self._locked():
             if self._metadata is None:
-                obj = self.location.object(META_FILE)
-                text = _read(
-                    obj,
+                value, url = _read_meta(
+                    self.location,
                     ": the shard has no meta.json (its writer did not finish, or this is not "
                     "an Atlas shard)",
-                    MAX_META_BYTES,
                 )
-                self._metadata = shard_metadata_from(parse_json_object(text, obj.url), obj.url)
+                self._metadata = shard_metadata_from(value, url)
             return self._metadata
 
     def offsets(self, metadata):
@@ -225,14 +230,12 @@ class RemoteDataset:
         self.location = Location(url, storage_options)
         self.url = self.location.url
         self.cache = cache
-        obj = self.location.object(META_FILE)
-        text = _read(
-            obj,
+        value, url = _read_meta(
+            self.location,
             ": not an Atlas dataset, or an incomplete dataset (no root meta.json: its writer "
             "did not finish, or the URL does not name a dataset root)",
-            MAX_META_BYTES,
         )
-        self.metadata = dataset_metadata_from(parse_json_object(text, obj.url), obj.url)
+        self.metadata = dataset_metadata_from(value, url)
         self.names = shard_names(len(self.metadata.shard_sizes))
         self._sources: list = [None] * len(self.names)
         self._lock = threading.Lock()
