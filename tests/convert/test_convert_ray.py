@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from convert_helpers import assert_absent, documents, read_back, write_jsonl
-from test_ray import ray  # noqa: F401 (the local Ray cluster fixture of tests/test_ray.py)
 
 from atlas_fast import cli
 from atlas_fast.convert import convert
