@@ -7,6 +7,14 @@ The sampler reserves ``2 * window_blocks`` blocks in the dataset's cache (a batc
 two windows), so window and cache agree whatever the cache's budget, also in DataLoader
 workers, which receive the dataset with its reservation.
 
+For a dataset in object storage the default order permutes extents instead of blocks: runs of
+neighbouring blocks of a shard of about ``extent_bytes`` stored bytes (4 MiB), each fetched in
+one request. The extents are grouped into windows of ``window_extents`` (4); within one, each
+extent's blocks are shuffled and dealt in turn into groups of ``window_blocks`` blocks (so a
+group holds blocks of every extent of its window), whose examples are shuffled together. An
+epoch then costs about one request per extent, and a batch still mixes several distant parts
+of the dataset.
+
 Each epoch's order is a function of ``(seed, epoch)`` alone and can be produced from any
 position without the ones before it (the in-window shuffle keys come from a counter-addressable
 PCG64 stream), so a rank builds only its own share and a resumed run skips ahead for free.
@@ -50,6 +58,11 @@ def block_lengths(dataset) -> np.ndarray:
 
     From the shards' metadata alone: nothing is opened.
     """
+    return _blocks_of(dataset)[0]
+
+
+def _blocks_of(dataset) -> tuple:
+    """``(examples per block over all shards, blocks per shard)`` of ``dataset``."""
     shards = getattr(dataset, "shards", None)
     if shards is None:
         if getattr(dataset, "metadata", None) is None or not hasattr(
@@ -60,7 +73,11 @@ def block_lengths(dataset) -> np.ndarray:
                 f"not {type(dataset).__name__}"
             )
         shards = [dataset]
+    read_ahead = getattr(dataset, "_read_shard_metadata", None)
+    if read_ahead is not None:
+        read_ahead()  # in object storage: all at once, not one round trip a shard
     parts = []
+    counts = []
     for shard in shards:
         n = len(shard)
         size = shard.metadata.block_size
@@ -68,13 +85,30 @@ def block_lengths(dataset) -> np.ndarray:
         parts.append(np.full(full, size, dtype=np.int64))
         if rest:
             parts.append(np.array([rest], dtype=np.int64))
+        counts.append(full + (1 if rest else 0))
     lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if int(lengths.sum()) != len(dataset):
         raise ValueError(
             f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
             f"but it has {len(dataset)}"
         )
-    return lengths
+    return lengths, np.array(counts, dtype=np.int64)
+
+
+EXTENT_BYTES = 4 << 20  # a remote dataset's default extent: stored bytes fetched in one request
+
+
+def _extent_blocks(dataset, extent_bytes) -> int:
+    """Blocks per extent (0: blocks are permuted alone). ``extent_bytes`` None: the default,
+    extents of ``EXTENT_BYTES`` for a dataset in object storage, none for local files."""
+    plan = getattr(dataset, "_plan_extents", None)  # None: a layout without storage
+    if extent_bytes is None:
+        if plan is None or not getattr(dataset, "_in_object_storage", False):
+            return 0
+        extent_bytes = EXTENT_BYTES
+    if extent_bytes == 0 or plan is None:
+        return 0
+    return plan(extent_bytes)
 
 
 class _StreamReader:
@@ -130,7 +164,16 @@ class BlockShuffleSampler(*_sampler_bases()):
     ``window_blocks`` consecutive permuted blocks are shuffled together. Every index appears
     exactly once per epoch. The dataset's cache is told to keep ``2 * window_blocks`` blocks
     (``cache_reserve``): create the sampler before the DataLoader starts its workers.
-    ``window_blocks=None`` shuffles the whole epoch uniformly (no locality). The order depends
+    ``window_blocks=None`` shuffles the whole epoch uniformly (no locality).
+
+    ``extent_bytes`` (default: 4 MiB for a dataset in object storage, 0 for local files)
+    permutes extents rather than blocks: runs of neighbouring blocks of a shard holding about
+    that many stored bytes (the block count is taken from the first shard's average block),
+    which the dataset then fetches whole, one request each. The extents go in windows of
+    ``window_extents``; each extent's blocks are shuffled, dealt in turn into groups of
+    ``window_blocks`` blocks that hold blocks of every extent of the window, and each group's
+    examples are shuffled together (``benchmarks/shuffle_quality.py`` compares the two
+    orders). ``extent_bytes=0`` gives the block order, whatever the dataset. The order depends
     only on ``(seed, epoch)``; call ``set_epoch(e)`` before each epoch, as with
     ``DistributedSampler``.
 
@@ -142,10 +185,11 @@ class BlockShuffleSampler(*_sampler_bases()):
     With ``batch_size`` and ``num_workers`` (the DataLoader's, when ``num_workers > 1``) the
     windows are dealt to the workers: a DataLoader hands batch ``t`` to worker ``t %
     num_workers``, so batch ``t`` is drawn from the windows of worker ``t % num_workers`` alone
-    (windows ``w, w + num_workers, ...`` of this rank's order) and each worker decodes only its
-    own blocks; without it every worker decodes most blocks of every window. The batches a
-    worker gets are those of a window shuffle of its windows; every index still appears once
-    per epoch. Values other than the DataLoader's cost speed, never an index.
+    (windows ``w, w + num_workers, ...`` of this rank's order; with extents, windows of extents)
+    and each worker decodes (and fetches) only its own blocks; without it every worker decodes
+    most blocks of every window. The batches a worker gets are those of a window shuffle of its
+    windows; every index still appears once per epoch. Values other than the DataLoader's cost
+    speed, never an index.
 
     ``state_dict()`` records ``(seed, epoch, yielded)``: how many indices this rank has
     yielded in the epoch; ``load_state_dict`` makes the next iteration continue from there.
@@ -166,6 +210,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         drop_last=False,
         batch_size=None,
         num_workers=None,
+        extent_bytes=None,
+        window_extents=4,
     ):
         if (batch_size is None) != (num_workers is None):
             raise ValueError("batch_size and num_workers go together (the DataLoader's)")
@@ -188,7 +234,19 @@ class BlockShuffleSampler(*_sampler_bases()):
         self.drop_last = bool(drop_last)
         self.epoch = 0
 
-        self._lengths = block_lengths(dataset)
+        self.window_extents = check_int("window_extents", window_extents, minimum=1)
+        if extent_bytes is not None:
+            extent_bytes = check_int("extent_bytes", extent_bytes, minimum=0)
+        self._lengths, shard_blocks = _blocks_of(dataset)
+        self.extent_blocks = _extent_blocks(dataset, extent_bytes)
+        self._extents = None  # (first block, blocks) of each extent, in the blocks' order
+        if self.extent_blocks:
+            k = self.extent_blocks
+            firsts = np.cumsum(shard_blocks) - shard_blocks
+            starts = [np.arange(f, f + c, k, dtype=np.int64) for f, c in zip(firsts, shard_blocks)]
+            starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+            ends = np.minimum(starts + k, np.repeat(firsts + shard_blocks, -(-shard_blocks // k)))
+            self._extents = (starts, ends - starts)
         reserve = getattr(dataset, "cache_reserve", None)  # None: a layout, not a reader
         if reserve is not None and window_blocks is not None:
             reserve(2 * window_blocks)
@@ -210,29 +268,65 @@ class BlockShuffleSampler(*_sampler_bases()):
     # -- the order ------------------------------------------------------------------------
 
     def _plan(self, epoch: int):
-        """(permuted blocks, their end positions in the epoch, seed of the shuffle keys)."""
+        """(permuted blocks, their end positions in the epoch, seed of the shuffle keys, the
+        first position of each window of extents in ``perm`` or None)."""
         seeds = np.random.SeedSequence([self.seed, epoch]).spawn(2)
-        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self._lengths))
+        generator = np.random.Generator(np.random.PCG64(seeds[0]))
+        if self._extents is None:
+            perm = generator.permutation(len(self._lengths))
+            firsts = None
+        else:
+            perm, firsts = self._extent_plan(generator)
         ends = np.cumsum(self._lengths[perm])
-        return perm, ends, seeds[1]
+        return perm, ends, seeds[1], firsts
+
+    def _extent_plan(self, generator) -> tuple:
+        """The blocks in extent order: extents permuted, taken ``window_extents`` at a time,
+        each extent's blocks shuffled and the window's extents' blocks taken in turn. Also
+        each window's first position in the order (and the number of blocks, last)."""
+        starts, counts = self._extents
+        nb = int(counts.sum())
+        e = generator.permutation(len(starts))
+        lens = counts[e]
+        before = np.cumsum(lens) - lens  # first position of each (permuted) extent
+        blocks = np.repeat(starts[e] - before, lens) + np.arange(nb, dtype=np.int64)
+        slot = np.repeat(np.arange(len(e), dtype=np.int64), lens)  # extent of each position
+        blocks = blocks[np.lexsort((generator.random(nb), slot))]  # shuffled in each extent
+        turn = np.arange(nb, dtype=np.int64) - np.repeat(before, lens)  # rank in its extent
+        window = slot // self.window_extents
+        perm = blocks[np.lexsort((slot % self.window_extents, turn, window))]
+        sizes = np.bincount(window, minlength=-(-len(e) // self.window_extents))
+        firsts = np.concatenate(([0], np.cumsum(sizes)))
+        return perm, firsts
 
     def _layout(self, epoch: int):
-        """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
-        positions in the epoch)."""
-        perm, ends, key_seed = self._plan(epoch)
+        """(permuted blocks, seed of the shuffle keys, each window's first block in the
+        permuted blocks (and their count, last), the windows' end positions in the epoch,
+        the window of extents of each window or None)."""
+        perm, ends, key_seed, extent_firsts = self._plan(epoch)
         nb = len(perm)
-        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
-        window_ends = ends[w - 1 :: w]
-        if nb % w:
-            window_ends = np.append(window_ends, ends[-1])
-        return perm, key_seed, w, window_ends
+        if self.window_blocks is None:
+            starts = np.array([0, nb] if nb else [0], dtype=np.int64)
+            groups = None
+        elif extent_firsts is None:
+            starts = np.append(np.arange(0, nb, self.window_blocks, dtype=np.int64), nb)
+            groups = None
+        else:  # windows of window_blocks blocks, cut afresh in each window of extents
+            sizes = np.diff(extent_firsts)
+            first = np.repeat(extent_firsts[:-1], sizes)
+            offset = np.arange(nb, dtype=np.int64) - first
+            cut = np.flatnonzero(offset % self.window_blocks == 0)
+            groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)[cut]
+            starts = np.append(cut, nb)
+        window_ends = ends[starts[1:] - 1] if nb else np.zeros(0, dtype=np.int64)
+        return perm, key_seed, starts, window_ends, groups
 
     def _windows(self, epoch: int, lo: int, hi: int, layout=None):
         """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks;
         ``layout``: the epoch's ``_layout``, when the caller has it already."""
         if lo >= hi:
             return
-        perm, key_seed, w, window_ends = self._layout(epoch) if layout is None else layout
+        perm, key_seed, starts, window_ends, _ = self._layout(epoch) if layout is None else layout
         k = int(np.searchsorted(window_ends, lo, side="right"))
         start = int(window_ends[k - 1]) if k else 0
         # One key per position: key p is output p of the stream, whatever the rank.
@@ -240,7 +334,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         keys.advance(start)
         keys = np.random.Generator(keys)
         while start < hi:
-            blocks = perm[k * w : (k + 1) * w]
+            blocks = perm[starts[k] : starts[k + 1]]
             lengths = self._lengths[blocks]
             count = int(lengths.sum())
             firsts = self._starts[blocks] - (np.cumsum(lengths) - lengths)
@@ -276,20 +370,24 @@ class BlockShuffleSampler(*_sampler_bases()):
     def _streams(self, layout) -> list:
         """Each worker's pieces of this rank's order: ``(lo, hi)`` position ranges, each within
         one window, in order; window ``k`` of the share (a window cut by the share's ends
-        counts as one) goes to worker ``k % num_workers``."""
+        counts as one) goes to worker ``k % num_workers``; with extents, window of extents
+        ``k`` does (so that each extent is fetched by one worker)."""
         streams = [[] for _ in range(self.num_workers)]
-        window_ends = layout[3]
+        window_ends, groups = layout[3], layout[4]
         if not len(window_ends):
             return streams
-        k = 0
+        k = -1
         for lo, hi in self._rank_ranges():
             first = int(np.searchsorted(window_ends, lo, side="right"))
             last = int(np.searchsorted(window_ends, hi - 1, side="right"))
+            group = None
             for j in range(first, last + 1):
                 a = max(lo, int(window_ends[j - 1]) if j else 0)
                 b = min(hi, int(window_ends[j]))
+                if groups is None or groups[j] != group:
+                    k += 1
+                    group = None if groups is None else groups[j]
                 streams[k % self.num_workers].append((a, b))
-                k += 1
         return streams
 
     def _deals(self, lengths: list):
@@ -382,6 +480,8 @@ class BlockShuffleSampler(*_sampler_bases()):
             "seed": self.seed,
             "yielded": yielded,
             "window_blocks": self.window_blocks,
+            "extent_blocks": self.extent_blocks,
+            "window_extents": self.window_extents,
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "drop_last": self.drop_last,
@@ -397,7 +497,9 @@ class BlockShuffleSampler(*_sampler_bases()):
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
-        for key in ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples"):
+        keys = ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples")
+        keys += ("extent_blocks",) + (("window_extents",) if self.extent_blocks else ())
+        for key in keys:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the state has {key}={state[key]!r}, "
@@ -426,6 +528,12 @@ class BlockShuffleSampler(*_sampler_bases()):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(examples={self.num_examples}, "
-            f"window_blocks={self.window_blocks}, seed={self.seed}, epoch={self.epoch}, "
+            f"window_blocks={self.window_blocks}, "
+            + (
+                f"extent_blocks={self.extent_blocks}, window_extents={self.window_extents}, "
+                if self.extent_blocks
+                else ""
+            )
+            + f"seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
