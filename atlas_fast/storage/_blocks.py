@@ -189,8 +189,9 @@ class BlockFetcher:
                     self._submit_lock_held(run, start, end, settings, False)
             # Batches of a pass in order (each a run of blocks starting where the last one
             # ended, give or take a block: DataLoader workers take every other batch) read
-            # ahead as a pass does.
-            if asked:
+            # ahead as a pass does; not when read in extents (a sampler's batches, fetched
+            # by extent, may look like that by chance).
+            if asked and self.extent_blocks <= 1:
                 end = self._batch_end
                 contiguous = asked[-1] - asked[0] + 1 == len(asked)
                 if contiguous and end is not None and end - 1 <= asked[0] <= end + 2:

@@ -1,0 +1,92 @@
+"""BlockShuffleSampler over a dataset in object storage: its default order reads in extents,
+one request each (counted by the proxy), with and without DataLoader workers."""
+
+from __future__ import annotations
+
+import pytest
+from loader_helpers import example, write_dataset
+from servers import upload_tree
+
+from atlas_fast import BlockShuffleSampler
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+N = 600  # shards of 128 examples (the last 88), blocks of 8: 16 blocks a shard (the last 11)
+EXTENT = 4  # blocks an extent
+EXTENTS = 4 * 4 + 3  # extents of 4 blocks from each shard's block 0
+
+
+@pytest.fixture
+def stored(s3, tmp_path):
+    local = write_dataset(tmp_path / "local", N, 128, 8)
+    upload_tree(s3.client, s3.bucket, local, "ds")
+    data = sum(p.stat().st_size for p in local.rglob("data.bin"))
+    per_block = (local / "0" / "data.bin").stat().st_size / 16
+    return s3.url("ds"), data, round(EXTENT * per_block)
+
+
+def _data_requests(s3) -> int:
+    return sum(v for k, v in s3.proxy.stats()["paths"].items() if k.endswith("data.bin"))
+
+
+def test_the_default_order_of_a_remote_dataset_is_in_extents(stored, atlas, tmp_path):
+    url, _, _ = stored
+    remote = BlockShuffleSampler(atlas.AtlasDataset(url))
+    assert remote.extent_blocks > 1  # 4 MiB of these small blocks: each shard one extent
+    local = write_dataset(tmp_path / "here", 40, 16, 8)
+    assert BlockShuffleSampler(atlas.AtlasDataset(local)).extent_blocks == 0
+
+
+@pytest.mark.timeout(240)
+def test_an_epoch_fetches_each_extent_in_one_request(stored, s3, atlas):
+    url, data, extent_bytes = stored
+    ds = atlas.AtlasDataset(url, cache_blocks=8)  # not the whole dataset: epoch 2 reads again
+    sampler = BlockShuffleSampler(ds, seed=2, extent_bytes=extent_bytes, window_blocks=4)
+    assert sampler.extent_blocks == EXTENT
+    loader = DataLoader(ds, batch_size=16, sampler=sampler, collate_fn=list)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        s3.proxy.reset_stats()
+        got = [x for batch in loader for x in batch]
+        assert got == [example(i) for i in sampler.epoch_indices()]
+        if epoch == 0:
+            assert _data_requests(s3) == EXTENTS  # not one a block (75)
+        else:  # a block still cached splits its extent's request in two at most
+            assert _data_requests(s3) <= EXTENTS + 8
+        assert s3.proxy.stats()["body_bytes"] <= data * 1.05
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_dealt_windows_of_extents_fetch_each_extent_once(stored, s3, atlas, context):
+    url, _, extent_bytes = stored
+    ds = atlas.AtlasDataset(url)
+    sampler = BlockShuffleSampler(
+        ds, seed=3, extent_bytes=extent_bytes, window_extents=2, batch_size=16, num_workers=2
+    )
+    loader = DataLoader(
+        ds,
+        batch_size=16,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=list,
+    )
+    s3.proxy.reset_stats()
+    got = [x for batch in loader for x in batch]
+    assert got == [example(i) for i in sampler.epoch_indices()]
+    # The workers read in extents too (the dataset pickles with them); each window of 2
+    # extents is one worker's, but where a worker's windows run out its batches are filled
+    # from the other's (its last window's 2 extents at most).
+    assert _data_requests(s3) <= EXTENTS + 2
+
+
+def test_random_access_beside_a_sampler_is_one_request_per_block_missed(stored, s3, atlas):
+    url, _, extent_bytes = stored
+    ds = atlas.AtlasDataset(url, cache_blocks=1)
+    BlockShuffleSampler(ds, extent_bytes=extent_bytes)  # reads in extents from now on
+    s3.proxy.reset_stats()
+    for b in (0, 9, 2, 14):  # shard 0: extents 0, 2, 0, 3
+        assert ds[b * 8 + 1] == example(b * 8 + 1)
+    assert _data_requests(s3) == 3  # block 2 came with block 0's extent
