@@ -86,9 +86,10 @@ class ShardSource:
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
     threads and in a forked or spawned child (it pickles as its location)."""
 
-    def __init__(self, location: Location, shard=None, following=None) -> None:
+    def __init__(self, location: Location, shard=None, following=None, first_read=None) -> None:
         self.location = location
         self.shard = shard
+        self._first_read = first_read  # called when this process first reads a block here
         # The next shard's source, when this one is a dataset's (None: the last, or alone):
         # warming this shard reads that one's meta.json too, so a pass finds it read.
         self._following = following
@@ -102,6 +103,7 @@ class ShardSource:
         self._warm_wanted = False
         self._index = None  # the index.npy request made beside meta.json's (a future)
         self._extent_blocks = 0  # > 1: a block missed is fetched with its extent
+        self._read_pid = None  # the process that last read a block through this source
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -188,6 +190,10 @@ class ShardSource:
     def block(self, b: int) -> bytes:
         """Block ``b``'s stored bytes (after ``offsets``)."""
         data = self._fetcher.get(b)
+        if self._read_pid != self._pid:
+            self._read_pid = self._pid
+            if self._first_read is not None:
+                self._first_read()
         if not self._checked:
             self._check_size()
         return data
@@ -205,12 +211,34 @@ class ShardSource:
                 self._open_and_fetch, blocks
             )
 
-    def _open_and_fetch(self, blocks: list) -> None:
+    def _open_and_fetch(self, blocks: list, hint: bool = False) -> None:
         try:
+            opening = self._fetcher is None
             self.offsets(self.metadata())
-            self._fetcher.prefetch(blocks)
+            if hint:
+                if opening:  # else the reader opened it first: it may have read them already
+                    self._fetcher.hint(blocks)
+            else:
+                self._fetcher.prefetch(blocks)
         except Exception:
             pass  # raised again, with its context, by the read that needs it
+
+    def will_read(self, blocks) -> None:
+        """``blocks`` will be read soon (a sampler's next window): in extents, fetch them
+        ahead (``BlockFetcher.hint``), opening the shard on the fetch pool if need be."""
+        fetcher = self._fetcher
+        index = self._index
+        if fetcher is None and self._metadata is not None and index is not None and index.done():
+            try:
+                self.offsets(self._metadata)  # no request: its index.npy is here
+            except Exception:
+                return  # raised again, with its context, by the read that needs it
+            fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.hint(blocks)
+        else:
+            pool = fetch_pool(self.location.settings.requests_in_flight)
+            pool.submit(self._open_and_fetch, [int(b) for b in blocks], True)
 
     def warm(self) -> None:
         """A pass in order will read this shard next: read its index.npy and start fetching
@@ -274,6 +302,7 @@ class RemoteDataset:
         self._sources: list = [None] * len(self.names)
         self._lock = threading.Lock()
         self.extent_blocks = 0
+        self._pending = None  # (pid, shards, blocks) told before any read in this process
 
     def shard_url(self, s: int) -> str:
         return self.location.child(self.names[s]).url
@@ -288,7 +317,9 @@ class RemoteDataset:
         source = self._sources[s]
         if source is None:
             following = _weakly(self.source, s + 1) if s + 1 < len(self.names) else None
-            made = ShardSource(self.location.child(self.names[s]), s, following)
+            made = ShardSource(
+                self.location.child(self.names[s]), s, following, _weakly(self._reading)
+            )
             with self._lock:
                 source = self._sources[s]
                 if source is None:
@@ -308,6 +339,24 @@ class RemoteDataset:
                 pass
 
         list(pool.map(read, range(len(self.names))))
+
+    def will_read(self, shards, blocks) -> None:
+        """Blocks ``blocks`` of shards ``shards`` (arrays) will be read soon: each shard's
+        ``ShardSource.will_read``, when this process reads this dataset (not a DataLoader's
+        main process, whose workers do the reading)."""
+        pid = os.getpid()
+        if not any(x is not None and x._read_pid == pid for x in self._sources):
+            self._pending = (pid, shards, blocks)  # told again on the first read here
+            return
+        self._pending = None
+        for s in sorted(set(shards.tolist())):
+            self.source(s).will_read(blocks[shards == s].tolist())
+
+    def _reading(self) -> None:
+        """A block was read in this process for the first time: what was told before now."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == os.getpid():
+            self.will_read(pending[1], pending[2])
 
     def set_extents(self, blocks: int) -> None:
         """Every shard's ``ShardSource.set_extents(blocks)``, now and when made."""
@@ -330,4 +379,5 @@ def _rebuild_dataset(location, metadata, names):
     out._sources = [None] * len(names)
     out._lock = threading.Lock()
     out.extent_blocks = 0  # the facade sets it again (a sampler's)
+    out._pending = None
     return out

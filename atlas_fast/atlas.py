@@ -424,6 +424,12 @@ class _DatasetMethods(_Settings):
     def _storage(self):
         return self._remote
 
+    def _will_read(self, shards, blocks) -> None:
+        """Blocks ``blocks`` of shards ``shards`` (arrays) will be read soon (a sampler's next
+        window of extents): fetched ahead when in object storage and read in this process."""
+        if self._remote is not None:
+            self._remote.will_read(shards, blocks)
+
     def _read_shard_metadata(self) -> None:
         """Every shard's meta.json read now: concurrently when in object storage (a sampler
         needs every shard's block size)."""

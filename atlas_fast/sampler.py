@@ -22,6 +22,8 @@ PCG64 stream), so a rank builds only its own share and a resumed run skips ahead
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ._checks import check_int
@@ -115,8 +117,9 @@ class _StreamReader:
     """One worker's share of an epoch order (pieces: position ranges, each within one window),
     read in order from position ``start`` of the share."""
 
-    def __init__(self, sampler, epoch: int, layout, pieces: list, start: int):
+    def __init__(self, sampler, epoch: int, layout, pieces: list, start: int, hint=False):
         self._sampler = sampler
+        self._hint = hint
         self._epoch = epoch
         self._layout = layout
         self._pieces = pieces
@@ -137,7 +140,7 @@ class _StreamReader:
                 self._next += 1
                 lo += self._offset
                 self._offset = 0
-                chunks = self._sampler._windows(self._epoch, lo, hi, self._layout)
+                chunks = self._sampler._windows(self._epoch, lo, hi, self._layout, self._hint)
                 self._buffer = np.concatenate(list(chunks))
             part = self._buffer[:count]
             self._buffer = self._buffer[count:]
@@ -240,6 +243,10 @@ class BlockShuffleSampler(*_sampler_bases()):
         self._lengths, shard_blocks = _blocks_of(dataset)
         self.extent_blocks = _extent_blocks(dataset, extent_bytes)
         self._extents = None  # (first block, blocks) of each extent, in the blocks' order
+        self._hint = None  # the dataset's _will_read, weakly: told of the next windows
+        self._shard_firsts = np.cumsum(shard_blocks) - shard_blocks
+        if self.extent_blocks and hasattr(dataset, "_will_read"):
+            self._hint = weakref.WeakMethod(dataset._will_read)
         if self.extent_blocks:
             k = self.extent_blocks
             firsts = np.cumsum(shard_blocks) - shard_blocks
@@ -321,19 +328,28 @@ class BlockShuffleSampler(*_sampler_bases()):
         window_ends = ends[starts[1:] - 1] if nb else np.zeros(0, dtype=np.int64)
         return perm, key_seed, starts, window_ends, groups
 
-    def _windows(self, epoch: int, lo: int, hi: int, layout=None):
+    def _windows(self, epoch: int, lo: int, hi: int, layout=None, hint: bool = False):
         """The epoch's order at positions ``lo <= p < hi`` (within one pass), in chunks;
-        ``layout``: the epoch's ``_layout``, when the caller has it already."""
+        ``layout``: the epoch's ``_layout``, when the caller has it already. ``hint``: tell
+        the dataset (in extents) the blocks of the next window of extents as each one starts
+        (it fetches them ahead if it is read in this process)."""
         if lo >= hi:
             return
-        perm, key_seed, starts, window_ends, _ = self._layout(epoch) if layout is None else layout
+        perm, key_seed, starts, window_ends, groups = (
+            self._layout(epoch) if layout is None else layout
+        )
         k = int(np.searchsorted(window_ends, lo, side="right"))
         start = int(window_ends[k - 1]) if k else 0
         # One key per position: key p is output p of the stream, whatever the rank.
         keys = np.random.PCG64(key_seed)
         keys.advance(start)
         keys = np.random.Generator(keys)
+        hint = hint and groups is not None and self._hint is not None
+        first = True
         while start < hi:
+            if hint and (first or groups[k] != groups[k - 1]):
+                self._tell_next(perm, starts, groups, k)
+            first = False
             blocks = perm[starts[k] : starts[k + 1]]
             lengths = self._lengths[blocks]
             count = int(lengths.sum())
@@ -343,6 +359,19 @@ class BlockShuffleSampler(*_sampler_bases()):
             yield order[max(lo - start, 0) : hi - start]
             start += count
             k += 1
+
+    def _tell_next(self, perm, starts, groups, k: int) -> None:
+        """Tell the dataset the blocks of the window of extents after window ``k``'s."""
+        nxt = int(np.searchsorted(groups, groups[k], side="right"))  # its first window
+        if nxt >= len(groups):
+            return
+        last = int(np.searchsorted(groups, groups[nxt], side="right"))
+        will_read = self._hint()
+        if will_read is None:
+            return
+        blocks = perm[starts[nxt] : starts[last]]
+        shards = np.searchsorted(self._shard_firsts, blocks, side="right") - 1
+        will_read(shards, blocks - self._shard_firsts[shards])
 
     def _rank_ranges(self, skip: int = 0):
         """This rank's share of the epoch order after its first ``skip`` positions: ranges
@@ -357,13 +386,14 @@ class BlockShuffleSampler(*_sampler_bases()):
             yield lo, hi
             p += hi - lo
 
-    def _rank_chunks(self, epoch: int, skip: int):
-        """This rank's indices of ``epoch`` after the first ``skip``, in chunks."""
+    def _rank_chunks(self, epoch: int, skip: int, hint: bool = False):
+        """This rank's indices of ``epoch`` after the first ``skip``, in chunks (``hint``: see
+        ``_windows``)."""
         if _dealing(self.batch_size, self.num_workers):
-            yield from self._dealt_chunks(epoch, skip)
+            yield from self._dealt_chunks(epoch, skip, hint)
             return
         for lo, hi in self._rank_ranges(skip):
-            yield from self._windows(epoch, lo, hi)
+            yield from self._windows(epoch, lo, hi, hint=hint)
 
     # -- windows dealt to DataLoader workers ---------------------------------------------------
 
@@ -415,7 +445,7 @@ class BlockShuffleSampler(*_sampler_bases()):
             yield takes
             t += 1
 
-    def _dealt_chunks(self, epoch: int, skip: int):
+    def _dealt_chunks(self, epoch: int, skip: int, hint: bool = False):
         """This rank's indices of ``epoch`` dealt to the workers, after the first ``skip``."""
         layout = self._layout(epoch)  # once: each window's order is cut from it
         streams = self._streams(layout)
@@ -431,7 +461,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         else:
             return
         readers = [
-            _StreamReader(self, epoch, layout, streams[w], taken[w]) for w in range(len(streams))
+            _StreamReader(self, epoch, layout, streams[w], taken[w], hint)
+            for w in range(len(streams))
         ]
         while True:
             for w, count in takes:
@@ -456,7 +487,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         return self._iterate(epoch, skip)
 
     def _iterate(self, epoch: int, skip: int):
-        for chunk in self._rank_chunks(epoch, skip):
+        for chunk in self._rank_chunks(epoch, skip, hint=True):
             for i in chunk.tolist():
                 self._yielded += 1
                 yield i

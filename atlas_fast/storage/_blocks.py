@@ -201,6 +201,30 @@ class BlockFetcher:
                     self._streak = 0
                 self._batch_end = asked[-1] + 1
 
+    def hint(self, blocks) -> None:
+        """``blocks`` will be read soon (a sampler's next window of extents): when reading in
+        extents, fetch those not held yet, kept until read and counted in ``_BUDGET`` (none
+        when it has no room for them all)."""
+        self._here()
+        settings = self.obj.location.settings
+        with self._lock:
+            k = self.extent_blocks
+            if k <= 1:
+                return
+            wanted = sorted(
+                {int(b) for b in blocks if b not in self._ready and b not in self._inflight}
+            )
+            offsets = self._offsets
+            size = sum(offsets[b + 1] - offsets[b] for b in wanted)
+            if not wanted or not _BUDGET.take(size, settings.read_ahead_bytes, self):
+                return
+            self._extent.update(wanted)
+            ranges = [(offsets[b], offsets[b + 1]) for b in wanted]
+            limit = max(settings.request_bytes, offsets[min(k, self._n)] - offsets[0])
+            for start, end, members in merge_ranges(ranges, limit, settings.merge_gap):
+                run = [wanted[m] for m in members]
+                self._submit_lock_held(run, start, end, settings, False, run)
+
     def start_pass(self, first: int = 0) -> None:
         """A pass in order is about to read from block ``first``: start its read-ahead now
         (unless this fetcher is being read already)."""
@@ -314,12 +338,13 @@ class BlockFetcher:
             if b in self._ready or b in self._inflight:
                 b += 1
                 continue
+            limit = settings.request_bytes
             end = b + 1
             while (
                 end < self._n
                 and end not in self._ready
                 and end not in self._inflight
-                and offsets[end + 1] - offsets[b] <= settings.request_bytes
+                and offsets[end + 1] - offsets[b] <= limit
             ):
                 end += 1
             size = offsets[end] - offsets[b]
