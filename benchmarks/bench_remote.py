@@ -169,52 +169,53 @@ def main() -> None:
             "shards": sum(1 for p in local.iterdir() if p.is_dir()),
             "runs": {},
         }
+        proxies = {}
         try:
             links = [("local", None)] + [(f"{int(lat * 1000)} ms", lat) for lat in LATENCIES]
             for label, latency in links:
-                proxy = None
-                root = str(local)
                 if latency is not None:
-                    proxy = ProxyProcess("127.0.0.1", nginx.port, latency=latency)
-                    root = f"{proxy.url}/{local.name}"
-                try:
-                    for pattern in patterns:
-                        rates, firsts, requests, data, body = [], [], [], [], []
-                        for rep in range(args.reps):
-                            if proxy is not None:
-                                proxy.reset_stats()
-                            count, seconds, first = _run(root, pattern, rep)
-                            rates.append(count / seconds)
-                            firsts.append(first)
-                            if proxy is not None:
-                                stats = proxy.stats()
-                                requests.append(stats["requests"])
-                                data.append(
-                                    sum(
-                                        v
-                                        for k, v in stats["paths"].items()
-                                        if k.endswith("data.bin")
-                                    )
-                                )
-                                body.append(stats["body_bytes"])
-                        row = {
-                            "examples": count,
-                            "examples_per_s": statistics.median(rates),
-                            "first_example_s": statistics.median(firsts),
-                        }
-                        if requests:
-                            row["requests"] = statistics.median(requests)
-                            row["data_requests"] = statistics.median(data)
-                            row["body_bytes"] = statistics.median(body)
-                        results["runs"].setdefault(pattern, {})[label] = row
-                        print(f"{label:6s} {pattern:22s} {row}", flush=True)
-                finally:
-                    if proxy is not None:
-                        proxy.close()
+                    proxies[label] = ProxyProcess("127.0.0.1", nginx.port, latency=latency)
+            # Repetition by repetition, every link in turn: a change in the machine's load
+            # falls on all links alike, not on the ones measured last.
+            samples: dict = {}
+            for pattern in patterns:
+                for rep in range(args.reps):
+                    for label, _ in links:
+                        proxy = proxies.get(label)
+                        root = str(local) if proxy is None else f"{proxy.url}/{local.name}"
+                        if proxy is not None:
+                            proxy.reset_stats()
+                        count, seconds, first = _run(root, pattern, rep)
+                        got = samples.setdefault((pattern, label), {"count": count})
+                        got.setdefault("rates", []).append(count / seconds)
+                        got.setdefault("firsts", []).append(first)
+                        if proxy is not None:
+                            stats = proxy.stats()
+                            got.setdefault("requests", []).append(stats["requests"])
+                            data = sum(
+                                v for k, v in stats["paths"].items() if k.endswith("data.bin")
+                            )
+                            got.setdefault("data", []).append(data)
+                            got.setdefault("body", []).append(stats["body_bytes"])
+                for label, _ in links:
+                    got = samples[(pattern, label)]
+                    row = {
+                        "examples": got["count"],
+                        "examples_per_s": statistics.median(got["rates"]),
+                        "first_example_s": statistics.median(got["firsts"]),
+                    }
+                    if "requests" in got:
+                        row["requests"] = statistics.median(got["requests"])
+                        row["data_requests"] = statistics.median(got["data"])
+                        row["body_bytes"] = statistics.median(got["body"])
+                    results["runs"].setdefault(pattern, {})[label] = row
+                    print(f"{label:6s} {pattern:22s} {row}", flush=True)
             if args.many_shards:
                 results["many_shards_open"] = _many_shards(tmp, local.parent, nginx.port)
                 print("many shards:", results["many_shards_open"]["requests"], "requests")
         finally:
+            for proxy in proxies.values():
+                proxy.close()
             nginx.close()
     for rows in results["runs"].values():
         base = rows["local"]["examples_per_s"]
