@@ -126,7 +126,8 @@ def _many_shards(tmp: str, nginx_root: Path, nginx_port: int) -> dict:
         shards = queue.get(timeout=300)
         proc.join(60)
         stats = proxy.stats()
-    return {"shards": shards, "requests": stats["requests"], "paths": sorted(stats["paths"])}
+    objects = sorted(path.lstrip("/") for path in stats["paths"])
+    return {"shards": shards, "requests": stats["requests"], "objects": objects}
 
 
 def _write(tmp: str, copies: int) -> Path:
