@@ -104,6 +104,7 @@ class ShardSource:
         self._index = None  # the index.npy request made beside meta.json's (a future)
         self._extent_blocks = 0  # > 1: a block missed is fetched with its extent
         self._read_pid = None  # the process that last read a block through this source
+        self._opened_by = None  # the thread that read the index and made the fetcher
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -146,7 +147,9 @@ class ShardSource:
                 what = ": not the .npy array expected here"
                 data = None
                 future, self._index = self._index, None
-                if future is not None:
+                # Not started yet: read here (this may be a pool thread, and the pool's other
+                # threads may all be waiting likewise: never wait on a request not started).
+                if future is not None and not future.cancel():
                     try:
                         data = future.result()
                     except Exception:
@@ -157,6 +160,7 @@ class ShardSource:
                     data = _read(obj, what, limit)
                 offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
                 offsets.setflags(write=False)
+                self._opened_by = threading.get_ident()
                 self._fetcher = BlockFetcher(
                     self._data,
                     offsets,
@@ -213,11 +217,11 @@ class ShardSource:
 
     def _open_and_fetch(self, blocks: list, hint: bool = False) -> None:
         try:
-            opening = self._fetcher is None
             self.offsets(self.metadata())
+            if self._opened_by != threading.get_ident():
+                return  # a reader opened it first: it may have read these blocks already
             if hint:
-                if opening:  # else the reader opened it first: it may have read them already
-                    self._fetcher.hint(blocks)
+                self._fetcher.hint(blocks)
             else:
                 self._fetcher.prefetch(blocks)
         except Exception:
@@ -328,13 +332,14 @@ class RemoteDataset:
         return source
 
     def read_shard_metadata(self) -> None:
-        """Read every shard's meta.json (and index.npy) now, concurrently (a failure is left
+        """Read every shard's meta.json and index.npy now, concurrently (a failure is left
         for the read that needs it to raise)."""
         pool = fetch_pool(self.location.settings.requests_in_flight)
 
         def read(s):
+            source = self.source(s)
             try:
-                self.source(s).metadata()
+                source.offsets(source.metadata())
             except Exception:
                 pass
 
@@ -357,6 +362,12 @@ class RemoteDataset:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == os.getpid():
             self.will_read(pending[1], pending[2])
+
+    def close(self) -> None:
+        """Every shard source's ``close``: what was fetched and not read is dropped."""
+        self._pending = None
+        for source in [x for x in self._sources if x is not None]:
+            source.close()
 
     def set_extents(self, blocks: int) -> None:
         """Every shard's ``ShardSource.set_extents(blocks)``, now and when made."""

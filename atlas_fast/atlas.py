@@ -413,6 +413,8 @@ class _DatasetMethods(_Settings):
         super().close()  # first: the cache is emptied once, not searched once per shard
         for shard in self.shards.made():
             shard.close()
+        if self._remote is not None:
+            self._remote.close()  # also the shards read ahead that no shard object reads yet
 
     def __reduce__(self):
         return (

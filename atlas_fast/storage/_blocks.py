@@ -244,7 +244,8 @@ class BlockFetcher:
             self._end_pass_lock_held(-1)
             for b in list(self._ready):
                 self._take_lock_held(b)
-            self._inflight.clear()  # their requests give back what they were charged
+            for k, run in list(self._inflight.items()):
+                self._drop_inflight_lock_held(k, run)
             self._explicit.clear()
             self._extent.clear()
             self._last = -2
@@ -277,6 +278,14 @@ class BlockFetcher:
             return len(self._ready), len(self._inflight)
 
     # -- internals (``_lock`` held) ----------------------------------------------------------
+
+    def _drop_inflight_lock_held(self, k: int, run) -> None:
+        """Forget block ``k`` of ``run`` (in flight): what it was charged is given back now,
+        not when the request lands (a request may retry for its whole deadline)."""
+        del self._inflight[k]
+        if k in run.charged:
+            run.charged.discard(k)
+            _BUDGET.give(self._offsets[k + 1] - self._offsets[k])
 
     def _take_lock_held(self, b: int):
         data = self._ready.pop(b, None)
@@ -325,8 +334,9 @@ class BlockFetcher:
             if data is not None:
                 self._ahead.discard(k)
                 _BUDGET.give(len(data))
-            elif self._inflight.pop(k, None) is not None:
-                self._ahead.discard(k)  # its request gives its bytes back when it lands
+            elif k in self._inflight:
+                self._drop_inflight_lock_held(k, self._inflight[k])
+                self._ahead.discard(k)
         self._next_ahead = 0
 
     def _ahead_lock_held(self, first: int, settings) -> None:
