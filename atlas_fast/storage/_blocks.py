@@ -400,12 +400,25 @@ class BlockFetcher:
         if error is not None:
             raise error
 
-    def _read(self, blocks: list, start: int, end: int) -> bytes:
-        """The bytes ``start..end`` of ``blocks`` (consecutive): one request, or through the
-        disk cache when there is one. Runs without ``_lock``."""
+    def _read(self, blocks: list, start: int, end: int):
+        """The bytes ``start..end`` holding ``blocks`` (ascending; with ``merge_gap``, not
+        always consecutive): one request, or through the disk cache when there is one. Runs
+        without ``_lock``."""
         if self.cache is None:
             return self.obj.read_range(start, end, shard=self.shard, block=blocks[0])
-        return self.cache.read(self.obj, self._offsets, blocks, self.shard)
+        data = self.cache.read(self.obj, self._offsets, blocks, self.shard)
+        if len(data) == end - start:
+            return data
+        # The cache hands the blocks' bytes end to end: put each where the range has it (the
+        # gaps between them, not asked for, are left as zeros and never read).
+        offsets = self._offsets
+        out = bytearray(end - start)
+        pos = 0
+        for b in blocks:
+            size = offsets[b + 1] - offsets[b]
+            out[offsets[b] - start : offsets[b + 1] - start] = data[pos : pos + size]
+            pos += size
+        return out
 
 
 class _Run:
