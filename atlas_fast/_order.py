@@ -296,16 +296,19 @@ class ReadAhead:
     order of its indices reads next: the order's chunks pass through ``chunks()``, and the
     blocks first read within ``horizon`` positions past the chunk handed out are named, in the
     order they are first read; a block named is not named again within ``memory`` positions.
+    ``first``: the horizon of the first chunk handed out (default ``horizon``), so that what
+    the first reads need is not slowed by what is named far ahead of them.
 
     ``starts``: the first index of every block, ascending. A dataset read in another process
     (by a DataLoader's workers) is told for nothing: a core acts on a hint at its next read in
     this process only, and keeps just the latest ones until then.
     """
 
-    def __init__(self, dataset, starts: np.ndarray, horizon: int, memory=None) -> None:
+    def __init__(self, dataset, starts: np.ndarray, horizon: int, memory=None, first=None) -> None:
         self._prefetch = getattr(dataset, "prefetch", None)
         self._starts = starts
         self._horizon = max(1, int(horizon))
+        self._first = self._horizon if first is None else max(1, int(first))
         self._memory = 8 * self._horizon if memory is None else memory
         self._named: dict = {}  # block -> the position it was named at
 
@@ -320,8 +323,9 @@ class ReadAhead:
         position = 0  # of pending[0] in the order
         source = iter(chunks)
         more = True
+        horizon = self._first
         while True:
-            while more and ahead < self._horizon + (len(pending[0]) if pending else 1):
+            while more and ahead < horizon + (len(pending[0]) if pending else 1):
                 chunk = next(source, None)
                 if chunk is None:
                     more = False
@@ -337,6 +341,7 @@ class ReadAhead:
             ahead -= len(chunk)
             told -= len(chunk)
             position += len(chunk)
+            horizon = self._horizon
             yield chunk
 
     def _name(self, indices: np.ndarray, position: int) -> None:

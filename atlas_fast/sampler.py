@@ -340,14 +340,16 @@ class BlockShuffleSampler(*_sampler_bases()):
             # Read in this process (no DataLoader workers to deal to): the dataset decodes
             # the next window's blocks ahead, while this one's are read. In object storage
             # in extents, a window of extents ahead: the blocks named then are fetched with
-            # their extents (the next window's, while this one's are read).
+            # their extents (the next window's, while this one's are read); from the second
+            # chunk on, so that the first window's extents have the bandwidth to themselves.
             order = self._order()
-            horizon = self.window_blocks * int(self._lengths.max(initial=1))
-            memory = None
+            near = self.window_blocks * int(self._lengths.max(initial=1))
+            horizon, memory = near, None
             if self._fetches_ahead():
-                horizon = max(horizon, order.extent_window_positions())
+                horizon = max(near, order.extent_window_positions())
                 memory = 2 * horizon
-            chunks = ReadAhead(self._dataset, order.starts, horizon, memory).chunks(chunks)
+            read_ahead = ReadAhead(self._dataset, order.starts, horizon, memory, first=near)
+            chunks = read_ahead.chunks(chunks)
         return chunks
 
     def _fetches_ahead(self) -> bool:

@@ -105,12 +105,13 @@ def test_random_access_beside_a_sampler_is_one_request_per_block_missed(stored, 
 @pytest.mark.timeout(120)
 def test_the_next_window_of_extents_is_fetched_before_it_is_read(stored, s3, atlas):
     """Without DataLoader workers the sampler names to the dataset the blocks of about one
-    window of extents ahead: after the first batch, the extents of the first two windows are
-    fetched, whole, and nothing more (requests may merge neighbouring extents)."""
+    window of extents ahead (from its second group of ``window_blocks`` blocks on: the first
+    window's extents come first): once the second group is reached, the extents of the first
+    two windows are fetched, whole, and nothing more (requests may merge neighbours)."""
     url, _, extent_bytes, local = stored
     ds = atlas.AtlasDataset(url, cache_blocks=8)
     sampler = BlockShuffleSampler(
-        ds, seed=4, extent_bytes=extent_bytes, window_blocks=4, window_extents=2
+        ds, seed=4, extent_bytes=extent_bytes, window_blocks=2, window_extents=2
     )
     # Windows of 2 extents follow each other in the order: its first 4 extents are windows
     # 0 and 1 (an extent: shard, then block // EXTENT within it; shards of 128, blocks of 8).
@@ -123,8 +124,10 @@ def test_the_next_window_of_extents_is_fetched_before_it_is_read(stored, s3, atl
     )
     s3.proxy.reset_stats()
     batches = iter(DataLoader(ds, batch_size=4, sampler=sampler, collate_fn=list))
-    head = next(batches)
-    assert head == [example(i) for i in order[:4]]
+    # Groups of 2 blocks (16 examples), 4 to a window of extents: 5 batches reach the second
+    # group, a whole window (48 examples) before window 1.
+    head = [x for _ in range(5) for x in next(batches)]
+    assert head == [example(i) for i in order[:20]]
     deadline = time.monotonic() + 60
     while s3.proxy.stats()["body_bytes"] < wanted and time.monotonic() < deadline:
         time.sleep(0.01)
