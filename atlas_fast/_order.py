@@ -2,8 +2,12 @@
 
 - argument checks, torch's ``Sampler`` base when torch is installed, the distributed defaults;
 - ``block_lengths``: the examples per block of a dataset, from its shards' metadata;
+- ``extent_blocks`` and ``extents_of``: the extents a dataset in object storage is read in
+  (runs of neighbouring blocks of a shard of about ``EXTENT_BYTES`` stored bytes, each fetched
+  in one request);
 - ``BlockOrder``: the block-shuffled passes over one dataset's examples, each a function of
-  ``(entropy, pass)`` alone and computable from any position;
+  ``(entropy, pass)`` alone and computable from any position (blocks permuted alone, or in
+  extents);
 - ``ReadAhead``: tells a dataset which blocks an order reads next (its ``prefetch``), so that
   the core decodes them ahead.
 """
@@ -23,12 +27,16 @@ _LAYOUTS = 8
 _LAYOUT_BLOCKS = 1 << 16
 
 __all__ = [
+    "EXTENT_BYTES",
     "BlockOrder",
     "Counted",
     "ReadAhead",
     "block_lengths",
+    "blocks_of",
     "check_int",
     "distributed_defaults",
+    "extent_blocks",
+    "extents_of",
     "sampler_bases",
 ]
 
@@ -65,8 +73,14 @@ def check_int(name: str, value, minimum=None, **bounds) -> int:
 def block_lengths(dataset) -> np.ndarray:
     """Examples per block of ``dataset`` (an Atlas dataset or shard), over all its shards.
 
-    From the shards' metadata alone: nothing is opened.
+    From the shards' metadata alone: nothing is opened (a dataset in object storage reads
+    every shard's meta.json and index.npy first, concurrently).
     """
+    return blocks_of(dataset)[0]
+
+
+def blocks_of(dataset) -> tuple:
+    """``(examples per block over all shards, blocks per shard)`` of ``dataset``."""
     shards = getattr(dataset, "shards", None)
     if shards is None:
         if getattr(dataset, "metadata", None) is None or not hasattr(
@@ -77,7 +91,11 @@ def block_lengths(dataset) -> np.ndarray:
                 f"not {type(dataset).__name__}"
             )
         shards = [dataset]
+    read_ahead = getattr(dataset, "_read_shard_metadata", None)
+    if read_ahead is not None:
+        read_ahead()  # in object storage: all at once, not one round trip a shard
     parts = []
+    counts = []
     for shard in shards:
         n = len(shard)
         size = shard.metadata.block_size
@@ -85,13 +103,45 @@ def block_lengths(dataset) -> np.ndarray:
         parts.append(np.full(full, size, dtype=np.int64))
         if rest:
             parts.append(np.array([rest], dtype=np.int64))
+        counts.append(full + (1 if rest else 0))
     lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if int(lengths.sum()) != len(dataset):
         raise ValueError(
             f"the blocks of {dataset!r} hold {int(lengths.sum())} examples, "
             f"but it has {len(dataset)}"
         )
-    return lengths
+    return lengths, np.array(counts, dtype=np.int64)
+
+
+EXTENT_BYTES = 4 << 20  # a remote dataset's default extent: stored bytes fetched in one request
+
+
+def extent_blocks(dataset, extent_bytes) -> int:
+    """Blocks per extent (0: blocks are permuted alone). ``extent_bytes`` None: the default,
+    extents of ``EXTENT_BYTES`` for a dataset in object storage, none for local files. The
+    dataset is told (``_plan_extents``): from then on (and in its pickled copies) a block it
+    misses is fetched with its extent."""
+    plan = getattr(dataset, "_plan_extents", None)  # None: a layout without storage
+    if extent_bytes is None:
+        if plan is None or not getattr(dataset, "_in_object_storage", False):
+            return 0
+        extent_bytes = EXTENT_BYTES
+    if extent_bytes == 0 or plan is None:
+        return 0
+    return plan(extent_bytes)
+
+
+def extents_of(shard_blocks: np.ndarray, k: int):
+    """``(first block, blocks)`` of each extent of ``k`` blocks (arrays, in the blocks' order
+    over all shards), cut from each shard's first block (a shard's last one may be shorter);
+    None when ``k`` is 0 (blocks permuted alone)."""
+    if not k:
+        return None
+    firsts = np.cumsum(shard_blocks) - shard_blocks
+    starts = [np.arange(f, f + c, k, dtype=np.int64) for f, c in zip(firsts, shard_blocks)]
+    starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    ends = np.minimum(starts + k, np.repeat(firsts + shard_blocks, -(-shard_blocks // k)))
+    return starts, ends - starts
 
 
 class BlockOrder:
@@ -102,37 +152,89 @@ class BlockOrder:
     shuffle). It depends on ``(*entropy, e)`` alone (``numpy.random.SeedSequence``), and any
     stretch of it is made without the positions before: the in-window shuffle keys come from a
     counter-addressable PCG64 stream.
+
+    With ``extents`` (``(first block, blocks)`` of each extent, ``extents_of``) the extents
+    are permuted instead, taken ``window_extents`` at a time; within such a window of extents
+    each extent's blocks are shuffled and the window's extents dealt in turn, and the windows
+    of ``window_blocks`` blocks are cut afresh in each window of extents (so each holds blocks
+    of every extent of its window of extents). Without extents the order is the block order.
     """
 
-    def __init__(self, lengths: np.ndarray, window_blocks, entropy: tuple) -> None:
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        window_blocks,
+        entropy: tuple,
+        extents=None,
+        window_extents: int = 4,
+    ) -> None:
         self.lengths = lengths
         self.starts = np.cumsum(lengths) - lengths  # first example of each block
         self.n = int(lengths.sum())
         self.window_blocks = window_blocks
         self.entropy = tuple(entropy)
+        self.extents = extents
+        self.window_extents = window_extents
         self._layouts: dict = {}  # pass -> layout, of the passes laid out last
         self._keys = None  # (pass, position, Generator): where the last ``windows`` ended
 
     def plan(self, epoch: int):
-        """(permuted blocks, their end positions in the pass, seed of the shuffle keys)."""
+        """(permuted blocks, their end positions in the pass, seed of the shuffle keys, the
+        first position of each window of extents in the permuted blocks (and their count,
+        last) or None without extents)."""
         seeds = np.random.SeedSequence([*self.entropy, epoch]).spawn(2)
-        perm = np.random.Generator(np.random.PCG64(seeds[0])).permutation(len(self.lengths))
+        generator = np.random.Generator(np.random.PCG64(seeds[0]))
+        if self.extents is None:
+            perm = generator.permutation(len(self.lengths))
+            firsts = None
+        else:
+            perm, firsts = self._extent_plan(generator)
         ends = np.cumsum(self.lengths[perm])
-        return perm, ends, seeds[1]
+        return perm, ends, seeds[1], firsts
+
+    def _extent_plan(self, generator) -> tuple:
+        """The blocks in extent order: extents permuted, taken ``window_extents`` at a time,
+        each extent's blocks shuffled and the window's extents' blocks taken in turn. Also
+        each window of extents' first position in the order (and the number of blocks, last)."""
+        starts, counts = self.extents
+        nb = int(counts.sum())
+        e = generator.permutation(len(starts))
+        lens = counts[e]
+        before = np.cumsum(lens) - lens  # first position of each (permuted) extent
+        blocks = np.repeat(starts[e] - before, lens) + np.arange(nb, dtype=np.int64)
+        slot = np.repeat(np.arange(len(e), dtype=np.int64), lens)  # extent of each position
+        blocks = blocks[np.lexsort((generator.random(nb), slot))]  # shuffled in each extent
+        turn = np.arange(nb, dtype=np.int64) - np.repeat(before, lens)  # rank in its extent
+        window = slot // self.window_extents
+        perm = blocks[np.lexsort((slot % self.window_extents, turn, window))]
+        sizes = np.bincount(window, minlength=-(-len(e) // self.window_extents))
+        firsts = np.concatenate(([0], np.cumsum(sizes)))
+        return perm, firsts
 
     def layout(self, epoch: int):
-        """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
-        positions in the pass); the last few passes' are kept."""
+        """(permuted blocks, seed of the shuffle keys, each window's first block in the
+        permuted blocks (and their count, last), the windows' end positions in the pass, the
+        window of extents of each window or None); the last few passes' are kept."""
         layout = self._layouts.get(epoch)
         if layout is not None:
             return layout
-        perm, ends, key_seed = self.plan(epoch)
+        perm, ends, key_seed, extent_firsts = self.plan(epoch)
         nb = len(perm)
-        w = max(nb, 1) if self.window_blocks is None else self.window_blocks
-        window_ends = ends[w - 1 :: w]
-        if nb % w:
-            window_ends = np.append(window_ends, ends[-1])
-        layout = (perm, key_seed, w, window_ends)
+        if self.window_blocks is None:
+            starts = np.array([0, nb] if nb else [0], dtype=np.int64)
+            groups = None
+        elif extent_firsts is None:
+            starts = np.append(np.arange(0, nb, self.window_blocks, dtype=np.int64), nb)
+            groups = None
+        else:  # windows of window_blocks blocks, cut afresh in each window of extents
+            sizes = np.diff(extent_firsts)
+            first = np.repeat(extent_firsts[:-1], sizes)
+            offset = np.arange(nb, dtype=np.int64) - first
+            cut = np.flatnonzero(offset % self.window_blocks == 0)
+            groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)[cut]
+            starts = np.append(cut, nb)
+        window_ends = ends[starts[1:] - 1] if nb else np.zeros(0, dtype=np.int64)
+        layout = (perm, key_seed, starts, window_ends, groups)
         layouts = self._layouts
         layouts[epoch] = layout
         # The last two passes' always; up to _LAYOUTS while they are small (a small source
@@ -148,7 +250,7 @@ class BlockOrder:
         ``layout``: the pass's ``layout``, when the caller has it already."""
         if lo >= hi:
             return
-        perm, key_seed, w, window_ends = self.layout(epoch) if layout is None else layout
+        perm, key_seed, starts, window_ends, _ = self.layout(epoch) if layout is None else layout
         k = int(np.searchsorted(window_ends, lo, side="right"))
         start = int(window_ends[k - 1]) if k else 0
         # One key per position: key p is output p of the stream, whatever the rank. A call
@@ -161,7 +263,7 @@ class BlockOrder:
             keys = np.random.Generator(keys)
         self._keys = None  # in use: a generator left unfinished is not continued
         while start < hi:
-            blocks = perm[k * w : (k + 1) * w]
+            blocks = perm[starts[k] : starts[k + 1]]
             lengths = self.lengths[blocks]
             count = int(lengths.sum())
             firsts = self.starts[blocks] - (np.cumsum(lengths) - lengths)
@@ -179,22 +281,34 @@ class BlockOrder:
         k = int(np.searchsorted(window_ends, position, side="right"))
         return (int(window_ends[k - 1]) if k else 0), int(window_ends[k])
 
+    def extent_window_positions(self) -> int:
+        """Positions of a window of extents at most (0 without extents): how far ahead an
+        order read in extents names blocks, so that the next window's extents are fetched
+        while this one's are read."""
+        if self.extents is None or not len(self.lengths):
+            return 0
+        counts = self.extents[1]
+        return int(self.window_extents * counts.max(initial=1) * self.lengths.max(initial=1))
+
 
 class ReadAhead:
     """Tells ``dataset`` (through its ``prefetch(indices)``, when it has one) which blocks an
     order of its indices reads next: the order's chunks pass through ``chunks()``, and the
     blocks first read within ``horizon`` positions past the chunk handed out are named, in the
     order they are first read; a block named is not named again within ``memory`` positions.
+    ``first``: the horizon of the first chunk handed out (default ``horizon``), so that what
+    the first reads need is not slowed by what is named far ahead of them.
 
     ``starts``: the first index of every block, ascending. A dataset read in another process
     (by a DataLoader's workers) is told for nothing: a core acts on a hint at its next read in
     this process only, and keeps just the latest ones until then.
     """
 
-    def __init__(self, dataset, starts: np.ndarray, horizon: int, memory=None) -> None:
+    def __init__(self, dataset, starts: np.ndarray, horizon: int, memory=None, first=None) -> None:
         self._prefetch = getattr(dataset, "prefetch", None)
         self._starts = starts
         self._horizon = max(1, int(horizon))
+        self._first = self._horizon if first is None else max(1, int(first))
         self._memory = 8 * self._horizon if memory is None else memory
         self._named: dict = {}  # block -> the position it was named at
 
@@ -209,8 +323,9 @@ class ReadAhead:
         position = 0  # of pending[0] in the order
         source = iter(chunks)
         more = True
+        horizon = self._first
         while True:
-            while more and ahead < self._horizon + (len(pending[0]) if pending else 1):
+            while more and ahead < horizon + (len(pending[0]) if pending else 1):
                 chunk = next(source, None)
                 if chunk is None:
                     more = False
@@ -226,6 +341,7 @@ class ReadAhead:
             ahead -= len(chunk)
             told -= len(chunk)
             position += len(chunk)
+            horizon = self._horizon
             yield chunk
 
     def _name(self, indices: np.ndarray, position: int) -> None:

@@ -25,6 +25,7 @@ from ._checks import check_int
 from ._compat import torch_dataset_bases
 from ._contract import cache_limits
 from ._format import (
+    DATA_FILE,
     DICT_FILE,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
@@ -144,8 +145,38 @@ class _Settings:
 
     def __setstate__(self, state) -> None:
         # What pickling keeps beyond the constructor's arguments: the blocks reserved in the
-        # cache (a BlockShuffleSampler's window), so DataLoader workers keep them too.
+        # cache (a BlockShuffleSampler's window) and the extents it reads in, so DataLoader
+        # workers keep them too.
         self.cache_reserve(state["cache_reserved"])
+        if state.get("extent_blocks"):
+            self._set_extents(state["extent_blocks"])
+
+    def _pickled_state(self) -> dict:
+        return {"cache_reserved": self._block_cache.reserved, "extent_blocks": self._extent_blocks}
+
+    # -- reading in extents (BlockShuffleSampler) -------------------------------------------
+
+    _extent_blocks = 0
+
+    @property
+    def _in_object_storage(self) -> bool:
+        """Whether this dataset or shard is read through ``atlas_fast.storage`` (a URL)."""
+        return self._storage() is not None
+
+    def _plan_extents(self, extent_bytes: int) -> int:
+        """Blocks per extent of about ``extent_bytes`` stored bytes (at least 1), from the
+        first shard's average block (a remote shard's index.npy is read for it); from now on
+        (and in pickled copies) a block missed is fetched with its extent."""
+        per_block = self._stored_bytes_per_block()
+        blocks = max(1, round(extent_bytes / per_block)) if per_block else 1
+        self._set_extents(blocks)
+        return blocks
+
+    def _set_extents(self, blocks: int) -> None:
+        self._extent_blocks = blocks
+        storage = self._storage()
+        if storage is not None:
+            storage.set_extents(blocks)
 
 
 class _ShardMethods(_Settings):
@@ -209,6 +240,7 @@ class _ShardMethods(_Settings):
             location = Location(root, storage_options)
             disk = open_disk_cache(cache_dir, cache_dir_bytes, location)
             source = ShardSource(location, cache=disk)
+        self._remote_source = source
         if source is not None:  # in object storage: its files are read through the source
             self.root = source.url
             self.metadata = source.metadata()
@@ -239,8 +271,20 @@ class _ShardMethods(_Settings):
                 (self.root, self.mmap_index, self.compression_dict_bytes),
                 self._settings_kwargs(),
             ),
-            {"cache_reserved": self._block_cache.reserved},
+            self._pickled_state(),
         )
+
+    def _storage(self):
+        return self._remote_source
+
+    def _stored_bytes_per_block(self) -> float:
+        """Stored bytes of data.bin over its blocks (0: no blocks)."""
+        blocks = -(-len(self) // self.metadata.block_size)
+        if not blocks:
+            return 0.0
+        if self._remote_source is not None:
+            return self._remote_source.stored_bytes_per_block()
+        return os.path.getsize(os.path.join(self.root, DATA_FILE)) / blocks
 
     def __repr__(self):
         return (
@@ -432,13 +476,30 @@ class _DatasetMethods(_Settings):
         super().close()  # first: the cache is emptied once, not searched once per shard
         for shard in self.shards.made():
             shard.close()
+        if self._remote is not None:
+            self._remote.close()  # also the shards read ahead that no shard object reads yet
 
     def __reduce__(self):
         return (
             _rebuild,
             (type(self), (self.root, self.mmap_index), self._settings_kwargs()),
-            {"cache_reserved": self._block_cache.reserved},
+            self._pickled_state(),
         )
+
+    def _storage(self):
+        return self._remote
+
+    def _read_shard_metadata(self) -> None:
+        """Every shard's meta.json read now: concurrently when in object storage (a sampler
+        needs every shard's block size)."""
+        if self._remote is not None:
+            self._remote.read_shard_metadata()
+
+    def _stored_bytes_per_block(self) -> float:
+        for k, size in enumerate(self.actual_shard_sizes):
+            if size:
+                return self.shards[k]._stored_bytes_per_block()
+        return 0.0
 
     def __repr__(self):
         return (

@@ -491,12 +491,12 @@ class _Run:
         u = lo
         while u < hi:
             epoch, offset = divmod(u, n)
-            perm, _, w, window_ends = order.layout(epoch)
+            perm, _, starts, window_ends, _ = order.layout(epoch)
             k = int(np.searchsorted(window_ends, offset, side="right"))
             if named is None or (epoch, k) > named:
                 row = int(np.searchsorted(bounds, u, side="right")) - 1
                 position = (n0 + row) * self.sampler.window
-                blocks = order.starts[perm[k * w : (k + 1) * w]]
+                blocks = order.starts[perm[starts[k] : starts[k + 1]]]
                 heapq.heappush(self.events, (position, self.seq, c, blocks))
                 self.seq += 1
                 named = (epoch, k)

@@ -7,6 +7,15 @@ The sampler reserves ``2 * window_blocks`` blocks in the dataset's cache (a batc
 two windows), so window and cache agree whatever the cache's budget, also in DataLoader
 workers, which receive the dataset with its reservation.
 
+For a dataset in object storage the default order permutes extents instead of blocks: runs of
+neighbouring blocks of a shard of about ``extent_bytes`` stored bytes (4 MiB), each fetched in
+one request. The extents are grouped into windows of ``window_extents`` (4); within one, each
+extent's blocks are shuffled and dealt in turn into groups of ``window_blocks`` blocks (so a
+group holds blocks of every extent of its window), whose examples are shuffled together. An
+epoch then costs about one request per extent, and a batch still mixes several distant parts
+of the dataset; read in this process, the sampler names the blocks of about one window of
+extents ahead to the dataset (``prefetch``), which fetches their extents meanwhile.
+
 Each epoch's order is a function of ``(seed, epoch)`` alone and can be produced from any
 position without the ones before it (the in-window shuffle keys come from a counter-addressable
 PCG64 stream), so a rank builds only its own share and a resumed run skips ahead for free.
@@ -21,8 +30,11 @@ from ._order import (
     Counted,
     ReadAhead,
     block_lengths,
+    blocks_of,
     check_int,
     distributed_defaults,
+    extent_blocks,
+    extents_of,
 )
 from ._order import sampler_bases as _sampler_bases
 
@@ -84,7 +96,16 @@ class BlockShuffleSampler(*_sampler_bases()):
     ``window_blocks`` consecutive permuted blocks are shuffled together. Every index appears
     exactly once per epoch. The dataset's cache is told to keep ``2 * window_blocks`` blocks
     (``cache_reserve``): create the sampler before the DataLoader starts its workers.
-    ``window_blocks=None`` shuffles the whole epoch uniformly (no locality). The order depends
+    ``window_blocks=None`` shuffles the whole epoch uniformly (no locality).
+
+    ``extent_bytes`` (default: 4 MiB for a dataset in object storage, 0 for local files)
+    permutes extents rather than blocks: runs of neighbouring blocks of a shard holding about
+    that many stored bytes (the block count is taken from the first shard's average block),
+    which the dataset then fetches whole, one request each. The extents go in windows of
+    ``window_extents``; each extent's blocks are shuffled, dealt in turn into groups of
+    ``window_blocks`` blocks that hold blocks of every extent of the window, and each group's
+    examples are shuffled together (``benchmarks/shuffle_quality.py`` compares the two
+    orders). ``extent_bytes=0`` gives the block order, whatever the dataset. The order depends
     only on ``(seed, epoch)``; call ``set_epoch(e)`` before each epoch, as with
     ``DistributedSampler``.
 
@@ -96,10 +117,11 @@ class BlockShuffleSampler(*_sampler_bases()):
     With ``batch_size`` and ``num_workers`` (the DataLoader's, when ``num_workers > 1``) the
     windows are dealt to the workers: a DataLoader hands batch ``t`` to worker ``t %
     num_workers``, so batch ``t`` is drawn from the windows of worker ``t % num_workers`` alone
-    (windows ``w, w + num_workers, ...`` of this rank's order) and each worker decodes only its
-    own blocks; without it every worker decodes most blocks of every window. The batches a
-    worker gets are those of a window shuffle of its windows; every index still appears once
-    per epoch. Values other than the DataLoader's cost speed, never an index.
+    (windows ``w, w + num_workers, ...`` of this rank's order; with extents, windows of extents)
+    and each worker decodes (and fetches) only its own blocks; without it every worker decodes
+    most blocks of every window. The batches a worker gets are those of a window shuffle of its
+    windows; every index still appears once per epoch. Values other than the DataLoader's cost
+    speed, never an index.
 
     ``state_dict()`` records ``(seed, epoch, yielded)``: how many indices this rank has
     yielded in the epoch; ``load_state_dict`` makes the next iteration continue from there.
@@ -120,6 +142,8 @@ class BlockShuffleSampler(*_sampler_bases()):
         drop_last=False,
         batch_size=None,
         num_workers=None,
+        extent_bytes=None,
+        window_extents=4,
     ):
         if (batch_size is None) != (num_workers is None):
             raise ValueError("batch_size and num_workers go together (the DataLoader's)")
@@ -142,7 +166,13 @@ class BlockShuffleSampler(*_sampler_bases()):
         self.drop_last = bool(drop_last)
         self.epoch = 0
 
-        self._lengths = block_lengths(dataset)
+        self.window_extents = check_int("window_extents", window_extents, minimum=1)
+        if extent_bytes is not None:
+            extent_bytes = check_int("extent_bytes", extent_bytes, minimum=0)
+        self._lengths, shard_blocks = blocks_of(dataset)
+        self.extent_blocks = extent_blocks(dataset, extent_bytes)
+        # (first block, blocks) of each extent, in the blocks' order (None: no extents)
+        self._extents = extents_of(shard_blocks, self.extent_blocks)
         reserve = getattr(dataset, "cache_reserve", None)  # None: a layout, not a reader
         if reserve is not None and window_blocks is not None:
             reserve(2 * window_blocks)
@@ -168,12 +198,19 @@ class BlockShuffleSampler(*_sampler_bases()):
         """The epochs' orders (made again when ``load_state_dict`` adopts another seed)."""
         order = self._orders
         if order is None or order.entropy != (self.seed,):
-            order = self._orders = BlockOrder(self._lengths, self.window_blocks, (self.seed,))
+            order = self._orders = BlockOrder(
+                self._lengths,
+                self.window_blocks,
+                (self.seed,),
+                self._extents,
+                self.window_extents,
+            )
         return order
 
     def _layout(self, epoch: int):
-        """(permuted blocks, seed of the shuffle keys, blocks per window, the windows' end
-        positions in the epoch)."""
+        """(permuted blocks, seed of the shuffle keys, each window's first block in the
+        permuted blocks (and their count, last), the windows' end positions in the epoch, the
+        window of extents of each window or None): ``BlockOrder.layout``."""
         return self._order().layout(epoch)
 
     def _windows(self, epoch: int, lo: int, hi: int, layout=None):
@@ -207,20 +244,24 @@ class BlockShuffleSampler(*_sampler_bases()):
     def _streams(self, layout) -> list:
         """Each worker's pieces of this rank's order: ``(lo, hi)`` position ranges, each within
         one window, in order; window ``k`` of the share (a window cut by the share's ends
-        counts as one) goes to worker ``k % num_workers``."""
+        counts as one) goes to worker ``k % num_workers``; with extents, window of extents
+        ``k`` does (so that each extent is fetched by one worker)."""
         streams = [[] for _ in range(self.num_workers)]
-        window_ends = layout[3]
+        window_ends, groups = layout[3], layout[4]
         if not len(window_ends):
             return streams
-        k = 0
+        k = -1
         for lo, hi in self._rank_ranges():
             first = int(np.searchsorted(window_ends, lo, side="right"))
             last = int(np.searchsorted(window_ends, hi - 1, side="right"))
+            group = None
             for j in range(first, last + 1):
                 a = max(lo, int(window_ends[j - 1]) if j else 0)
                 b = min(hi, int(window_ends[j]))
+                if groups is None or groups[j] != group:
+                    k += 1
+                    group = None if groups is None else groups[j]
                 streams[k % self.num_workers].append((a, b))
-                k += 1
         return streams
 
     def _deals(self, lengths: list):
@@ -297,11 +338,26 @@ class BlockShuffleSampler(*_sampler_bases()):
         chunks = self._rank_chunks(epoch, skip)
         if self.window_blocks is not None and not _dealing(self.batch_size, self.num_workers):
             # Read in this process (no DataLoader workers to deal to): the dataset decodes
-            # the next window's blocks ahead, while this one's are read.
+            # the next window's blocks ahead, while this one's are read. In object storage
+            # in extents, a window of extents ahead: the blocks named then are fetched with
+            # their extents (the next window's, while this one's are read); from the second
+            # chunk on, so that the first window's extents have the bandwidth to themselves.
             order = self._order()
-            horizon = self.window_blocks * int(self._lengths.max(initial=1))
-            chunks = ReadAhead(self._dataset, order.starts, horizon).chunks(chunks)
+            near = self.window_blocks * int(self._lengths.max(initial=1))
+            horizon, memory = near, None
+            if self._fetches_ahead():
+                horizon = max(near, order.extent_window_positions())
+                memory = 2 * horizon
+            read_ahead = ReadAhead(self._dataset, order.starts, horizon, memory, first=near)
+            chunks = read_ahead.chunks(chunks)
         return chunks
+
+    def _fetches_ahead(self) -> bool:
+        """Whether the order is read in extents from object storage (where naming blocks
+        fetches them, and a whole window of extents ahead is what the fetching needs)."""
+        return self._extents is not None and bool(
+            getattr(self._dataset, "_in_object_storage", False)
+        )
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole order for ``epoch`` (default: the current one) as an array."""
@@ -322,6 +378,8 @@ class BlockShuffleSampler(*_sampler_bases()):
             "seed": self.seed,
             "yielded": yielded,
             "window_blocks": self.window_blocks,
+            "extent_blocks": self.extent_blocks,
+            "window_extents": self.window_extents,
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "drop_last": self.drop_last,
@@ -337,7 +395,9 @@ class BlockShuffleSampler(*_sampler_bases()):
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
-        for key in ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples"):
+        keys = ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples")
+        keys += ("extent_blocks",) + (("window_extents",) if self.extent_blocks else ())
+        for key in keys:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the state has {key}={state[key]!r}, "
@@ -366,6 +426,12 @@ class BlockShuffleSampler(*_sampler_bases()):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(examples={self.num_examples}, "
-            f"window_blocks={self.window_blocks}, seed={self.seed}, epoch={self.epoch}, "
+            f"window_blocks={self.window_blocks}, "
+            + (
+                f"extent_blocks={self.extent_blocks}, window_extents={self.window_extents}, "
+                if self.extent_blocks
+                else ""
+            )
+            + f"seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )

@@ -11,6 +11,12 @@ No data is read: the sampler needs only the block layout. For each ``window_bloc
 - displacement: mean |epoch position - original position| / examples (uniform: ~1/3);
 - blocks/batch: distinct blocks in a batch (the blocks a batch decodes without a cache);
 - top block share: mean over batches of the largest fraction of a batch from one block.
+
+A second table puts the default order of a dataset in object storage (extents of
+``--extent-blocks`` blocks, about 4 MiB of 36 KB blocks; ``window_extents`` of them a window;
+``window_blocks=8``) beside the local default (``window_blocks=8``), with one more measure:
+
+- extents/batch: distinct extents in a batch (the distant parts of the dataset it mixes).
 """
 
 from __future__ import annotations
@@ -32,30 +38,50 @@ class _Meta(NamedTuple):
 
 
 class _Layout:
-    """Stands for a one-shard dataset: the sampler reads only its length and block size."""
+    """Stands for a one-shard dataset: the sampler reads only its length and block size (and,
+    with ``extent_blocks``, reads it in extents of that many blocks, as a remote dataset)."""
 
-    def __init__(self, examples: int, block: int) -> None:
+    def __init__(self, examples: int, block: int, extent_blocks: int = 0) -> None:
         self.metadata = _Meta(block)
         self._n = examples
+        self._in_object_storage = bool(extent_blocks)
+        self._extent = extent_blocks
 
     def __len__(self) -> int:
         return self._n
 
+    def _plan_extents(self, extent_bytes: int) -> int:
+        return self._extent
 
-def measure(order: np.ndarray, block: int, batch: int) -> dict:
+
+def measure(order: np.ndarray, block: int, batch: int, extent: int = 0) -> dict:
     n = len(order)
     blocks = order // block
     usable = n - n % batch
     per_batch = blocks[:usable].reshape(-1, batch)
     distinct = [len(np.unique(row)) for row in per_batch]
     top = [np.bincount(row).max() / batch for row in per_batch]
-    return {
+    out = {
         "same-block neighbours": float(np.mean(blocks[1:] == blocks[:-1])),
         "lag-1 corr": float(np.corrcoef(order[:-1], order[1:])[0, 1]),
         "displacement": float(np.mean(np.abs(order - np.arange(n))) / n),
         "blocks/batch": float(np.mean(distinct)),
         "top block share": float(np.mean(top)),
     }
+    if extent:
+        extents = (blocks[:usable] // extent).reshape(-1, batch)
+        out["extents/batch"] = float(np.mean([len(np.unique(row)) for row in extents]))
+    return out
+
+
+def _table(rows: list) -> None:
+    """``rows``: (name, mean measures); printed as a markdown table."""
+    names = list(rows[0][1])
+    print("| order | " + " | ".join(names) + " |")
+    print("|" + "---|" * (len(names) + 1))
+    for name, mean in rows:
+        cells = [f"{mean[k]:.4f}" if mean[k] < 10 else f"{mean[k]:.1f}" for k in names]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
@@ -63,6 +89,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=100_000)
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--extent-blocks", type=int, default=110)
     args = parser.parse_args()
     layout = _Layout(args.examples, args.block)
     windows = [1, 2, 4, 8, 16, 32, 64, 128, None]
@@ -84,6 +111,20 @@ def main() -> int:
         name = "uniform (None)" if window is None else str(window)
         cells = [f"{v:.4f}" if v < 10 else f"{v:.1f}" for v in mean.values()]
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+    k = args.extent_blocks
+    print(f"\nIn object storage: extents of {k} blocks (extent_bytes ~ 4 MiB), window_blocks=8\n")
+    rows = []
+    configs = [("local default (blocks, window_blocks=8)", 0, {})]
+    configs += [(f"extents, window_extents={e}", k, {"window_extents": e}) for e in (2, 4, 8)]
+    for name, extent, kw in configs:
+        layout = _Layout(args.examples, args.block, extent)
+        results = []
+        for seed in range(3):
+            sampler = BlockShuffleSampler(layout, window_blocks=8, seed=seed, **kw)
+            results.append(measure(sampler.epoch_indices(), args.block, args.batch, k))
+        rows.append((name, {key: np.mean([r[key] for r in results]) for key in results[0]}))
+    _table(rows)
     return 0
 
 

@@ -74,6 +74,8 @@ SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "num_replicas",
     "drop_last",
     "window_blocks",
+    "extent_blocks",  # the blocks per extent it reads in (0: the block order)
+    "window_extents",
     "batch_size",
     "num_workers",
     "num_examples",

@@ -314,3 +314,121 @@ def test_dealing_needs_both_and_is_checked_on_resume(ds):
     BlockShuffleSampler(ds).load_state_dict(
         BlockShuffleSampler(ds, batch_size=8, num_workers=1).state_dict()
     )
+
+
+# -- extents (the default order of a dataset in object storage) ----------------------------
+
+
+def _extent_bytes(root, blocks: int) -> int:
+    """``extent_bytes`` giving extents of ``blocks`` blocks (shard 0's average block)."""
+    return round(blocks * (root / "0" / "data.bin").stat().st_size / 8)
+
+
+def _extent_of(i: int, k: int) -> tuple:
+    """(shard, extent in the shard) of index ``i``: shards of 64 (8 blocks of 8)."""
+    return i // 64, (i % 64) // 8 // k
+
+
+def test_extent_order_is_a_permutation_of_runs_of_neighbouring_blocks(ds, root):
+    sampler = BlockShuffleSampler(ds, seed=4, extent_bytes=_extent_bytes(root, 3))
+    assert sampler.extent_blocks == 3 and sampler.window_extents == 4
+    orders = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert sorted(order) == list(range(N))
+        orders.append(order)
+        # Windows of at most 4 extents (runs of 3 blocks of a shard, from its block 0) follow
+        # each other: split where every extent begun is complete.
+        for segment in _closed_segments([_extent_of(i, 3) for i in order]):
+            assert len(set(segment)) <= 4
+        # Within them, groups of window_blocks (8) blocks, each shuffled on its own.
+        assert max(len(set(s)) for s in _closed_segments(_blocks_of(order))) <= 8
+    assert orders[0] != orders[1] != orders[2]
+    again = BlockShuffleSampler(ds, seed=4, extent_bytes=_extent_bytes(root, 3))
+    again.set_epoch(2)
+    assert list(again) == orders[2]  # deterministic for (seed, epoch)
+    other = BlockShuffleSampler(ds, seed=5, extent_bytes=_extent_bytes(root, 3))
+    assert list(other) != orders[0]
+
+
+def test_extent_groups_mix_the_extents_of_a_window(ds, root):
+    """A group of window_blocks blocks takes blocks of every extent of its window in turn."""
+    sampler = BlockShuffleSampler(
+        ds, seed=1, window_blocks=4, window_extents=4, extent_bytes=_extent_bytes(root, 4)
+    )
+    order = list(sampler)
+    first = order[:32]  # the first group: 4 blocks of 8, one from each of 4 extents
+    assert len({_extent_of(i, 4) for i in first}) == 4
+    assert len(set(_blocks_of(first))) == 4
+
+
+def test_local_default_order_is_the_block_order(ds, root):
+    plain = BlockShuffleSampler(ds, seed=6)
+    assert plain.extent_blocks == 0
+    none = BlockShuffleSampler(ds, seed=6, extent_bytes=0)
+    assert list(none) == list(plain)
+    extents = BlockShuffleSampler(ds, seed=6, extent_bytes=_extent_bytes(root, 2))
+    assert list(extents) != list(plain)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_extent_order_ranks_are_disjoint_and_cover_the_epoch(ds, root, replicas):
+    kw = {"seed": 2, "extent_bytes": _extent_bytes(root, 2), "num_replicas": replicas}
+    whole = list(BlockShuffleSampler(ds, seed=2, extent_bytes=_extent_bytes(root, 2)))
+    shares = [list(BlockShuffleSampler(ds, rank=r, drop_last=True, **kw)) for r in range(replicas)]
+    seen = [i for share in shares for i in share]
+    assert len(seen) == len(set(seen)) == N // replicas * replicas
+    assert seen == whole[: len(seen)]  # contiguous slices of the one order
+    padded = [list(BlockShuffleSampler(ds, rank=r, **kw)) for r in range(replicas)]
+    assert set().union(*map(set, padded)) == set(range(N))
+
+
+@pytest.mark.parametrize(("replicas", "workers"), [(1, None), (3, None), (1, 2), (2, 3)])
+def test_extent_order_resumes_mid_epoch(ds, root, replicas, workers):
+    kw = {"seed": 3, "extent_bytes": _extent_bytes(root, 3), "num_replicas": replicas}
+    kw["rank"] = replicas - 1
+    if workers:
+        kw.update(batch_size=5, num_workers=workers)
+    sampler = BlockShuffleSampler(ds, **kw)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    for done in (0, 1, 37, len(full) - 1, len(full)):
+        sampler.set_epoch(2)
+        it = iter(sampler)
+        head = [next(it) for _ in range(done)]
+        state = sampler.state_dict()
+        assert state["extent_blocks"] == 3 and state["yielded"] == done
+        fresh = BlockShuffleSampler(ds, **dict(kw, seed=0))
+        fresh.load_state_dict(state)
+        assert head + list(fresh) == full
+    with pytest.raises(ValueError, match="extent_blocks"):
+        BlockShuffleSampler(ds, **dict(kw, extent_bytes=0)).load_state_dict(state)
+    with pytest.raises(ValueError, match="window_extents"):
+        BlockShuffleSampler(ds, **dict(kw, window_extents=2)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_extent_windows_dealt_whole_to_workers(ds, root, workers):
+    """Dealt to DataLoader workers, a window of extents goes to one worker: the workers'
+    batches share almost no extent (each is fetched by one worker)."""
+    batch = 8
+    kw = {"seed": 7, "extent_bytes": _extent_bytes(root, 2), "window_extents": 2}
+    order = list(BlockShuffleSampler(ds, batch_size=batch, num_workers=workers, **kw))
+    assert sorted(order) == list(range(N))
+    batches = [order[t : t + batch] for t in range(0, len(order), batch)]
+    per_worker = [
+        {_extent_of(i, 2) for b in batches[w::workers] for i in b} for w in range(workers)
+    ]
+    pairs = [(a, b) for k, a in enumerate(per_worker) for b in per_worker[k + 1 :]]
+    # Only where a worker's windows have run out (its last window of 2 extents at most).
+    assert all(len(a & b) <= 2 * 2 for a, b in pairs), [len(a & b) for a, b in pairs]
+
+
+def test_extent_arguments_are_checked(ds):
+    with pytest.raises(ValueError, match="extent_bytes"):
+        BlockShuffleSampler(ds, extent_bytes=-1)
+    with pytest.raises(TypeError, match="extent_bytes"):
+        BlockShuffleSampler(ds, extent_bytes=1.5)
+    with pytest.raises(ValueError, match="window_extents"):
+        BlockShuffleSampler(ds, window_extents=0)

@@ -8,6 +8,10 @@ boundaries are ``offsets`` (a shard's data.bin and its index.npy):
   requests of up to ``request_bytes``, concurrently; each is kept until read; batches that
   follow each other in order (a DataLoader's pass, each worker taking every other batch)
   start the read-ahead below;
+- with ``extent_blocks`` set (by a sampler reading the object in extents: runs of that many
+  blocks, the first starting at block 0), a block missed fetches the blocks of its extent not
+  held yet, in one request; those not asked for are kept until read, counted in the bytes
+  held ahead (``_BUDGET``), or not fetched when that is full;
 - a pass in order (two blocks read one after the other) starts a read-ahead: the blocks after
   it, merged into requests of ``request_bytes``, with at most ``requests_in_flight`` requests
   of this fetcher in flight and at most ``read_ahead_bytes`` fetched ahead and not yet read in
@@ -17,11 +21,12 @@ boundaries are ``offsets`` (a shard's data.bin and its index.npy):
 Every block is fetched at most once per use; bytes read are handed over and forgotten (the
 reader's block cache keeps decoded examples, not this).
 
-Invariants: ``_lock`` guards ``_ready``, ``_inflight``, ``_ahead``, ``_explicit`` and the
-pass state; requests run on the fetch pool without it and deposit their blocks under it
-before their future completes, so a reader woken by a future finds its block in ``_ready``.
-A forked child never waits on the parent's requests: it drops that state on first use
-(``_pid``), taking a new lock.
+Invariants: ``_lock`` guards ``_ready``, ``_inflight``, ``_ahead``, ``_explicit``, ``_extent``
+and the pass state; a block of ``_ahead`` or ``_extent`` (and, while in flight, of its run's
+``charged``) has its bytes counted in ``_BUDGET`` until it is read or dropped; requests run on
+the fetch pool without it and deposit their blocks under it before their future completes, so a
+reader woken by a future finds its block in ``_ready``. A forked child never waits on the
+parent's requests: it drops that state on first use (``_pid``), taking a new lock.
 """
 
 from __future__ import annotations
@@ -98,10 +103,16 @@ class BlockFetcher:
     ``_diskcache.DiskCache`` (or None), is where blocks are looked for before a request and
     kept after one."""
 
-    def __init__(self, obj, offsets, shard=None, cache=None) -> None:
+    def __init__(
+        self, obj, offsets, shard=None, cache=None, following=None, extent_blocks=0
+    ) -> None:
         self.obj = obj
         self.shard = shard
         self.cache = cache
+        self.extent_blocks = extent_blocks  # > 1: a block missed fetches its extent
+        # Called (once a pass) when the read-ahead has asked for the last block: the object
+        # read next (a dataset's next shard) starts its own.
+        self._following = following
         self._offsets = [int(x) for x in offsets]
         self._n = len(self._offsets) - 1
         self._reset()
@@ -113,10 +124,13 @@ class BlockFetcher:
         self._inflight: dict = {}  # block -> the _Run fetching it
         self._ahead: set = set()  # blocks of _ready/_inflight charged to _BUDGET (read-ahead)
         self._explicit: set = set()  # blocks of _ready/_inflight asked for by prefetch()
+        self._extent: set = set()  # blocks of _ready/_inflight fetched with their extent
         self._runs = 0  # read-ahead requests in flight
         self._last = -2  # the block read last
         self._next_ahead = 0  # the first block the read-ahead has not asked for
         self._batch_end = None  # the block after the last block of the last batch
+        self._followed = False  # _following called for the pass going on
+        self._streak = 0  # blocks the pass going on has read in order
 
     def _here(self) -> None:
         if self._pid != os.getpid():
@@ -131,18 +145,23 @@ class BlockFetcher:
         self._here()
         settings = self.obj.location.settings
         with self._lock:
-            explicit = b in self._explicit
+            explicit = b in self._explicit or b in self._extent
             if explicit:
                 self._explicit.discard(b)
             else:
                 in_order = b == self._last + 1
                 self._last = b
+                self._streak = self._streak + 1 if in_order else 0
                 if not in_order:
                     self._end_pass_lock_held(b)
             data = self._take_lock_held(b)
             run = None if data is not None else self._inflight.get(b)
             if not explicit and in_order:
                 self._ahead_lock_held(b + 1, settings)
+            if data is None and run is None and self.extent_blocks > 1:
+                self._fetch_extents_lock_held([b], settings)
+                self._explicit.discard(b)
+                run = self._inflight.get(b)
         if data is not None:
             return data
         if run is not None:
@@ -156,14 +175,18 @@ class BlockFetcher:
     def prefetch(self, blocks, hint: bool = False) -> None:
         """Fetch ``blocks`` (those not held or asked for yet), neighbours merged, concurrently;
         each is kept until ``get`` reads it. ``hint``: blocks a sampler reads next, in an
-        order of its own: never taken for a batch of a pass in order."""
+        order of its own: never taken for a batch of a pass in order. Read in extents, each
+        block wanted is fetched with its extent (see ``_fetch_extents_lock_held``): a
+        sampler's hint of its next window of extents fetches those extents."""
         self._here()
         settings = self.obj.location.settings
         with self._lock:
             asked = sorted(set(blocks))
             wanted = [b for b in asked if b not in self._ready and b not in self._inflight]
             self._explicit.update(asked)
-            if wanted:
+            if wanted and self.extent_blocks > 1:
+                self._fetch_extents_lock_held(wanted, settings)
+            elif wanted:
                 ranges = [(self._offsets[b], self._offsets[b + 1]) for b in wanted]
                 for start, end, members in merge_ranges(
                     ranges, settings.request_bytes, settings.merge_gap
@@ -172,12 +195,16 @@ class BlockFetcher:
                     self._submit_lock_held(run, start, end, settings, False)
             # Batches of a pass in order (each a run of blocks starting where the last one
             # ended, give or take a block: DataLoader workers take every other batch) read
-            # ahead as a pass does.
-            if asked and not hint:
+            # ahead as a pass does; not a sampler's hints, nor batches read in extents (a
+            # sampler's, fetched by extent, may look like that by chance).
+            if asked and not hint and self.extent_blocks <= 1:
                 end = self._batch_end
                 contiguous = asked[-1] - asked[0] + 1 == len(asked)
                 if contiguous and end is not None and end - 1 <= asked[0] <= end + 2:
+                    self._streak += len(asked)
                     self._ahead_lock_held(asked[-1] + 1, settings)
+                else:
+                    self._streak = 0
                 self._batch_end = asked[-1] + 1
 
     def start_pass(self, first: int = 0) -> None:
@@ -186,7 +213,8 @@ class BlockFetcher:
         self._here()
         settings = self.obj.location.settings
         with self._lock:
-            if self._last == -2 and not self._inflight and not self._ready:
+            done = self._last == -2 or self._last == self._n - 1  # no pass, or one finished
+            if done and not self._inflight and not self._ready:
                 self._last = first - 1
                 self._ahead_lock_held(first, settings)
 
@@ -198,8 +226,10 @@ class BlockFetcher:
             self._end_pass_lock_held(-1)
             for b in list(self._ready):
                 self._take_lock_held(b)
-            self._inflight.clear()
+            for k, run in list(self._inflight.items()):
+                self._drop_inflight_lock_held(k, run)
             self._explicit.clear()
+            self._extent.clear()
             self._last = -2
 
     def _drop_ready_ahead(self) -> None:
@@ -211,13 +241,14 @@ class BlockFetcher:
             for k in [k for k in self._ahead if k in self._ready]:
                 self._take_lock_held(k)
             self._next_ahead = 0  # a pass going on asks again from where it reads
+            self._followed = False
         finally:
             self._lock.release()
 
     def __del__(self) -> None:
         try:
             if self._pid == os.getpid():
-                for k in [k for k in self._ahead if k in self._ready]:
+                for k in [k for k in self._ahead | self._extent if k in self._ready]:
                     _BUDGET.give(len(self._ready[k]))
                 _BUDGET.forget(self)
         except Exception:
@@ -230,15 +261,51 @@ class BlockFetcher:
 
     # -- internals (``_lock`` held) ----------------------------------------------------------
 
+    def _drop_inflight_lock_held(self, k: int, run) -> None:
+        """Forget block ``k`` of ``run`` (in flight): what it was charged is given back now,
+        not when the request lands (a request may retry for its whole deadline)."""
+        del self._inflight[k]
+        if k in run.charged:
+            run.charged.discard(k)
+            _BUDGET.give(self._offsets[k + 1] - self._offsets[k])
+
     def _take_lock_held(self, b: int):
         data = self._ready.pop(b, None)
-        if data is not None and b in self._ahead:
+        if data is not None and (b in self._ahead or b in self._extent):
             self._ahead.discard(b)
+            self._extent.discard(b)
             _BUDGET.give(len(data))
         return data
 
+    def _fetch_extents_lock_held(self, wanted: list, settings) -> None:
+        """Fetch the blocks ``wanted`` (none held or in flight) with the rest of their extents
+        (those not held, in flight, or beyond the room left in ``_BUDGET``): one request per
+        run of neighbours."""
+        k = self.extent_blocks
+        offsets = self._offsets
+        wanted_set = set(wanted)
+        extra: set = set()
+        for e in sorted({b // k for b in wanted}):
+            others = [
+                x
+                for x in range(e * k, min((e + 1) * k, self._n))
+                if x not in wanted_set and x not in self._ready and x not in self._inflight
+            ]
+            size = sum(offsets[x + 1] - offsets[x] for x in others)
+            if others and _BUDGET.take(size, settings.read_ahead_bytes, self):
+                extra.update(others)
+        blocks = sorted(wanted_set | extra)
+        ranges = [(offsets[b], offsets[b + 1]) for b in blocks]
+        limit = max(settings.request_bytes, offsets[min(k, self._n)] - offsets[0])
+        for start, end, members in merge_ranges(ranges, limit, settings.merge_gap):
+            run = [blocks[m] for m in members]
+            charged = extra.intersection(run)
+            self._extent.update(charged)
+            self._submit_lock_held(run, start, end, settings, False, charged)
+
     def _end_pass_lock_held(self, b: int) -> None:
         """A read elsewhere than the next block: drop the read-ahead (not the batch blocks)."""
+        self._followed = False
         if not self._ahead:
             self._next_ahead = 0
             return
@@ -249,8 +316,9 @@ class BlockFetcher:
             if data is not None:
                 self._ahead.discard(k)
                 _BUDGET.give(len(data))
-            elif self._inflight.pop(k, None) is not None:
-                self._ahead.discard(k)  # its request gives its bytes back when it lands
+            elif k in self._inflight:
+                self._drop_inflight_lock_held(k, self._inflight[k])
+                self._ahead.discard(k)
         self._next_ahead = 0
 
     def _ahead_lock_held(self, first: int, settings) -> None:
@@ -262,12 +330,13 @@ class BlockFetcher:
             if b in self._ready or b in self._inflight:
                 b += 1
                 continue
+            limit = settings.request_bytes
             end = b + 1
             while (
                 end < self._n
                 and end not in self._ready
                 and end not in self._inflight
-                and offsets[end + 1] - offsets[b] <= settings.request_bytes
+                and offsets[end + 1] - offsets[b] <= limit
             ):
                 end += 1
             size = offsets[end] - offsets[b]
@@ -276,9 +345,20 @@ class BlockFetcher:
             self._submit_lock_held(list(range(b, end)), offsets[b], offsets[end], settings, True)
             b = end
         self._next_ahead = b
+        # A pass that has read a few blocks in order (not one started by start_pass alone,
+        # nor two blocks of random access that happened to be neighbours) starts the next.
+        if b >= self._n and not self._followed and self._following is not None:
+            if self._streak >= min(8, max(2, self._n // 2)):
+                self._followed = True
+                self._following()
 
-    def _submit_lock_held(self, blocks: list, start: int, end: int, settings, ahead: bool):
+    def _submit_lock_held(
+        self, blocks: list, start: int, end: int, settings, ahead: bool, charged=()
+    ):
+        """Request ``blocks`` (bytes ``start..end``); ``ahead``: the read-ahead's, all charged
+        to ``_BUDGET``; else ``charged``: those of them charged (fetched with their extent)."""
         run = _Run()
+        run.charged = set(blocks) if ahead else set(charged)
         for k in blocks:
             self._inflight[k] = run
             if ahead:
@@ -306,31 +386,46 @@ class BlockFetcher:
             for k in blocks:
                 size = self._offsets[k + 1] - self._offsets[k]
                 if self._inflight.get(k) is not run:
-                    if ahead:  # dropped while in flight (the pass ended): charged, not kept
+                    if k in run.charged:  # dropped while in flight: charged, not kept
                         _BUDGET.give(size)
                     continue
                 del self._inflight[k]
                 if view is not None:
                     pos = self._offsets[k] - start
                     self._ready[k] = bytes(view[pos : pos + size])
-                elif k in self._ahead:
+                elif k in self._ahead or k in self._extent:
                     self._ahead.discard(k)
+                    self._extent.discard(k)
                     _BUDGET.give(size)
         if error is not None:
             raise error
 
-    def _read(self, blocks: list, start: int, end: int) -> bytes:
-        """The bytes ``start..end`` of ``blocks`` (consecutive): one request, or through the
-        disk cache when there is one. Runs without ``_lock``."""
+    def _read(self, blocks: list, start: int, end: int):
+        """The bytes ``start..end`` holding ``blocks`` (ascending; with ``merge_gap``, not
+        always consecutive): one request, or through the disk cache when there is one. Runs
+        without ``_lock``."""
         if self.cache is None:
             return self.obj.read_range(start, end, shard=self.shard, block=blocks[0])
-        return self.cache.read(self.obj, self._offsets, blocks, self.shard)
+        data = self.cache.read(self.obj, self._offsets, blocks, self.shard)
+        if len(data) == end - start:
+            return data
+        # The cache hands the blocks' bytes end to end: put each where the range has it (the
+        # gaps between them, not asked for, are left as zeros and never read).
+        offsets = self._offsets
+        out = bytearray(end - start)
+        pos = 0
+        for b in blocks:
+            size = offsets[b + 1] - offsets[b]
+            out[offsets[b] - start : offsets[b + 1] - start] = data[pos : pos + size]
+            pos += size
+        return out
 
 
 class _Run:
     """One request in flight: ``future`` completes once its blocks are in ``_ready``."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "charged")
 
     def __init__(self) -> None:
         self.future = None
+        self.charged: set = set()  # its blocks whose bytes are counted in _BUDGET

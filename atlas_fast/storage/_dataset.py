@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 from .._errors import AtlasFormatError, ObjectNotFoundError
 from .._format import (
@@ -108,6 +109,18 @@ def _read_meta(location, what: str) -> tuple:
     return parse_json_object(_read(obj, what, MAX_META_BYTES), obj.url), obj.url
 
 
+def _weakly(method, *args):
+    """``method(*args)`` for as long as its object lives (then None): no reference cycle, so
+    a dropped dataset is freed at once, with the bytes its fetchers held ahead."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return call
+
+
 class ShardSource:
     """The bytes of one remote shard: its meta.json, index.npy, zstd_dict.bin (strategy 3) and
     the blocks of its data.bin by exact ranges (a ``BlockFetcher``). Safe to use from several
@@ -128,6 +141,9 @@ class ShardSource:
         self._fetcher = None
         self._checked = False
         self._warm_wanted = False
+        self._index = None  # the index.npy request made beside meta.json's (a future)
+        self._extent_blocks = 0  # > 1: a block missed is fetched with its extent
+        self._opened_by = None  # the thread that read the index and made the fetcher
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -138,13 +154,19 @@ class ShardSource:
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: the parent's lock may be held forever
             self._lock = threading.Lock()
+            self._index = None  # the parent's request: never answered here
             self._pid = os.getpid()
         return self._lock
 
     def metadata(self):
-        """The shard's parsed meta.json (read on first use)."""
+        """The shard's parsed meta.json (read on first use; its index.npy is requested at the
+        same time, on the fetch pool: a shard whose metadata is read is about to be read, and
+        the two requests then cost one round trip)."""
         with self._locked():
             if self._metadata is None:
+                if self._offsets is None and self._index is None:
+                    pool = fetch_pool(self.location.settings.requests_in_flight)
+                    self._index = pool.submit(self.location.object(INDEX_FILE).read)
                 value, url = _read_meta(
                     self.location,
                     ": the shard has no meta.json (its writer did not finish, or this is not "
@@ -159,16 +181,49 @@ class ShardSource:
             if self._offsets is None:
                 obj = self.location.object(INDEX_FILE)
                 blocks = block_count(metadata.stored_examples, metadata.block_size)
-                data = _read(
-                    obj, ": not the .npy array expected here", NPY_HEADER_LIMIT + 8 * (blocks + 1)
-                )
+                limit = NPY_HEADER_LIMIT + 8 * (blocks + 1)
+                what = ": not the .npy array expected here"
+                data = None
+                future, self._index = self._index, None
+                # Not started yet: read here (this may be a pool thread, and the pool's other
+                # threads may all be waiting likewise: never wait on a request not started).
+                if future is not None and not future.cancel():
+                    try:
+                        data = future.result()
+                    except Exception:
+                        data = None  # read again below: its error is raised with context
+                    if data is not None and len(data) > limit:
+                        raise AtlasFormatError(f"{obj.url}: larger than {limit} bytes{what}")
+                if data is None:
+                    data = _read(obj, what, limit)
                 offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
                 offsets.setflags(write=False)
-                self._fetcher = BlockFetcher(self._data, offsets, self.shard, self.cache)
+                self._opened_by = threading.get_ident()
+                self._fetcher = BlockFetcher(
+                    self._data,
+                    offsets,
+                    self.shard,
+                    self.cache,
+                    following=_weakly(self._warm_following),
+                    extent_blocks=self._extent_blocks,
+                )
                 if self._warm_wanted:  # before any reader waiting for this lock reads a block
                     self._fetcher.start_pass(0)
                 self._offsets = offsets
             return self._offsets
+
+    def set_extents(self, blocks: int) -> None:
+        """From now on a block missed is fetched with the rest of its extent (runs of
+        ``blocks`` blocks from block 0; 0 or 1: alone): a sampler reads in extents."""
+        self._extent_blocks = blocks
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.extent_blocks = blocks
+
+    def stored_bytes_per_block(self) -> float:
+        """The shard's data.bin bytes over its blocks (reads its index.npy on first use)."""
+        offsets = self.offsets(self.metadata())
+        return float(offsets[-1]) / max(len(offsets) - 1, 1)
 
     def dictionary(self) -> bytes:
         """The shard's own zstd_dict.bin (strategy 3)."""
@@ -184,18 +239,44 @@ class ShardSource:
 
     def prefetch(self, blocks, hint: bool = False) -> None:
         """Fetch ``blocks`` now, neighbours merged (a batch about to be read; ``hint``: blocks
-        a sampler reads next, see ``BlockFetcher.prefetch``)."""
+        a sampler reads next, see ``BlockFetcher.prefetch``); a shard not opened yet is opened
+        on the fetch pool first, so that the shards of a batch open together (a failure is
+        left for the read to raise)."""
         fetcher = self._fetcher
         if fetcher is not None:
             fetcher.prefetch(blocks, hint)
+        else:
+            blocks = list(blocks)
+            fetch_pool(self.location.settings.requests_in_flight).submit(
+                self._open_and_fetch, blocks, hint
+            )
+
+    def _open_and_fetch(self, blocks: list, hint: bool) -> None:
+        try:
+            self.offsets(self.metadata())
+            if self._opened_by != threading.get_ident():
+                return  # a reader opened it first: it may have read these blocks already
+            self._fetcher.prefetch(blocks, hint)
+        except Exception:
+            pass  # raised again, with its context, by the read that needs it
 
     def warm(self) -> None:
         """A pass in order will read this shard next: read its index.npy and start fetching
         its first blocks now, on the fetch pool (a failure is left for the read to raise)."""
-        if self._warm_wanted or self._offsets is not None:
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.start_pass(0)  # nothing when this shard is being read
+            return
+        if self._warm_wanted:
             return
         self._warm_wanted = True
         fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
+
+    def _warm_following(self) -> None:
+        """This shard's read-ahead has asked for its last block: the next shard's starts."""
+        following = self._following() if self._following is not None else None
+        if following is not None:
+            following.warm()
 
     def _warm(self) -> None:
         try:
@@ -239,6 +320,7 @@ class RemoteDataset:
         self.names = shard_names(len(self.metadata.shard_sizes))
         self._sources: list = [None] * len(self.names)
         self._lock = threading.Lock()
+        self.extent_blocks = 0
 
     def shard_url(self, s: int) -> str:
         return self.location.child(self.names[s]).url
@@ -252,13 +334,41 @@ class RemoteDataset:
         """Shard ``s``'s source (one per shard and dataset)."""
         source = self._sources[s]
         if source is None:
-            following = (lambda: self.source(s + 1)) if s + 1 < len(self.names) else None
+            following = _weakly(self.source, s + 1) if s + 1 < len(self.names) else None
             made = ShardSource(self.location.child(self.names[s]), s, following, self.cache)
             with self._lock:
                 source = self._sources[s]
                 if source is None:
                     source = self._sources[s] = made
+                    made.set_extents(self.extent_blocks)
         return source
+
+    def read_shard_metadata(self) -> None:
+        """Read every shard's meta.json and index.npy now, concurrently (a failure is left
+        for the read that needs it to raise)."""
+        pool = fetch_pool(self.location.settings.requests_in_flight)
+
+        def read(s):
+            source = self.source(s)
+            try:
+                source.offsets(source.metadata())
+            except Exception:
+                pass
+
+        list(pool.map(read, range(len(self.names))))
+
+    def close(self) -> None:
+        """Every shard source's ``close``: what was fetched and not read is dropped."""
+        for source in [x for x in self._sources if x is not None]:
+            source.close()
+
+    def set_extents(self, blocks: int) -> None:
+        """Every shard's ``ShardSource.set_extents(blocks)``, now and when made."""
+        with self._lock:
+            self.extent_blocks = blocks
+            sources = [x for x in self._sources if x is not None]
+        for source in sources:
+            source.set_extents(blocks)
 
     def __reduce__(self):
         return (_rebuild_dataset, (self.location, self.metadata, self.names, self.cache))
@@ -273,4 +383,5 @@ def _rebuild_dataset(location, metadata, names, cache=None):
     out.names = names
     out._sources = [None] * len(names)
     out._lock = threading.Lock()
+    out.extent_blocks = 0  # the facade sets it again (a sampler's)
     return out

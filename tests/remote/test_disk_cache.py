@@ -118,6 +118,20 @@ def test_dataloader_workers_share_the_cache(remote, s3, tmp_path, atlas):
     del torch
 
 
+def test_blocks_merged_across_a_gap_are_read_through_the_cache(remote, tmp_path, atlas):
+    """With ``merge_gap`` a batch's request spans blocks not asked for; the cache hands back
+    the blocks asked for alone, each still found where the range has it."""
+    url, _ = remote
+    options = dict(OPTIONS, merge_gap=1 << 20, request_bytes=1 << 20)
+    ds = atlas.AtlasDataset(
+        url, storage_options=options, cache_dir=str(tmp_path / "c"), cache_dir_bytes=1 << 20
+    )
+    assert ds[3 * 8] == EXPECTED[3 * 8]  # block 3 alone: then a gap in the batch below
+    indices = [0, 2 * 8, 4 * 8 + 1, 6 * 8 + 2]  # blocks 0, 2, 4 and 6 of shard 0
+    assert ds.__getitems__(indices) == [EXPECTED[i] for i in indices]
+    ds.close()
+
+
 def test_a_limit_smaller_than_one_window_is_refused(remote, tmp_path, atlas):
     url, _ = remote
     with pytest.raises(ValueError, match=rf"{url}: cache_dir_bytes=2047 is smaller than one "):
