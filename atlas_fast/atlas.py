@@ -24,6 +24,7 @@ from ._backend import core as _core
 from ._checks import check_int
 from ._compat import torch_dataset_bases
 from ._contract import cache_limits
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._format import (
     DATA_FILE,
     DICT_FILE,
@@ -99,19 +100,21 @@ class _Settings:
     ) -> tuple:
         limits = cache_limits(cache_blocks, cache_bytes)
         if storage_options is not None and not isinstance(storage_options, dict):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"storage_options must be a dict or None, not {type(storage_options).__name__}"
             )
         if cache_dir is None:
             if cache_dir_bytes is not None:
-                raise ValueError("cache_dir_bytes limits the disk cache: pass cache_dir too")
+                raise InvalidArgumentError(
+                    "cache_dir_bytes limits the disk cache: pass cache_dir too"
+                )
         else:
             if not isinstance(cache_dir, (str, os.PathLike)):
-                raise TypeError(
+                raise InvalidArgumentTypeError(
                     f"cache_dir must be a path (str or os.PathLike), not {type(cache_dir).__name__}"
                 )
             if cache_dir_bytes is None:
-                raise ValueError(
+                raise InvalidArgumentError(
                     "cache_dir needs cache_dir_bytes, the most bytes the disk cache may hold"
                 )
             cache_dir_bytes = check_int("cache_dir_bytes", cache_dir_bytes, minimum=1)

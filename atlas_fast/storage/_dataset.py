@@ -19,7 +19,7 @@ import os
 import threading
 import weakref
 
-from .._errors import AtlasFormatError, ObjectNotFoundError
+from .._errors import AtlasFormatError, InvalidArgumentError, ObjectNotFoundError
 from .._format import (
     DATA_FILE,
     DICT_FILE,
@@ -62,14 +62,14 @@ def to_local(path):
 
 def open_disk_cache(cache_dir, cache_dir_bytes, location: Location):
     """The ``DiskCache`` of a remote dataset or shard at ``location`` (None without
-    ``cache_dir``). A limit smaller than one read-ahead window is refused: ValueError naming
-    the URL and both sizes."""
+    ``cache_dir``). A limit smaller than one read-ahead window is refused
+    (InvalidArgumentError, naming the URL and both sizes)."""
     if cache_dir is None:
         return None
     limit = cache_dir_bytes
     window = window_bytes(location.settings)
     if limit < window:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{location.url}: cache_dir_bytes={limit} is smaller than one read-ahead window "
             f"({window} bytes: storage_options' read_ahead_bytes and request_bytes); give the "
             "disk cache at least that, or lower read_ahead_bytes"

@@ -9,7 +9,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .._errors import ObjectChangedError, ObjectNotFoundError, StorageError
+from .._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from .._fork import after_fork_in_child
 from . import _engines
 from ._engines import ENGINE_KEYS, Changed, Denied, NotFound, Transient
@@ -45,10 +51,12 @@ class Settings:
         for name, default in self.DEFAULTS.items():
             value = options.get(name, default)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"storage_options[{name!r}] must be a non-negative number")
+                raise InvalidArgumentError(
+                    f"storage_options[{name!r}] must be a non-negative number"
+                )
             setattr(self, name, type(default)(value))
         if self.max_attempts < 1 or self.requests_in_flight < 1 or self.request_bytes < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "storage_options: max_attempts, requests_in_flight and request_bytes must be "
                 "at least 1"
             )
@@ -97,7 +105,7 @@ class Location:
 
     def __init__(self, url, storage_options: dict | None = None) -> None:
         if storage_options is not None and not isinstance(storage_options, dict):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"storage_options must be a dict or None, not {type(storage_options).__name__}"
             )
         options = dict(storage_options or {})

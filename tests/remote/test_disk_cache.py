@@ -18,6 +18,8 @@ import pytest
 from loader_helpers import example, write_dataset
 from servers import upload_tree
 
+from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
+
 N = 600  # 5 shards of 128 examples (the last 88), blocks of 8: 75 blocks, about 8 KB stored
 SHARDS = 5
 OPTIONS = {"read_ahead_bytes": 2048, "request_bytes": 1024}  # one window: 2 KiB
@@ -134,18 +136,19 @@ def test_blocks_merged_across_a_gap_are_read_through_the_cache(remote, tmp_path,
 
 def test_a_limit_smaller_than_one_window_is_refused(remote, tmp_path, atlas):
     url, _ = remote
-    with pytest.raises(ValueError, match=rf"{url}: cache_dir_bytes=2047 is smaller than one "):
+    too_small = rf"{url}: cache_dir_bytes=2047 is smaller than one "
+    with pytest.raises(InvalidArgumentError, match=too_small):
         atlas.AtlasDataset(url, storage_options=OPTIONS, cache_dir=tmp_path, cache_dir_bytes=2047)
-    with pytest.raises(ValueError, match="read-ahead window"):
+    with pytest.raises(InvalidArgumentError, match="read-ahead window"):
         atlas.AtlasDatasetShard(f"{url}/0", cache_dir=tmp_path, cache_dir_bytes=1 << 20)
     atlas.AtlasDataset(url, storage_options=OPTIONS, cache_dir=tmp_path, cache_dir_bytes=2048)
-    with pytest.raises(ValueError, match="cache_dir needs cache_dir_bytes"):
+    with pytest.raises(InvalidArgumentError, match="cache_dir needs cache_dir_bytes"):
         atlas.AtlasDataset(url, cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="pass cache_dir too"):
+    with pytest.raises(InvalidArgumentError, match="pass cache_dir too"):
         atlas.AtlasDataset(url, cache_dir_bytes=1 << 30)
-    with pytest.raises(ValueError, match="cache_dir_bytes"):
+    with pytest.raises(InvalidArgumentError, match="cache_dir_bytes"):
         atlas.AtlasDataset(url, cache_dir=tmp_path, cache_dir_bytes=0)
-    with pytest.raises(TypeError, match="cache_dir must be a path"):
+    with pytest.raises(InvalidArgumentTypeError, match="cache_dir must be a path"):
         atlas.AtlasDataset(url, cache_dir=5, cache_dir_bytes=1 << 30)
 
 

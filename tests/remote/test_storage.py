@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
 from atlas_fast.storage import (
     BlockFetcher,
     Location,
@@ -143,9 +144,11 @@ def test_location_pickles_as_configuration(blob):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="request_bytes"):
+    with pytest.raises(InvalidArgumentError, match="request_bytes"):
         Location("s3://bucket/x", {"request_bytes": 0})
-    with pytest.raises(TypeError, match="storage_options must be a dict"):
+    with pytest.raises(InvalidArgumentError, match=r"storage_options\['merge_gap'\] must be"):
+        Location("s3://bucket/x", {"merge_gap": -1})
+    with pytest.raises(InvalidArgumentTypeError, match="storage_options must be a dict"):
         Location("s3://bucket/x", "nope")
     with pytest.raises(ValueError, match="no bucket or host"):
         Location("s3:///x")
