@@ -10,7 +10,7 @@ import sys
 __all__ = [
     "NO_TORCH_PROCESS_PREFIX",
     "freeze_in_worker",
-    "torch_dataset_bases",
+    "torch_data_bases",
     "torch_installed",
 ]
 
@@ -41,19 +41,20 @@ def _named_without_torch() -> bool:
     return process.current_process().name.startswith(NO_TORCH_PROCESS_PREFIX)
 
 
-def torch_dataset_bases() -> tuple:
-    """``(torch.utils.data.Dataset,)`` when torch is installed, else ``()``.
+def torch_data_bases(name: str) -> tuple:
+    """``(torch.utils.data.<name>,)`` when torch is installed, else ``()``.
 
-    Readers subclass it so ``isinstance(ds, torch.utils.data.Dataset)`` holds, as it did with
-    the reference. torch is imported only when it is installed (``torch_installed``).
+    Readers subclass ``Dataset`` so ``isinstance(ds, torch.utils.data.Dataset)`` holds, as it
+    did with the reference; the samplers subclass ``Sampler``. torch is imported only when it
+    is installed (``torch_installed``).
     """
     if not torch_installed():
         return ()
     try:
-        from torch.utils.data import Dataset
+        base = getattr(importlib.import_module("torch.utils.data"), name)
     except Exception:  # a broken torch install must not break reading
         return ()
-    return (Dataset,)
+    return (base,)
 
 
 def freeze_in_worker() -> bool:

@@ -51,6 +51,7 @@ __all__ = [
     "cache_limits",
     "normalize_index",
     "run_start",
+    "hinted_readers",
     "BlockCacheCore",
     "ShardCoreProtocol",
     "DatasetCoreProtocol",
@@ -124,6 +125,23 @@ def run_start(indices, n: int, resume: int) -> int:
         if type(i) is not int or i != first + k:
             return -1
     return first
+
+
+def hinted_readers(hints, reader_of) -> Iterator:
+    """``(reader, examples)`` for each shard named in ``hints`` (a dataset core's
+    ``(shard, index in it)`` pairs from ``prefetch``): ``reader_of(shard)`` and the indices
+    named in it, shards in the order first named, indices in the order named. A shard whose
+    reader cannot be made is passed over: reading an example of it says why. Both cores
+    queue a dataset's hints through it."""
+    per_shard: dict = {}
+    for s, j in hints:
+        per_shard.setdefault(s, []).append(j)
+    for s, named in per_shard.items():
+        try:
+            reader = reader_of(s)
+        except Exception:
+            continue
+        yield reader, named
 
 
 def block_number(b, n_blocks: int) -> int:

@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 
 from ._checks import check_int as _check_int
-from ._compat import torch_installed
+from ._compat import torch_data_bases, torch_installed
 
 # Layouts of passes a BlockOrder keeps: at most _LAYOUTS, and more than two only while they
 # hold at most _LAYOUT_BLOCKS blocks together.
@@ -31,6 +31,7 @@ __all__ = [
     "BlockOrder",
     "Counted",
     "ReadAhead",
+    "begin_iteration",
     "block_lengths",
     "blocks_of",
     "check_int",
@@ -43,13 +44,7 @@ __all__ = [
 
 def sampler_bases() -> tuple:
     """``(torch.utils.data.Sampler,)`` when torch imports, else ``()``."""
-    if not torch_installed():
-        return ()
-    try:
-        from torch.utils.data import Sampler
-    except Exception:  # a broken torch install must not break reading
-        return ()
-    return (Sampler,)
+    return torch_data_bases("Sampler")
 
 
 def distributed_defaults() -> tuple:
@@ -362,6 +357,18 @@ class ReadAhead:
                 del named[b]
         if new and self._prefetch(self._starts[new].tolist()) is False:
             self._prefetch = None  # of no use to this dataset
+
+
+def begin_iteration(sampler) -> tuple:
+    """``(epoch, skip)`` of the iteration of ``sampler`` (a ``BlockShuffleSampler`` or a
+    ``MixtureSampler``) that starts now: ``skip`` is the indices of the epoch already yielded
+    when ``load_state_dict``'s position is of this epoch (it serves one iteration), else 0.
+    The sampler's ``_counted`` counts the new iteration from there."""
+    epoch, resume = sampler.epoch, sampler._resume
+    sampler._resume = None
+    skip = resume[1] if resume is not None and resume[0] == epoch else 0
+    sampler._counted = Counted(skip)
+    return epoch, skip
 
 
 class Counted:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._backend import core as _core
 from ._checks import check_int
-from ._compat import torch_dataset_bases
+from ._compat import torch_data_bases
 from ._contract import cache_limits
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._format import (
@@ -55,7 +55,7 @@ __all__ = [
     "CompressionStrategy",
 ]
 
-_TORCH_BASES = torch_dataset_bases()
+_TORCH_BASES = torch_data_bases("Dataset")
 
 
 def _rebuild(cls, args, kwargs):

@@ -42,7 +42,7 @@ import numpy as np
 from ._contract import normalize_index
 from ._order import (
     BlockOrder,
-    Counted,
+    begin_iteration,
     block_lengths,
     check_int,
     distributed_defaults,
@@ -877,13 +877,8 @@ class MixtureSampler(*sampler_bases()):
     # -- iterating --------------------------------------------------------------------------
 
     def __iter__(self):
-        epoch = self.epoch
-        skip = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            skip = self._resume[1]
-        self._resume = None
+        epoch, skip = begin_iteration(self)
         self._iteration = (epoch, skip)
-        self._counted = Counted(skip)
         return self._counted.iterate(self._steps(epoch, skip))
 
     def _steps(self, epoch: int, skip: int):

@@ -29,6 +29,7 @@ from ._order import (
     BlockOrder,
     Counted,
     ReadAhead,
+    begin_iteration,
     block_lengths,
     blocks_of,
     check_int,
@@ -321,12 +322,7 @@ class BlockShuffleSampler(*_sampler_bases()):
                 return
 
     def __iter__(self):
-        epoch = self.epoch
-        skip = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            skip = self._resume[1]
-        self._resume = None
-        self._counted = Counted(skip)
+        epoch, skip = begin_iteration(self)
         return self._counted.iterate(self._chunks(epoch, skip))
 
     @property

@@ -67,7 +67,13 @@ from collections import deque
 from ._pool import gather, worth_the_pool
 from ._shards import ShardOpener, open_dictionary, shard_layout
 from .._compat import freeze_in_worker
-from .._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index
+from .._contract import (
+    DEFAULT_CACHE_BYTES,
+    CacheInfo,
+    block_number,
+    hinted_readers,
+    normalize_index,
+)
 from .._errors import AtlasFormatError
 from .._fork import after_fork_in_child
 from .._format import (
@@ -1182,15 +1188,8 @@ cdef class DatasetCore:
         self._hints = None
         if self._hints_generation != _generation:
             return 0
-        cdef dict per_shard = {}  # shard -> its blocks named, first named first
-        for s, j in hints:
-            per_shard.setdefault(s, []).append(j)
         worth = False
-        for s, named in per_shard.items():
-            try:
-                reader = self._reader_c(s)
-            except Exception:
-                continue  # reading an example of the shard says why
+        for reader, named in hinted_readers(hints, self._reader):
             reader._queue_hinted([j // reader._block_size for j in named])
             worth = worth or reader._hints_worth != 0
         self._hints_worth = worth

@@ -31,7 +31,14 @@ from collections import OrderedDict
 import zstandard
 
 from .._compat import freeze_in_worker
-from .._contract import DEFAULT_CACHE_BYTES, CacheInfo, block_number, normalize_index, run_start
+from .._contract import (
+    DEFAULT_CACHE_BYTES,
+    CacheInfo,
+    block_number,
+    hinted_readers,
+    normalize_index,
+    run_start,
+)
 from .._errors import AtlasFormatError
 from .._fork import after_fork_in_child
 from .._format import (
@@ -357,7 +364,17 @@ class BlockCache:
                 self._drop_lock_held(entry, dropped)
 
 
-class ShardCore:
+class _CacheReader:
+    """What both cores' classes share: the ``BlockCache`` they read through (``_cache``)."""
+
+    def cache_info(self) -> CacheInfo:
+        return self._cache.cache_info()
+
+    def cache_reserve(self, blocks: int) -> None:
+        self._cache.reserve(blocks)
+
+
+class ShardCore(_CacheReader):
     """Reads the blocks of one shard (the pure-Python core)."""
 
     def __init__(
@@ -479,12 +496,6 @@ class ShardCore:
     def __iter__(self):
         """Every example in order, the next blocks decompressing while one is handed out."""
         return read_ahead((self, b) for b in range(self._n_blocks))
-
-    def cache_info(self) -> CacheInfo:
-        return self._cache.cache_info()
-
-    def cache_reserve(self, blocks: int) -> None:
-        self._cache.reserve(blocks)
 
     def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
@@ -743,7 +754,7 @@ class ShardCore:
         return examples
 
 
-class DatasetCore:
+class DatasetCore(_CacheReader):
     """Maps global indices onto the shards of a dataset; shard readers made on first use."""
 
     def __init__(
@@ -823,12 +834,6 @@ class DatasetCore:
             for b in range(self._reader(s)._n_blocks)
         )
 
-    def cache_info(self) -> CacheInfo:
-        return self._cache.cache_info()
-
-    def cache_reserve(self, blocks: int) -> None:
-        self._cache.reserve(blocks)
-
     def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
         the pool (a remote shard's fetched) from this dataset's next read in this process on."""
@@ -845,15 +850,8 @@ class DatasetCore:
         hints, self._hints = self._hints, None
         if self._hints_generation != _generation[0]:
             return
-        per_shard: dict = {}  # shard -> its examples named, first named first
-        for s, j in hints:
-            per_shard.setdefault(s, []).append(j)
         worth = False
-        for s, named in per_shard.items():
-            try:
-                reader = self._reader(s)
-            except Exception:
-                continue  # reading an example of the shard says why
+        for reader, named in hinted_readers(hints, self._reader):
             size = reader._block_size
             worth = reader._queue_hinted([j // size for j in named]) or worth
         self._hints_worth = worth

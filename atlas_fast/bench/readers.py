@@ -47,6 +47,29 @@ def _loop_batch(reader, handle, indices):
     return [get(i) for i in indices]
 
 
+def _getitems_or_loop(reader, handle, indices):
+    """The batch through the peer's ``__getitems__`` where it has one, else a loop of ``ds[i]``."""
+    getitems = getattr(handle, "__getitems__", None)
+    if getitems is not None:
+        return getitems(indices), "__getitems__"
+    return _loop_batch(reader, handle, indices), "loop of ds[i] (no __getitems__)"
+
+
+def _require(module: str, package: str | None = None) -> None:
+    """Skip unless ``module`` (of the pip package ``package``, if named otherwise) is installed."""
+    if importlib.util.find_spec(module) is None:
+        raise Skip(f"{package or module} is not installed (pip install 'atlas-fast[bench]')")
+
+
+def _import(module: str, package: str | None = None):
+    """A peer's ``module``, imported; Skip saying why when it is not installed or fails to."""
+    _require(module, package)
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        raise Skip(f"import {module} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _permutation(n: int, seed: int):
     import numpy as np
 
@@ -59,8 +82,13 @@ class _Base:
     label = ""
     version = ""
 
+    store = None  # a peer's folder under the target's peer_dir (None: its name)
+
     def prepare(self, target) -> dict:
         return {}
+
+    def _dir(self, target) -> Path:
+        return Path(target["peer_dir"]) / (self.store or self.name)
 
     def length(self, h) -> int:
         return len(h)
@@ -123,10 +151,7 @@ class AtlasReader(_Base):
         return self.module.AtlasDataset(target["path"])
 
     def get_batch(self, h, indices):
-        getitems = getattr(h, "__getitems__", None)
-        if getitems is not None:
-            return getitems(indices), "__getitems__"
-        return _loop_batch(self, h, indices), "loop of ds[i] (no __getitems__)"
+        return _getitems_or_loop(self, h, indices)
 
     def shuffled(self, h, seed):
         import atlas_fast
@@ -439,14 +464,9 @@ class MDSReader(_Base):
     name = "mds"
 
     def load(self) -> str:
-        if importlib.util.find_spec("streaming") is None:
-            raise Skip("mosaicml-streaming is not installed (pip install 'atlas-fast[bench]')")
+        _require("streaming", "mosaicml-streaming")
         self.placeholder = _install_torchvision_placeholder()
-        try:
-            import streaming
-        except Exception as exc:
-            raise Skip(f"import streaming failed: {type(exc).__name__}: {exc}") from exc
-        self.streaming = streaming
+        self.streaming = streaming = _import("streaming", "mosaicml-streaming")
         self._locks_before = _streaming_lock_files()
         import atexit
 
@@ -469,10 +489,10 @@ class MDSReader(_Base):
                     writer.write(doc)
             return {"compression": None}
 
-        return _build_once(Path(target["peer_dir"]) / "mds", build)
+        return _build_once(self._dir(target), build)
 
     def open(self, target):
-        self.local = str(Path(target["peer_dir"]) / "mds")
+        self.local = str(self._dir(target))
         return self.streaming.LocalDataset(local=self.local)
 
     def get_batch(self, h, indices):
@@ -516,19 +536,11 @@ class LitDataReader(_Base):
         self.name = "litdata" if compression is None else f"litdata-{compression}"
 
     def load(self) -> str:
-        if importlib.util.find_spec("litdata") is None:
-            raise Skip("litdata is not installed (pip install 'atlas-fast[bench]')")
-        try:
-            import litdata
-        except Exception as exc:
-            raise Skip(f"import litdata failed: {type(exc).__name__}: {exc}") from exc
+        litdata = _import("litdata")
         self.litdata = litdata
         version = getattr(litdata, "__version__", "?")
         self.label = f"LitData {version} " + ("raw" if self.compression is None else "zstd")
         return version
-
-    def _dir(self, target) -> Path:
-        return Path(target["peer_dir"]) / self.name
 
     def prepare(self, target) -> dict:
         def build(tmp: Path):
@@ -555,10 +567,7 @@ class LitDataReader(_Base):
         return self.litdata.StreamingDataset(self._path)
 
     def get_batch(self, h, indices):
-        getitems = getattr(h, "__getitems__", None)
-        if getitems is not None:
-            return getitems(list(indices)), "__getitems__"
-        return _loop_batch(self, h, indices), "loop of ds[i] (no __getitems__)"
+        return _getitems_or_loop(self, h, list(indices))
 
     def shuffled(self, h, seed):
         ds = self.litdata.StreamingDataset(self._path, shuffle=True, seed=seed)
@@ -571,19 +580,11 @@ class HFReader(_Base):
     name = "hf"
 
     def load(self) -> str:
-        if importlib.util.find_spec("datasets") is None:
-            raise Skip("datasets is not installed (pip install 'atlas-fast[bench]')")
-        try:
-            import datasets
-        except Exception as exc:
-            raise Skip(f"import datasets failed: {type(exc).__name__}: {exc}") from exc
+        datasets = _import("datasets")
         datasets.disable_progress_bars()
         self.datasets = datasets
         self.label = f"HF datasets {datasets.__version__} (Arrow)"
         return datasets.__version__
-
-    def _dir(self, target) -> Path:
-        return Path(target["peer_dir"]) / "hf"
 
     def prepare(self, target) -> dict:
         def build(tmp: Path):
@@ -613,22 +614,15 @@ class ZarrFlatTokens(_Base):
     """The flat-tokens layout in zarr: encoded_tokens (uint32) and seq_starts (uint64)."""
 
     name = "zarr"
+    store = "flat-tokens.zarr"
     corpora = ("tokens",)
     CHUNK = 1 << 16  # tokens per zarr chunk: 32 examples, 256 KB uncompressed
 
     def load(self) -> str:
-        if importlib.util.find_spec("zarr") is None:
-            raise Skip("zarr is not installed (pip install 'atlas-fast[bench]')")
-        try:
-            import zarr
-        except Exception as exc:
-            raise Skip(f"import zarr failed: {type(exc).__name__}: {exc}") from exc
+        zarr = _import("zarr")
         self.zarr = zarr
         self.label = f"flat-tokens (zarr {zarr.__version__})"
         return zarr.__version__
-
-    def _dir(self, target) -> Path:
-        return Path(target["peer_dir"]) / "flat-tokens.zarr"
 
     def prepare(self, target) -> dict:
         import numpy as np

@@ -14,18 +14,16 @@ listed) and reported as such.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from ._common import add_dataset_arguments, check_path, print_json, usage_error
 
 __all__ = ["add_arguments", "run", "info"]
 
 
 def add_arguments(parser) -> None:
-    from .verify import PATH_HELP
-
-    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
-    parser.add_argument("--json", action="store_true", help="print the description as JSON")
+    add_dataset_arguments(parser, "description")
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--exact", action="store_true", help="decode every block for the compression ratio"
@@ -177,18 +175,14 @@ def _size(n: int) -> str:
 
 
 def run(args) -> int:
-    from .verify import check_path
-
     path = check_path("info", args.path)
     if path is None:
         return 2
     if args.sample < 1:
-        print("atlas-fast info: error: --sample must be at least 1", file=sys.stderr)
-        return 2
+        return usage_error("info", "--sample must be at least 1")
     report = info(path, exact=args.exact, sample=args.sample)
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report)
     else:
         _print(report)
     problems = report["problems"]

@@ -18,19 +18,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["add_arguments", "run", "verify", "Target", "ShardFiles", "open_target", "check_path"]
+from ._common import add_dataset_arguments, check_path, print_json, usage_error
 
-PATH_HELP = "a dataset root or a single shard: a directory or a URL (s3://, gs://, https://, ...)"
+__all__ = ["add_arguments", "run", "verify", "Target", "ShardFiles", "open_target", "check_path"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_dataset_arguments(parser, "report")
     parser.add_argument(
         "--untrusted",
         action="store_true",
@@ -50,27 +48,6 @@ def add_arguments(parser) -> None:
         default=min(4, os.cpu_count() or 1),
         help="threads decoding blocks (default: min(4, CPUs))",
     )
-
-
-def check_path(command: str, path: str):
-    """PATH of ``command`` as the commands take it: a local ``Path`` (a ``file://`` URL turned
-    into the path it names) or a remote URL (str). A usage problem is printed, naming PATH,
-    and None returned."""
-    from ..storage import parse_url
-    from ..storage._dataset import is_remote, to_local
-
-    try:
-        if is_remote(path):
-            parse_url(path)
-            return path
-        local = Path(to_local(path))
-    except ValueError as exc:
-        print(f"atlas-fast {command}: error: {exc}", file=sys.stderr)
-        return None
-    if not local.is_dir():
-        print(f"atlas-fast {command}: error: {local} is not a directory", file=sys.stderr)
-        return None
-    return local
 
 
 class ShardFiles:
@@ -580,17 +557,14 @@ def run(args) -> int:
     if path is None:
         return 2
     if args.allow and not args.untrusted:
-        print("atlas-fast verify: error: --allow needs --untrusted", file=sys.stderr)
-        return 2
+        return usage_error("verify", "--allow needs --untrusted")
     if args.jobs < 1:
-        print("atlas-fast verify: error: --jobs must be at least 1", file=sys.stderr)
-        return 2
+        return usage_error("verify", "--jobs must be at least 1")
     report = verify(
         path, trusted=not args.untrusted, allowed_globals=tuple(args.allow), jobs=args.jobs
     )
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report)
     else:
         for problem in report["problems"]:
             print(f"PROBLEM {problem['message']}")

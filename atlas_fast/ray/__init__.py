@@ -21,6 +21,7 @@ raises ``MissingExtraError`` naming the extra.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,11 +126,10 @@ def write_atlas(
         path = Path(path)
     writer_options = WriterOptions.from_arguments(locals())
     shard_size, block_size = writer_options.shard_size, writer_options.block_size
-    strategy = writer_options.compression_strategy
     if not is_remote(path):
         impl.check_destination(path)
     zdict = None
-    if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+    if writer_options.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         if dict_sample_rows is None:
             dict_sample_rows = min(shard_size, impl.MAX_SAMPLE_BLOCKS * block_size)
         dict_sample_rows = check_int("dict_sample_rows", dict_sample_rows, minimum=1)
@@ -142,14 +142,14 @@ def write_atlas(
             where=path,
         )
         if zdict is None:  # fewer than 7 blocks: the reference's fallback
-            strategy = CompressionStrategy.STANDARD_COMPRESSION
+            writer_options = dataclasses.replace(
+                writer_options, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION
+            )
+    # The checked options go on as they are: the sink takes all of them but checksums and
+    # workers (write_atlas has neither: a task picks its own threads).
     sink = impl.AtlasDatasink(
         path,
-        shard_size=shard_size,
-        block_size=block_size,
-        compression_strategy=strategy,
-        compression_level=compression_level,
-        compression_dict_size=compression_dict_size,
+        **writer_options.as_dict(exclude=("checksums", "workers")),
         compression_dict=zdict,
         item_column=item_column,
         storage_options=storage_options,
