@@ -39,6 +39,7 @@ __all__ = [
     "load_offsets",
     "read_dict_file",
     "parse_json_object",
+    "json_object",
     "shard_metadata_from",
     "dataset_metadata_from",
     "check_offsets",
@@ -187,12 +188,18 @@ def parse_json_object(text: bytes, path) -> dict:
     """The JSON object in ``text``, the bytes of the meta.json at ``path`` (a path or URL)."""
     if len(text) > MAX_META_BYTES:
         raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes: not a meta.json")
+    return json_object(text, path, AtlasFormatError)
+
+
+def json_object(text: bytes, path, error: type) -> dict:
+    """The JSON object in ``text`` (read from ``path``); anything else raises ``error`` naming
+    ``path`` and what is wrong (a meta.json's AtlasFormatError, a converter's SourceError)."""
     try:
         value = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise AtlasFormatError(f"{path}: not valid JSON: {exc}") from exc
+        raise error(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
-        raise AtlasFormatError(f"{path}: expected a JSON object, found {type(value).__name__}")
+        raise error(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value
 
 

@@ -12,10 +12,10 @@ so ``--workers`` can share them. Each part knows its rows.
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 
+from .._format import json_object
 from ._arrow import group_ranges, pyarrow, rows
 from ._files import find_files
 from ._source import Part, Source, SourceError
@@ -25,13 +25,10 @@ __all__ = ["sources"]
 
 def _json(path: Path) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise SourceError(f"{path}: not a JSON object")
-    return value
+        text = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read it ({exc})") from None
+    return json_object(text, path, SourceError)
 
 
 def _data_files(directory: Path) -> list:

@@ -151,3 +151,16 @@ def test_missing_data_file_and_corrupt_arrow(tmp_path):
     with pytest.raises(SourceError, match=rf"^{files[0]}: "):
         convert(files[0], tmp_path / "out", "hf")
     assert_absent(tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [(b"{not json", "not valid JSON"), (b"[1, 2]", "expected a JSON object, found list")],
+)
+def test_a_state_json_that_is_not_an_object_is_named(tmp_path, text, problem):
+    _dataset(_records(20)).save_to_disk(str(tmp_path / "hf"))
+    state = tmp_path / "hf" / "state.json"
+    state.write_bytes(text)
+    with pytest.raises(SourceError, match=rf"^{state}: {problem}"):
+        convert(tmp_path / "hf", tmp_path / "out", "hf")
+    assert_absent(tmp_path / "out")
