@@ -20,6 +20,7 @@ import threading
 import weakref
 
 from .._errors import AtlasFormatError, ObjectNotFoundError
+from .._fork import before_fork
 from .._format import (
     DATA_FILE,
     DICT_FILE,
@@ -146,6 +147,7 @@ class Pending:
         self._value = None
         self._pid = os.getpid()
         self._future = fetch_pool(requests_in_flight).submit(read)
+        _PENDING.add(self)
 
     def __bytes__(self) -> bytes:
         value = self._value
@@ -164,6 +166,19 @@ class Pending:
 
     def __reduce__(self):
         return (bytes, (bytes(self),))
+
+
+_PENDING: weakref.WeakSet = weakref.WeakSet()  # Pending objects, until collected
+
+
+@before_fork
+def _settle_pending() -> None:
+    """Before a fork, what is still being fetched is awaited: a forked child (a DataLoader
+    worker made right after opening) then has the bytes instead of fetching them again."""
+    for pending in list(_PENDING):
+        if pending._value is None and pending._pid == os.getpid():
+            _PENDING.discard(pending)  # once: a failure is the child's to meet (and raise)
+            bytes(pending)
 
 
 class ShardSource:

@@ -115,7 +115,8 @@ def test_a_first_request_that_cuts_a_block_reads_every_example(served, atlas, re
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_started_while_the_dictionary_is_on_its_way(served, atlas, context):
     """DataLoader workers made right after opening (the dictionary's request may be in
-    flight in the parent, never answered in a forked child) read every example."""
+    flight in the parent, never answered in a forked child) read every example; forked ones
+    find it fetched (the fork waits for it), spawned ones open the dataset again."""
     url, proxy, _ = served
     proxy.set(latency=LATENCY)
     ds = atlas.AtlasDataset(url)
@@ -123,3 +124,4 @@ def test_workers_started_while_the_dictionary_is_on_its_way(served, atlas, conte
         ds, batch_size=50, num_workers=2, multiprocessing_context=context, collate_fn=list
     )
     assert [x for batch in loader for x in batch] == [example(i) for i in range(N)]
+    assert proxy.stats()["paths"]["/ds/zstd_dict.bin"] == (1 if context == "fork" else 3)
