@@ -259,7 +259,9 @@ class DatasetCoreProtocol(_Reader, Protocol):
         sources: Callable | None = None,
     ) -> None:
         """``sources``: a dataset in object storage: ``sources(s)`` is shard ``s``'s
-        ``ShardSourceProtocol`` (its metadata, when None in ``metadatas``, comes from it)."""
+        ``ShardSourceProtocol`` (its metadata, when None in ``metadatas``, comes from it).
+        ``dict_bytes`` is then a ``storage._dataset.Pending`` (still being fetched): it is
+        read as ``bytes(dict_bytes)`` when a shard is opened, never at construction."""
 
 
 class ShardSourceProtocol(Protocol):

@@ -5,20 +5,31 @@ memory but none of its threads: a lock one of them held stays held, a pool's thr
 a client's event loop is dead. Each module that owns such state registers a function here;
 they run in registration order (import order: lower modules first) in the child, right after
 fork, through one ``os.register_at_fork`` handler. docs/design.md lists them all.
+
+What must be settled before a fork (a request in flight whose answer the children need) is
+registered with ``before_fork``: run in the forking process, in the forking thread.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["after_fork_in_child", "handlers"]
+__all__ = ["after_fork_in_child", "before_fork", "handlers"]
 
 _handlers: list = []
+_before: list = []
 
 
 def after_fork_in_child(fn):
     """Run ``fn()`` in every forked child of this process; returns ``fn``."""
     _handlers.append(fn)
+    return fn
+
+
+def before_fork(fn):
+    """Run ``fn()`` in this process right before each fork (its errors are ignored: the
+    child meets them again); returns ``fn``."""
+    _before.append(fn)
     return fn
 
 
@@ -32,5 +43,13 @@ def _run_in_child() -> None:
         fn()
 
 
+def _run_before() -> None:
+    for fn in _before:
+        try:
+            fn()
+        except Exception:
+            pass
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_run_in_child)
+    os.register_at_fork(before=_run_before, after_in_child=_run_in_child)

@@ -349,9 +349,11 @@ class _Shards(Sequence):
             # ``atlas_fast.atlas.AtlasDatasetShard`` is honoured.
             shard_class = sys.modules[self._module].AtlasDatasetShard
             source = None if self._remote is None else self._remote.source(k)
+            mmap_index, dict_bytes = self._args
             shard = shard_class(
                 self._dirs[k],
-                *self._args,
+                mmap_index,
+                None if dict_bytes is None else bytes(dict_bytes),  # a remote one awaited
                 **self._kwargs,
                 _dataset_cache=(self._cache, k),
                 _source=source,
@@ -444,7 +446,7 @@ class _DatasetMethods(_Settings):
             self.metadata = remote.metadata
             names = remote.names
             if self.metadata.compression_strategy == shared and names:
-                dict_bytes = remote.dictionary()
+                dict_bytes = remote.dictionary_later()  # awaited at first read
             sizes, metadatas = list(self.metadata.shard_sizes), [None] * len(names)
             self._shard_dirs = [remote.shard_url(s) for s in range(len(names))]
             sources = remote.source
@@ -491,6 +493,11 @@ class _DatasetMethods(_Settings):
 
     def _storage(self):
         return self._remote
+
+    def __iter__(self):
+        if self._remote is not None:
+            self._remote.start_pass()  # the first shard's files requested at once
+        return super().__iter__()
 
     def _read_shard_metadata(self) -> None:
         """Every shard's meta.json read now: concurrently when in object storage (a sampler

@@ -31,14 +31,16 @@ parent's requests: it drops that state on first use (``_pid``), taking a new loc
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import weakref
+from concurrent.futures import Future
 
 from .._fork import after_fork_in_child
 from ._object import fetch_pool, merge_ranges
 
-__all__ = ["BlockFetcher", "read_ahead_held"]
+__all__ = ["BlockFetcher", "read_ahead_held", "take_read_ahead", "give_read_ahead"]
 
 
 class _Budget:
@@ -82,6 +84,16 @@ class _Budget:
 
 
 _BUDGET = _Budget()
+
+
+def take_read_ahead(n: int, limit: int, holder) -> bool:
+    """Charge ``n`` bytes about to be fetched ahead to the process's budget, if there is room
+    (``holder``: whose they are, see ``_Budget``); ``give_read_ahead`` gives them back."""
+    return _BUDGET.take(n, limit, holder)
+
+
+def give_read_ahead(n: int) -> None:
+    _BUDGET.give(n)
 
 
 def read_ahead_held() -> int:
@@ -217,6 +229,63 @@ class BlockFetcher:
             if done and not self._inflight and not self._ready:
                 self._last = first - 1
                 self._ahead_lock_held(first, settings)
+
+    def start_pass_with_head(self, head, end: int, reserved: int) -> None:
+        """A pass in order starts at block 0, and the object's first bytes up to ``end`` were
+        requested before its offsets were known (``head``: a future of them, clipped to the
+        object's size; ``reserved``: the bytes of ``_BUDGET`` taken for it). The blocks it
+        holds whole are taken from it when it arrives (a failed one is left for the reads,
+        each block then read alone), and the read-ahead asks for the rest from the block it
+        cuts (the part of that block it holds is fetched twice: less than a block a pass)."""
+        self._here()
+        settings = self.obj.location.settings
+        offsets = self._offsets
+        covered = bisect.bisect_right(offsets, end) - 1  # blocks 0..covered-1 end by ``end``
+        blocks = list(range(min(max(covered, 0), self._n)))
+        run = _Run()
+        run.future = Future()
+        pid = self._pid
+        with self._lock:
+            _BUDGET.give(reserved - (offsets[len(blocks)] - offsets[0]))
+            run.charged = set(blocks)
+            for k in blocks:
+                self._inflight[k] = run
+                self._ahead.add(k)
+            if blocks:
+                self._runs += 1
+            self._last = -1
+            self._ahead_lock_held(0, settings)
+        if blocks:
+            head.add_done_callback(lambda done: self._head_arrived(run, blocks, done, pid))
+
+    def _head_arrived(self, run, blocks: list, head, pid: int) -> None:
+        """``start_pass_with_head``'s request has answered: its blocks into ``_ready``."""
+        data = None
+        if not head.cancelled():
+            try:
+                data = head.result()
+            except Exception:
+                data = None  # each block is read alone, raising its error there
+        view = None if data is None else memoryview(data)
+        offsets = self._offsets
+        with self._lock:
+            if pid != self._pid:
+                return
+            self._runs -= 1
+            for k in blocks:
+                size = offsets[k + 1] - offsets[k]
+                if self._inflight.get(k) is not run:
+                    if k in run.charged:
+                        _BUDGET.give(size)
+                    continue
+                del self._inflight[k]
+                if view is not None and len(view) >= offsets[k + 1]:
+                    self._ready[k] = bytes(view[offsets[k] : offsets[k + 1]])
+                elif k in self._ahead or k in self._extent:
+                    self._ahead.discard(k)
+                    self._extent.discard(k)
+                    _BUDGET.give(size)
+        run.future.set_result(None)
 
     def close(self) -> None:
         """Drop what was fetched and not read (requests in flight are left to finish and

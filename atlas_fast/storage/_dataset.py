@@ -20,6 +20,7 @@ import threading
 import weakref
 
 from .._errors import AtlasFormatError, InvalidArgumentError, ObjectNotFoundError
+from .._fork import before_fork
 from .._format import (
     DATA_FILE,
     DICT_FILE,
@@ -35,13 +36,14 @@ from .._format import (
     parse_npy,
     shard_metadata_from,
 )
-from ._blocks import BlockFetcher
+from ._blocks import BlockFetcher, give_read_ahead, take_read_ahead
 from ._diskcache import DiskCache, window_bytes
 from ._object import Location, fetch_pool
 from ._url import is_url, local_path
 
 __all__ = [
     "is_remote",
+    "Pending",
     "RemoteDataset",
     "ShardSource",
     "shard_names",
@@ -109,6 +111,19 @@ def _read_meta(location, what: str) -> tuple:
     return parse_json_object(_read(obj, what, MAX_META_BYTES), obj.url), obj.url
 
 
+def _result(future):
+    """What ``future`` (a request on the fetch pool) gave, or None: no future, a request that
+    failed (read again by the caller, which raises its error with context), or one not
+    started yet (cancelled: the caller may be a pool thread, and the pool's other threads may
+    all be waiting likewise; never wait on a request not started)."""
+    if future is None or future.cancel():
+        return None
+    try:
+        return future.result()
+    except Exception:
+        return None
+
+
 def _weakly(method, *args):
     """``method(*args)`` for as long as its object lives (then None): no reference cycle, so
     a dropped dataset is freed at once, with the bytes its fetchers held ahead."""
@@ -119,6 +134,51 @@ def _weakly(method, *args):
         return None if bound is None else bound(*args)
 
     return call
+
+
+class Pending:
+    """Bytes requested on the fetch pool (``read()``) and awaited on first use: ``bytes()``
+    of it. What the request raised is raised by a read made again here, with its context; so
+    is a request not started yet (a pool thread may be the one waiting), or one made before a
+    fork (never answered in the child)."""
+
+    def __init__(self, read, requests_in_flight: int) -> None:
+        self._read = read
+        self._value = None
+        self._pid = os.getpid()
+        self._future = fetch_pool(requests_in_flight).submit(read)
+        _PENDING.add(self)
+
+    def __bytes__(self) -> bytes:
+        value = self._value
+        if value is None:
+            future = self._future
+            if future is not None and self._pid == os.getpid() and not future.cancel():
+                try:
+                    value = future.result()
+                except Exception:
+                    value = None
+            if value is None:
+                value = self._read()
+            self._value = value
+            self._future = None
+        return value
+
+    def __reduce__(self):
+        return (bytes, (bytes(self),))
+
+
+_PENDING: weakref.WeakSet = weakref.WeakSet()  # Pending objects, until collected
+
+
+@before_fork
+def _settle_pending() -> None:
+    """Before a fork, what is still being fetched is awaited: a forked child (a DataLoader
+    worker made right after opening) then has the bytes instead of fetching them again."""
+    for pending in list(_PENDING):
+        if pending._value is None and pending._pid == os.getpid():
+            _PENDING.discard(pending)  # once: a failure is the child's to meet (and raise)
+            bytes(pending)
 
 
 class ShardSource:
@@ -142,6 +202,8 @@ class ShardSource:
         self._checked = False
         self._warm_wanted = False
         self._index = None  # the index.npy request made beside meta.json's (a future)
+        self._meta = None  # the meta.json request made by ``warm`` (a future)
+        self._head = None  # data.bin's first bytes requested by ``warm`` (a future)
         self._extent_blocks = 0  # > 1: a block missed is fetched with its extent
         self._opened_by = None  # the thread that read the index and made the fetcher
         self._lock = threading.Lock()
@@ -154,7 +216,8 @@ class ShardSource:
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():  # forked: the parent's lock may be held forever
             self._lock = threading.Lock()
-            self._index = None  # the parent's request: never answered here
+            # The parent's requests: never answered here (nor is its budget this process's).
+            self._index = self._meta = self._head = None
             self._pid = os.getpid()
         return self._lock
 
@@ -167,11 +230,17 @@ class ShardSource:
                 if self._offsets is None and self._index is None:
                     pool = fetch_pool(self.location.settings.requests_in_flight)
                     self._index = pool.submit(self.location.object(INDEX_FILE).read)
-                value, url = _read_meta(
-                    self.location,
-                    ": the shard has no meta.json (its writer did not finish, or this is not "
-                    "an Atlas shard)",
-                )
+                obj = self.location.object(META_FILE)
+                data = _result(self._meta)  # requested by warm (None: read here)
+                self._meta = None
+                if data is None or len(data) > MAX_META_BYTES:
+                    value, url = _read_meta(
+                        self.location,
+                        ": the shard has no meta.json (its writer did not finish, or this is "
+                        "not an Atlas shard)",
+                    )
+                else:
+                    value, url = parse_json_object(data, obj.url), obj.url
                 self._metadata = shard_metadata_from(value, url)
             return self._metadata
 
@@ -183,23 +252,20 @@ class ShardSource:
                 blocks = block_count(metadata.stored_examples, metadata.block_size)
                 limit = NPY_HEADER_LIMIT + 8 * (blocks + 1)
                 what = ": not the .npy array expected here"
-                data = None
                 future, self._index = self._index, None
-                # Not started yet: read here (this may be a pool thread, and the pool's other
-                # threads may all be waiting likewise: never wait on a request not started).
-                if future is not None and not future.cancel():
-                    try:
-                        data = future.result()
-                    except Exception:
-                        data = None  # read again below: its error is raised with context
+                try:
+                    data = _result(future)  # None: read here (again, for its error)
                     if data is not None and len(data) > limit:
                         raise AtlasFormatError(f"{obj.url}: larger than {limit} bytes{what}")
-                if data is None:
-                    data = _read(obj, what, limit)
-                offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
+                    if data is None:
+                        data = _read(obj, what, limit)
+                    offsets = check_offsets(parse_npy(data, obj.url), obj.url, metadata)
+                except BaseException:
+                    self._drop_head_lock_held()
+                    raise
                 offsets.setflags(write=False)
                 self._opened_by = threading.get_ident()
-                self._fetcher = BlockFetcher(
+                fetcher = BlockFetcher(
                     self._data,
                     offsets,
                     self.shard,
@@ -207,10 +273,27 @@ class ShardSource:
                     following=_weakly(self._warm_following),
                     extent_blocks=self._extent_blocks,
                 )
-                if self._warm_wanted:  # before any reader waiting for this lock reads a block
-                    self._fetcher.start_pass(0)
+                # Before any reader waiting for this lock reads a block: the pass warm asked
+                # for starts, with the first bytes it requested when there are.
+                head, self._head = self._head, None
+                if head is not None:
+                    size = self.location.settings.request_bytes
+                    fetcher.start_pass_with_head(head[0], size, head[1])
+                elif self._warm_wanted:
+                    fetcher.start_pass(0)
+                self._fetcher = fetcher
                 self._offsets = offsets
             return self._offsets
+
+    def _drop_head_lock_held(self) -> None:
+        """Forget the first bytes ``warm`` requested (the budget they took given back)."""
+        head, self._head = self._head, None
+        if head is not None:
+            head[0].cancel()
+            give_read_ahead(head[1])
+
+    def _drop_ready_ahead(self) -> None:
+        """(``_blocks._BUDGET`` asks its holders for room: a head requested is not given.)"""
 
     def set_extents(self, blocks: int) -> None:
         """From now on a block missed is fetched with the rest of its extent (runs of
@@ -262,15 +345,31 @@ class ShardSource:
 
     def warm(self) -> None:
         """A pass in order will read this shard next: read its index.npy and start fetching
-        its first blocks now, on the fetch pool (a failure is left for the read to raise)."""
+        its first blocks now, on the fetch pool (a failure is left for the read to raise).
+
+        A shard none of whose files was requested yet requests its meta.json, index.npy and
+        the first ``request_bytes`` of its data.bin at once (one round trip, not three in
+        turn: a pass's blocks start at byte 0), unless the bytes fetched ahead are at their
+        limit or a disk cache may hold the blocks."""
         fetcher = self._fetcher
         if fetcher is not None:
             fetcher.start_pass(0)  # nothing when this shard is being read
             return
-        if self._warm_wanted:
-            return
-        self._warm_wanted = True
-        fetch_pool(self.location.settings.requests_in_flight).submit(self._warm)
+        with self._locked():
+            if self._warm_wanted or self._fetcher is not None:
+                return
+            self._warm_wanted = True
+            settings = self.location.settings
+            pool = fetch_pool(settings.requests_in_flight)
+            if self._metadata is None and self._meta is None:
+                self._meta = pool.submit(self.location.object(META_FILE).read, MAX_META_BYTES)
+            if self._index is None:
+                self._index = pool.submit(self.location.object(INDEX_FILE).read)
+            size = settings.request_bytes
+            if self.cache is None and take_read_ahead(size, settings.read_ahead_bytes, self):
+                head = pool.submit(self._data.read_head, size, shard=self.shard)
+                self._head = (head, size)
+        pool.submit(self._warm)
 
     def _warm_following(self) -> None:
         """This shard's read-ahead has asked for its last block: the next shard's starts."""
@@ -285,13 +384,17 @@ class ShardSource:
             if following is not None:
                 following.metadata()
         except Exception:
-            pass  # raised again, with its context, by the read that needs it
+            with self._locked():
+                self._drop_head_lock_held()
+            # raised again, with its context, by the read that needs it
 
     def close(self) -> None:
         """Drop the bytes fetched and not read (metadata and offsets stay: they are pinned)."""
         fetcher = self._fetcher
         if fetcher is not None:
             fetcher.close()
+        with self._locked():
+            self._drop_head_lock_held()
 
     def _check_size(self) -> None:
         size = self._data.size
@@ -330,6 +433,13 @@ class RemoteDataset:
         obj = self.location.object(DICT_FILE)
         return check_dict_bytes(_read(obj, " (the compression strategy needs it)"), obj.url)
 
+    def dictionary_later(self) -> Pending:
+        """The dataset's shared zstd_dict.bin, requested now on the fetch pool and awaited on
+        first use (``bytes(pending)``): opening does not wait for it, so it arrives together
+        with the first shard's meta.json and index.npy (a missing or bad one is an error when
+        the first shard is read)."""
+        return Pending(self.dictionary, self.location.settings.requests_in_flight)
+
     def source(self, s: int) -> ShardSource:
         """Shard ``s``'s source (one per shard and dataset)."""
         source = self._sources[s]
@@ -342,6 +452,15 @@ class RemoteDataset:
                     source = self._sources[s] = made
                     made.set_extents(self.extent_blocks)
         return source
+
+    def start_pass(self) -> None:
+        """A pass in order over the dataset is starting: its first shard with examples is
+        warmed (``ShardSource.warm``: its meta.json, index.npy and first data requested at
+        once, while the dataset's dictionary may still be arriving)."""
+        for s, size in enumerate(self.metadata.shard_sizes):
+            if size:
+                self.source(s).warm()
+                return
 
     def read_shard_metadata(self) -> None:
         """Read every shard's meta.json and index.npy now, concurrently (a failure is left

@@ -210,6 +210,13 @@ class StoredObject:
             raise ValueError(f"{self.url}: bad range {start}..{end}")
         return self._read(start, end, shard=shard, block=block)
 
+    def read_head(self, n: int, *, shard=None) -> bytes:
+        """The first ``n`` bytes, or the whole object when it is shorter (one request: a
+        range request past its end is answered with the bytes it has)."""
+        if n < 1:
+            raise ValueError(f"{self.url}: bad head size {n}")
+        return self._read(0, n, shard=shard, block=0, clip=True)
+
     def read_ranges(self, ranges: list, *, shard=None) -> list:
         """The bytes of each ``(start, end)`` of ``ranges``: neighbouring ranges (closer than
         the location's ``merge_gap``) merged into requests of up to ``request_bytes``, the
@@ -230,7 +237,9 @@ class StoredObject:
                 out[k] = bytes(view[s - start : e - start])
         return out
 
-    def _read(self, start, end, *, shard=None, block=None, what: str = "") -> bytes:
+    def _read(
+        self, start, end, *, shard=None, block=None, what: str = "", clip: bool = False
+    ) -> bytes:
         settings = self.location.settings
         deadline = time.monotonic() + settings.deadline
         parts: list = []
@@ -250,7 +259,9 @@ class StoredObject:
                 response = engine.get(target, begin, stop, self.etag)
                 self._pin(response)
                 if end is not None and end > response.size:
-                    raise Changed(f"it has {response.size} bytes, not {end} or more")
+                    if not clip:
+                        raise Changed(f"it has {response.size} bytes, not {end} or more")
+                    end = response.size  # clip: the bytes it has
                 for chunk in response.chunks:
                     if chunk:
                         parts.append(chunk)

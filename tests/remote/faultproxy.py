@@ -8,6 +8,7 @@ not available on these machines).
         url = proxy.url            # point the client here
         ...
         proxy.stats()              # {"requests": ..., "faults": {...}, "body_bytes": ...}
+        round_trips(proxy.log())   # [(path, round trip it waited for)]: requests in turn
 
 The proxy runs its own event loop on a daemon thread; ``close()`` stops it. It is a reverse
 proxy: the client talks to it as it would to the server (the Host header is passed on as is,
@@ -24,7 +25,7 @@ import struct
 import threading
 import time
 
-__all__ = ["FaultProxy", "FAULTS"]
+__all__ = ["FaultProxy", "FAULTS", "round_trips"]
 
 FAULTS = ("reset", "truncate", "503")
 
@@ -99,6 +100,7 @@ class FaultProxy:
         self._counts = {"requests": 0, "body_bytes": 0, "faults": dict.fromkeys(FAULTS, 0)}
         self._methods: dict = {}
         self._paths: dict = {}
+        self._log: list = []  # [method, path, arrived, answered] of each request, in order
         self._next_send = 0.0  # the bandwidth cap's clock (loop time)
         self._loop = asyncio.new_event_loop()
         self._server = None
@@ -132,11 +134,19 @@ class FaultProxy:
                 "paths": dict(self._paths),
             }
 
+    def log(self) -> list:
+        """``(method, path, arrived, answered)`` of each request since the last reset, in the
+        order they arrived (seconds of the proxy's clock; answered: when the answer's last
+        byte was sent, None for one not answered)."""
+        with self._lock:
+            return [tuple(entry) for entry in self._log]
+
     def reset_stats(self) -> None:
         with self._lock:
             self._counts = {"requests": 0, "body_bytes": 0, "faults": dict.fromkeys(FAULTS, 0)}
             self._methods = {}
             self._paths = {}
+            self._log = []
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -208,11 +218,13 @@ class FaultProxy:
                 path = rest.rsplit(b" ", 1)[0].split(b"?")[0].decode("latin-1")
                 length = int(_header(headers, b"content-length") or 0)
                 body = await creader.readexactly(length) if length else b""
+                entry = [method.decode(), path, self._loop.time(), None]
                 with self._lock:
                     self._counts["requests"] += 1
                     key = method.decode()
                     self._methods[key] = self._methods.get(key, 0) + 1
                     self._paths[path] = self._paths.get(path, 0) + 1
+                    self._log.append(entry)
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 fault = self._decide(method)
@@ -225,6 +237,7 @@ class FaultProxy:
                         b"Content-Length: %d\r\n\r\n" % len(_SLOWDOWN) + _SLOWDOWN
                     )
                     await cwriter.drain()
+                    entry[3] = self._loop.time()
                     continue
                 if upstream is None:
                     upstream = await asyncio.open_connection(*self.upstream)
@@ -232,6 +245,7 @@ class FaultProxy:
                 uwriter.write(raw + body)
                 await uwriter.drain()
                 keep = await self._relay(method, ureader, cwriter, fault == "truncate")
+                entry[3] = self._loop.time()
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
@@ -295,6 +309,23 @@ async def _read_chunked(reader) -> bytes:
                 if trailer == b"\r\n":
                     return b"".join(parts)
         parts.append(await reader.readexactly(size + 2))
+
+
+def round_trips(log: list) -> list:
+    """``(path, n)`` of each request of ``log`` (``FaultProxy.log()``): ``n`` is the number
+    of requests made in turn that it came after, itself included (1: made before any answer
+    arrived; a request made after the answer to a request of round trip ``k`` is at least
+    ``k + 1``). With a latency added well above the client's own delays, requests made
+    together share a round trip and requests made in turn do not."""
+    out: list = []
+    depth: list = []
+    for _method, path, arrived, _answered in log:
+        before = [
+            d for (_m, _p, _a, answered), d in zip(log, depth) if answered and answered <= arrived
+        ]
+        depth.append(1 + max(before, default=0))
+        out.append((path, depth[-1]))
+    return out
 
 
 def _reset(writer) -> None:
