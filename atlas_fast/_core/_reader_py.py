@@ -40,7 +40,7 @@ from .._contract import (
     run_start,
 )
 from .._errors import AtlasFormatError
-from .._fork import after_fork_in_child
+from .._fork import after_fork_in_child, started_result
 from .._format import (
     check_block_examples,
     check_zstd_content_size,
@@ -560,13 +560,7 @@ class ShardCore(_CacheReader):
         """Block ``b``'s bytes if it is being decoded ahead (waiting for them), else None (also
         when that failed: the caller's own decoding says why)."""
         self._renew_ahead()
-        future = self._jobs.pop(b, None)
-        if future is None or future.cancel():
-            return None
-        try:
-            return future.result()
-        except Exception:
-            return None
+        return started_result(self._jobs.pop(b, None))
 
     def close(self) -> None:
         """Release the shard's files and its cached blocks (it reopens on next use)."""

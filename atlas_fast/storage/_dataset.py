@@ -20,7 +20,7 @@ import threading
 import weakref
 
 from .._errors import AtlasFormatError, InvalidArgumentError, ObjectNotFoundError
-from .._fork import before_fork
+from .._fork import before_fork, started_result
 from .._format import (
     DATA_FILE,
     DICT_FILE,
@@ -109,19 +109,6 @@ def _read_meta(location, what: str) -> tuple:
     ``what`` (see ``_read``)."""
     obj = location.object(META_FILE)
     return parse_json_object(_read(obj, what, MAX_META_BYTES), obj.url), obj.url
-
-
-def _result(future):
-    """What ``future`` (a request on the fetch pool) gave, or None: no future, a request that
-    failed (read again by the caller, which raises its error with context), or one not
-    started yet (cancelled: the caller may be a pool thread, and the pool's other threads may
-    all be waiting likewise; never wait on a request not started)."""
-    if future is None or future.cancel():
-        return None
-    try:
-        return future.result()
-    except Exception:
-        return None
 
 
 def _weakly(method, *args):
@@ -231,7 +218,7 @@ class ShardSource:
                     pool = fetch_pool(self.location.settings.requests_in_flight)
                     self._index = pool.submit(self.location.object(INDEX_FILE).read)
                 obj = self.location.object(META_FILE)
-                data = _result(self._meta)  # requested by warm (None: read here)
+                data = started_result(self._meta)  # requested by warm (None: read here)
                 self._meta = None
                 if data is None or len(data) > MAX_META_BYTES:
                     value, url = _read_meta(
@@ -254,7 +241,7 @@ class ShardSource:
                 what = ": not the .npy array expected here"
                 future, self._index = self._index, None
                 try:
-                    data = _result(future)  # None: read here (again, for its error)
+                    data = started_result(future)  # None: read here (again, for its error)
                     if data is not None and len(data) > limit:
                         raise AtlasFormatError(f"{obj.url}: larger than {limit} bytes{what}")
                     if data is None:
