@@ -930,6 +930,11 @@ cdef class ShardCore:
         if not self._compressed:
             self._hints_worth = 0
             return 0
+        if (not hint and self._offsets is not None and self._source is None
+                and self._offs[b + 1] - self._offs[b] < _ra_min_bytes):
+            # A frame _ra_queue refuses: a pass in order tries each block _RA_DEPTH times,
+            # spared the look-ups and the file's fstat for it.
+            return 0
         if self._cache._find((self._tag, b)) is not None:
             return 0
         if self._source is not None:
