@@ -130,8 +130,11 @@ class ShardUploads:
     left open are aborted and the staging directory is removed.
     """
 
-    def __init__(self, dest: Destination, *, staging_dir=None, staging_bytes=None) -> None:
+    def __init__(
+        self, dest: Destination, *, staging_dir=None, staging_bytes=None, on_stored=None
+    ) -> None:
         self.dest = dest
+        self.on_stored = on_stored  # called with a shard's bytes once it has left local disk
         self.limit = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
         if staging_dir is not None:
             Path(staging_dir).mkdir(parents=True, exist_ok=True)
@@ -155,14 +158,21 @@ class ShardUploads:
         with self._lock:
             while self._held and self._held + size > self.limit and self._error is None:
                 self._lock.wait()
-            self._held += size
-        self.check()
-        self.names[number] = name
-        future = self._pool.submit(self._upload, local_dir, name, size)
-        self._futures.append((number, future))
+        self.put(local_dir, number, name, size)
         shared = self.local / DICT_FILE
         if self._shared is None and shared.is_file():  # strategy 2: known after shard 0
             self._shared = self._pool.submit(self._put_shared, shared)
+
+    def put(self, local_dir: Path, number: int, name: str, size: int) -> None:
+        """Upload the finished shard ``local_dir`` (``size`` bytes), shard ``number`` of the
+        dataset, as ``name`` (its number zero-padded to the width known so far; ``commit``
+        renames it if the final count is wider), at once: the caller bounds what waits."""
+        self.check()
+        with self._lock:
+            self._held += size
+        self.names[number] = name
+        future = self._pool.submit(self._upload, local_dir, name, size)
+        self._futures.append((number, future))
 
     def _put_shared(self, path: Path) -> None:
         try:
@@ -190,6 +200,8 @@ class ShardUploads:
             with self._lock:
                 self._held -= size
                 self._lock.notify_all()
+            if self.on_stored is not None:
+                self.on_stored(size)
 
     def check(self) -> None:
         """Raise the first upload's error, if one failed."""
@@ -201,6 +213,13 @@ class ShardUploads:
     def commit(self, fields: dict, dict_file: Path | None) -> None:
         """Wait for every shard, rename those stored under a name of another width, then put
         the shared dictionary (``dict_file``, strategy 2) and the root meta.json, last."""
+        self.seal(fields, dict_file)
+        self.put_meta(fields)
+        self.close()
+
+    def seal(self, fields: dict, dict_file: Path | None = None, dict_bytes=None) -> None:
+        """``commit`` but for the root meta.json: every shard stored under its final name,
+        the shared dictionary (``dict_file`` or ``dict_bytes``) put."""
         for _number, future in self._futures:
             future.result()
         if self._shared is not None:
@@ -211,10 +230,17 @@ class ShardUploads:
         moves = [(old, final[n]) for n, old in sorted(self.names.items()) if old != final[n]]
         if moves:
             self._rename(moves)
-        dict_bytes = dict_file.read_bytes() if dict_file is not None else None
+        if dict_file is not None:
+            dict_bytes = dict_file.read_bytes()
+        if dict_bytes is not None:
+            self.dest.put_bytes(DICT_FILE, dict_bytes)
+            with self._lock:
+                self.objects.append(DICT_FILE)
+
+    def put_meta(self, fields: dict) -> None:
+        """The root meta.json, the dataset's last object (after ``seal``)."""
         # No sweep unless an upload failed: every upload of this writer completed.
-        _put_root(self.dest, fields, dict_bytes, sweep=False)
-        self.close()
+        _put_root(self.dest, fields, None, sweep=False)
 
     def _rename(self, moves: list) -> None:
         """Shards stored before the count reached a power of ten, copied within the store

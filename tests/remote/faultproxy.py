@@ -97,6 +97,7 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "body_bytes": 0, "faults": dict.fromkeys(FAULTS, 0)}
+        self._copies = 0  # S3 CopyObject requests (a PUT naming its x-amz-copy-source)
         self._methods: dict = {}
         self._paths: dict = {}
         self._next_send = 0.0  # the bandwidth cap's clock (loop time)
@@ -130,6 +131,7 @@ class FaultProxy:
                 "faults": dict(self._counts["faults"]),
                 "methods": dict(self._methods),
                 "paths": dict(self._paths),
+                "copies": self._copies,
             }
 
     def reset_stats(self) -> None:
@@ -137,6 +139,7 @@ class FaultProxy:
             self._counts = {"requests": 0, "body_bytes": 0, "faults": dict.fromkeys(FAULTS, 0)}
             self._methods = {}
             self._paths = {}
+            self._copies = 0
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -213,6 +216,8 @@ class FaultProxy:
                     key = method.decode()
                     self._methods[key] = self._methods.get(key, 0) + 1
                     self._paths[path] = self._paths.get(path, 0) + 1
+                    if _header(headers, b"x-amz-copy-source") is not None:
+                        self._copies += 1
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 fault = self._decide(method)

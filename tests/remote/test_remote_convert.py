@@ -91,3 +91,147 @@ def test_the_command_converts_to_a_url(s3, tmp_path):
     assert done.returncode == 0, done.stderr
     convert(src, tmp_path / "local", "jsonl", shard_size=50, block_size=10, workers=1)
     assert stored(s3, "cli") == local_files(tmp_path / "local")
+
+
+def _blobs(tmp_path, files: int, rows: int, size: int):
+    """Parquet files of rows holding ``size`` incompressible bytes each (the row counts are
+    known before reading: parquet announces them)."""
+    import numpy as np
+
+    src = tmp_path / "src-blobs"
+    src.mkdir()
+    rng = np.random.default_rng(7)
+    for k in range(files):
+        rows_k = [{"n": k * rows + i, "blob": rng.bytes(size)} for i in range(rows)]
+        pq.write_table(pa.Table.from_pylist(rows_k), src / f"{k}.parquet")
+    return src
+
+
+class _Peak:
+    """The most bytes seen under a directory, looked at every few milliseconds."""
+
+    def __init__(self, root):
+        import threading
+
+        self.root, self.peak, self.looks = root, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        import os
+
+        while not self._stop.is_set():
+            total = 0
+            for top, _, files in os.walk(self.root):
+                for name in files:
+                    try:
+                        total += os.stat(os.path.join(top, name)).st_size
+                    except FileNotFoundError:
+                        pass
+            self.peak = max(self.peak, total)
+            self.looks += 1
+            self._stop.wait(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_convert_to_s3_stages_a_few_shards_not_the_dataset(s3, tmp_path, workers):
+    # 240 rows of 40 KB that do not compress: 24 shards of ~400 KB, staging_bytes=1 (every
+    # shard waits alone). Each run holds at most the shard it writes and one finished shard
+    # waiting for its upload (whether it is on its way up or its name is not known yet).
+    src = _blobs(tmp_path, files=4, rows=60, size=40_000)
+    options = {"shard_size": 10, "block_size": 5, "compression_strategy": 1}
+    convert(src, tmp_path / "local", "parquet", workers=workers, **options)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    s3.proxy.set(latency=0.01)  # uploads slower than writes: shards would pile up
+    with _Peak(staging) as peak:
+        convert(
+            src,
+            s3.url("conv"),
+            "parquet",
+            workers=workers,
+            staging_dir=staging,
+            staging_bytes=1,
+            **options,
+        )
+    s3.proxy.set(latency=0.0)
+    local = local_files(tmp_path / "local")
+    shard = max(len(data) for name, data in local.items() if name.endswith("data.bin"))
+    dataset = sum(len(data) for data in local.values())
+    assert dataset > 20 * shard and peak.looks > 10
+    assert 0 < peak.peak <= (2 * workers + 0.5) * shard, (peak.peak, shard, dataset)
+    if workers == 1:  # with more, shard sizes depend on which process took which part
+        assert stored(s3, "conv") == local
+    assert list(staging.iterdir()) == []
+
+
+def _copies_test_source(tmp_path, fmt):
+    docs = _documents(130)
+    if fmt == "jsonl":
+        return _jsonl(tmp_path, docs)
+    return _parquet(tmp_path, docs)[0]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_shards_are_uploaded_under_their_final_names_when_the_count_is_known(s3, tmp_path, fmt):
+    # 13 shards: names of two digits. Parquet announces its row counts, so every shard is
+    # named finally from the start: no copy in the store. JSONL does not: shards 0-9 are
+    # stored as "0" ... "9" before the eleventh begins, then copied to "00" ... "09".
+    src = _copies_test_source(tmp_path, fmt)
+    options = {"shard_size": 10, "block_size": 5, "workers": 1}
+    convert(src, tmp_path / "local", fmt, **options)
+    s3.proxy.reset_stats()
+    convert(src, s3.url("named"), fmt, **options)
+    objects = stored(s3, "named")
+    assert objects == local_files(tmp_path / "local") and "12/meta.json" in objects
+    copies = s3.proxy.stats()["copies"]
+    if fmt == "parquet":
+        assert copies == 0
+    else:
+        renamed = [name for name in objects if name[:2] in {f"0{k}" for k in range(10)}]
+        assert copies == len(renamed) > 0
+
+
+def test_convert_to_s3_verifies_each_shard_before_it_goes_up(s3, tmp_path, monkeypatch):
+    import atlas_fast.convert as conv
+    from atlas_fast.convert import Part, Source, VerifyError
+
+    reads = {"n": 0}
+
+    def read(n):
+        reads["n"] += 1
+        second = reads["n"] > 1  # the verification's read: example 37 differs
+        return iter([{"i": i, "x": "changed" if second and i == 37 else "same"} for i in range(n)])
+
+    import functools
+    import types
+
+    module = types.ModuleType("fake")
+    module.sources = lambda src: [Source([Part("the-part", 100, functools.partial(read, 90))])]
+    monkeypatch.setattr(conv, "format_module", lambda fmt: module)
+    with pytest.raises(VerifyError, match=r"example 37 \(example 37 of part the-part\)"):
+        convert("x", s3.url("checked"), "fake", verify=True, workers=1, shard_size=10)
+    assert stored(s3, "checked") == {} and open_uploads(s3) == []
+    reads["n"] = -(10**6)  # both reads the same now
+    summary = convert("x", s3.url("checked"), "fake", verify=True, workers=1, shard_size=10)
+    assert summary.verified and summary.examples == 90 and "meta.json" in stored(s3, "checked")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_verified_conversions_to_s3_store_the_bytes_of_a_local_one(s3, tmp_path, workers):
+    src, _ = _parquet(tmp_path, _documents(400))
+    options = {"shard_size": 30, "block_size": 5, "workers": workers}
+    convert(src, s3.url("v"), "parquet", verify=True, **options)
+    with_verify = stored(s3, "v")
+    assert len(with_verify) > 13 * 2 and with_verify["meta.json"]
+    if workers == 1:
+        convert(src, tmp_path / "local", "parquet", **options)
+        assert with_verify == local_files(tmp_path / "local")
