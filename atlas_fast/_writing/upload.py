@@ -65,10 +65,11 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
     found = dest.names(limit=1)
     if found:
         if not overwrite:
+            how = "overwrite=True" + (", or --overwrite," if who == "convert" else "")
             raise destination_exists(
                 dest.location.url,
                 who,
-                state=" and holds objects (pass overwrite=True to replace them)",
+                state=f" and holds objects (pass {how} to replace them)",
             )
         dest.delete([META_FILE])
         remove_objects(dest, dest.names())
