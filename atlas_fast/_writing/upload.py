@@ -124,9 +124,11 @@ class ShardUploads:
     ``local`` is a new staging directory (under ``staging_dir``, default the system's
     temporary directory) in which the writer writes the dataset as it would in place.
     ``add(number, started)`` uploads finished shard ``number`` (``started``: shards begun
-    so far, which sets the width of its name) and removes it locally once stored; it waits
-    while the shards not yet stored hold more than ``staging_bytes``. ``commit`` waits for
-    them all, gives them their final names and puts the root's files, meta.json last.
+    so far, which sets the width of its name, or ``expected`` when more) and removes it
+    locally once stored; it waits while the shards not yet stored hold more than
+    ``staging_bytes``. ``put`` uploads a shard named by the caller, who bounds what waits.
+    ``commit`` waits for them all, gives them their final names and puts the root's files,
+    meta.json last (``seal``, then ``put_meta``).
     ``abandon`` stops: nothing more is uploaded, what was uploaded is deleted, the uploads
     left open are aborted and the staging directory is removed.
     """
@@ -149,13 +151,16 @@ class ShardUploads:
         self.objects: list = []  # every object stored so far (under _lock)
         self._shared = None  # the upload of the shared dictionary (strategy 2), once begun
         self._error = None
+        # The shard count the dataset is expected to reach (the writer's expected_examples):
+        # names take its width from the start.
+        self.expected = 0
 
     def add(self, number: int, started: int) -> None:
         """Upload finished shard ``number`` (see the class)."""
         self.check()
         local_dir = self.local / str(number)
         size = sum(p.stat().st_size for p in local_dir.iterdir() if p.is_file())
-        name = str(number).zfill(len(str(max(started, number + 1) - 1)))
+        name = str(number).zfill(len(str(max(started, number + 1, self.expected) - 1)))
         with self._lock:
             while self._held and self._held + size > self.limit and self._error is None:
                 self._lock.wait()
