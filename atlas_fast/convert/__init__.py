@@ -118,8 +118,10 @@ def convert(
     (default 2 GiB) plus a shard per process (a process whose shards cannot be named yet
     pauses meanwhile). Each dataset's root meta.json is put last, once every shard is
     stored. Objects already under ``dst`` are refused unless ``overwrite=True``, which
-    deletes them first. With ``ray=True`` the dataset is converted into that directory
-    whole, then uploaded.
+    deletes them first. With ``ray=True`` the Ray tasks upload their shards
+    (``atlas_fast.ray.write_atlas`` to the URL, given ``storage_options``); with
+    ``verify=True`` too, the dataset is converted into that directory whole, verified, then
+    uploaded.
 
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """

@@ -203,8 +203,14 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
             label = dst if source.split is None else dst / source.split
             if remote is not None:
                 label = remote.label(source.split)
-            if ray:
-                examples, shards = write_with_ray(source, root, options)
+            if ray and remote is not None and not verify:
+                # The tasks upload (no data through here): write_atlas to the URL.
+                examples, shards, written = write_with_ray(
+                    source, remote.label(source.split), options, remote.storage_options
+                )
+                streamed.append(written)
+            elif ray:
+                examples, shards, _ = write_with_ray(source, root, options)
                 if verify:
                     phase = _phase_name("verifying", source)
                     # [examples]: checked against the count verify_source makes
@@ -230,12 +236,12 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
                 )
                 streamed.append(written)
             summary.datasets.append((source.split, examples, shards))
-        if remote is None or ray:
+        if remote is None or (ray and verify):
             staging.move_in()
         if remote is not None:
-            if ray:
+            if ray and verify:
                 remote.upload([split for split, _, _ in summary.datasets])
-            else:
+            elif not ray:
                 remote.commit()
         ok = True
     finally:
@@ -257,7 +263,7 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
     summary.examples = sum(e for _, e, _ in summary.datasets)
     summary.shards = sum(n for _, _, n in summary.datasets)
     summary.bytes_in = sum(p.nbytes for source in sources for p in source.parts)
-    summary.bytes_out = _tree_bytes(dst) if remote is None else remote.bytes_out
+    summary.bytes_out = _tree_bytes(dst) if remote is None else remote.stored_bytes(ray, verify)
     summary.verified = bool(verify)
     summary.seconds = time.monotonic() - started
     return summary

@@ -9,8 +9,9 @@ every dataset of the conversion is stored: DST holds the bytes a local conversio
 and no root meta.json until then. A failure deletes what was uploaded and aborts the open
 multipart uploads.
 
-``ray=True`` converts into the temporary directory first, then uploads the whole dataset
-(``upload``).
+``ray=True`` writes through ``atlas_fast.ray.write_atlas`` to the URL (its tasks upload);
+with ``verify`` too it converts into the temporary directory whole, verifies, then uploads
+the dataset (``upload``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class RemoteDestination:
     ) -> None:
         self.dest = open_destination(url, storage_options, overwrite=overwrite, who="convert")
         self.url = self.dest.location.url
+        self.storage_options = storage_options
         self.limit = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
         if staging_dir is not None:
             Path(staging_dir).mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,12 @@ class RemoteDestination:
             local = self.local if split is None else self.local / split
             upload_dataset(local, self._dest(split))
             self.bytes_out += sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+
+    def stored_bytes(self, ray: bool, verify: bool) -> int:
+        """The bytes the conversion stored (listed in the store after ``write_atlas``)."""
+        if ray and not verify:
+            return self.dest.total_bytes()
+        return self.bytes_out
 
     def fail(self) -> None:
         """The conversion failed: what was uploaded is deleted, open uploads aborted."""
