@@ -428,6 +428,18 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     test double) are made and closed in the reference's order: only strategy 3's shards are
     closed on other threads.
 
+    ``path`` may be a URL (``s3://``, ``gs://``, ``az://``; ``storage_options`` as for
+    reading): each shard is written into a local staging directory (under ``staging_dir``,
+    default the system's temporary directory), uploaded while the next is written and
+    removed once stored; finished shards waiting for their upload hold at most
+    ``staging_bytes`` (default 2 GiB). Objects already there are refused unless
+    ``overwrite=True``. The root meta.json is put last. Shard folders are named with the
+    width of the final shard count; a shard uploaded before the count reached 10, 100, ...
+    is copied to its final name within the store at the commit, unless
+    ``expected_examples`` (the number of examples the dataset will hold) said the count
+    from the start: then each shard is stored under its final name at once (a wrong count
+    costs those copies again, never a wrong dataset). Locally it changes nothing.
+
     If the ``with`` block raises (or ``close()`` does), the dataset is not finished: no root
     meta.json is written; the shard being filled is abandoned, shards queued on other threads
     are abandoned before they start, those being finished there are waited for (no thread is
@@ -456,6 +468,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         overwrite=False,
         staging_dir=None,
         staging_bytes=None,
+        expected_examples=None,
     ):
         options = WriterOptions.from_arguments(locals())
         # A URL: the dataset is written into a local staging directory, shard by shard, each
@@ -463,6 +476,12 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._uploads = _uploads_for(
             path, storage_options, overwrite, staging_dir, staging_bytes, "AtlasDatasetWriter"
         )
+        if expected_examples is not None:
+            expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+            if self._uploads is not None:
+                # The count of shards that many examples make: their names' width from
+                # the start (the commit renames only if the count turns out otherwise).
+                self._uploads.expected = -(-expected_examples // options.shard_size)
         self.path = self._uploads.local if self._uploads is not None else Path(local_path(path))
         self._url = self._uploads.dest.location.url if self._uploads is not None else None
         self.shard_size = options.shard_size

@@ -99,7 +99,13 @@ def test_integers_of_any_type_are_taken_as_ints(atlas, tmp_path):
     assert ds.shards[0].metadata.compression_dict_size == 0.5
 
 
-DESTINATION_ARGUMENTS = ("storage_options", "overwrite", "staging_dir", "staging_bytes")
+DESTINATION_ARGUMENTS = (
+    "storage_options",
+    "overwrite",
+    "staging_dir",
+    "staging_bytes",
+    "expected_examples",
+)
 
 
 def test_the_defaults_are_the_writers():

@@ -65,10 +65,11 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
     found = dest.names(limit=1)
     if found:
         if not overwrite:
+            how = "overwrite=True" + (", or --overwrite," if who == "convert" else "")
             raise destination_exists(
                 dest.location.url,
                 who,
-                state=" and holds objects (pass overwrite=True to replace them)",
+                state=f" and holds objects (pass {how} to replace them)",
             )
         dest.delete([META_FILE])
         remove_objects(dest, dest.names())
@@ -123,15 +124,20 @@ class ShardUploads:
     ``local`` is a new staging directory (under ``staging_dir``, default the system's
     temporary directory) in which the writer writes the dataset as it would in place.
     ``add(number, started)`` uploads finished shard ``number`` (``started``: shards begun
-    so far, which sets the width of its name) and removes it locally once stored; it waits
-    while the shards not yet stored hold more than ``staging_bytes``. ``commit`` waits for
-    them all, gives them their final names and puts the root's files, meta.json last.
+    so far, which sets the width of its name, or ``expected`` when more) and removes it
+    locally once stored; it waits while the shards not yet stored hold more than
+    ``staging_bytes``. ``put`` uploads a shard named by the caller, who bounds what waits.
+    ``commit`` waits for them all, gives them their final names and puts the root's files,
+    meta.json last (``seal``, then ``put_meta``).
     ``abandon`` stops: nothing more is uploaded, what was uploaded is deleted, the uploads
     left open are aborted and the staging directory is removed.
     """
 
-    def __init__(self, dest: Destination, *, staging_dir=None, staging_bytes=None) -> None:
+    def __init__(
+        self, dest: Destination, *, staging_dir=None, staging_bytes=None, on_stored=None
+    ) -> None:
         self.dest = dest
+        self.on_stored = on_stored  # called with a shard's bytes once it has left local disk
         self.limit = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
         if staging_dir is not None:
             Path(staging_dir).mkdir(parents=True, exist_ok=True)
@@ -145,24 +151,34 @@ class ShardUploads:
         self.objects: list = []  # every object stored so far (under _lock)
         self._shared = None  # the upload of the shared dictionary (strategy 2), once begun
         self._error = None
+        # The shard count the dataset is expected to reach (the writer's expected_examples):
+        # names take its width from the start.
+        self.expected = 0
 
     def add(self, number: int, started: int) -> None:
         """Upload finished shard ``number`` (see the class)."""
         self.check()
         local_dir = self.local / str(number)
         size = sum(p.stat().st_size for p in local_dir.iterdir() if p.is_file())
-        name = str(number).zfill(len(str(max(started, number + 1) - 1)))
+        name = str(number).zfill(len(str(max(started, number + 1, self.expected) - 1)))
         with self._lock:
             while self._held and self._held + size > self.limit and self._error is None:
                 self._lock.wait()
-            self._held += size
-        self.check()
-        self.names[number] = name
-        future = self._pool.submit(self._upload, local_dir, name, size)
-        self._futures.append((number, future))
+        self.put(local_dir, number, name, size)
         shared = self.local / DICT_FILE
         if self._shared is None and shared.is_file():  # strategy 2: known after shard 0
             self._shared = self._pool.submit(self._put_shared, shared)
+
+    def put(self, local_dir: Path, number: int, name: str, size: int) -> None:
+        """Upload the finished shard ``local_dir`` (``size`` bytes), shard ``number`` of the
+        dataset, as ``name`` (its number zero-padded to the width known so far; ``commit``
+        renames it if the final count is wider), at once: the caller bounds what waits."""
+        self.check()
+        with self._lock:
+            self._held += size
+        self.names[number] = name
+        future = self._pool.submit(self._upload, local_dir, name, size)
+        self._futures.append((number, future))
 
     def _put_shared(self, path: Path) -> None:
         try:
@@ -190,6 +206,8 @@ class ShardUploads:
             with self._lock:
                 self._held -= size
                 self._lock.notify_all()
+            if self.on_stored is not None:
+                self.on_stored(size)
 
     def check(self) -> None:
         """Raise the first upload's error, if one failed."""
@@ -201,6 +219,13 @@ class ShardUploads:
     def commit(self, fields: dict, dict_file: Path | None) -> None:
         """Wait for every shard, rename those stored under a name of another width, then put
         the shared dictionary (``dict_file``, strategy 2) and the root meta.json, last."""
+        self.seal(fields, dict_file)
+        self.put_meta(fields)
+        self.close()
+
+    def seal(self, fields: dict, dict_file: Path | None = None, dict_bytes=None) -> None:
+        """``commit`` but for the root meta.json: every shard stored under its final name,
+        the shared dictionary (``dict_file`` or ``dict_bytes``) put."""
         for _number, future in self._futures:
             future.result()
         if self._shared is not None:
@@ -211,10 +236,17 @@ class ShardUploads:
         moves = [(old, final[n]) for n, old in sorted(self.names.items()) if old != final[n]]
         if moves:
             self._rename(moves)
-        dict_bytes = dict_file.read_bytes() if dict_file is not None else None
+        if dict_file is not None:
+            dict_bytes = dict_file.read_bytes()
+        if dict_bytes is not None:
+            self.dest.put_bytes(DICT_FILE, dict_bytes)
+            with self._lock:
+                self.objects.append(DICT_FILE)
+
+    def put_meta(self, fields: dict) -> None:
+        """The root meta.json, the dataset's last object (after ``seal``)."""
         # No sweep unless an upload failed: every upload of this writer completed.
-        _put_root(self.dest, fields, dict_bytes, sweep=False)
-        self.close()
+        _put_root(self.dest, fields, None, sweep=False)
 
     def _rename(self, moves: list) -> None:
         """Shards stored before the count reached a power of ten, copied within the store

@@ -19,7 +19,12 @@ FORMAT_NAMES = ("parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "fla
 
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="the dataset to convert (file or directory)")
-    parser.add_argument("dst", metavar="DST", help="the Atlas dataset to write (must not exist)")
+    parser.add_argument(
+        "dst",
+        metavar="DST",
+        help="the Atlas dataset to write (must not exist): a path, or a URL (s3://, gs://, "
+        "az://) to write to object storage",
+    )
     parser.add_argument(
         "--from",
         dest="fmt",
@@ -65,6 +70,27 @@ def add_arguments(parser) -> None:
         help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
         "decides the parallelism: not with --workers)",
     )
+    url_group = parser.add_argument_group("object storage (DST a URL)")
+    url_group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the objects already under DST (deleted first); without it, DST holding "
+        "any object is refused",
+    )
+    url_group.add_argument(
+        "--staging-dir",
+        metavar="DIR",
+        help="local directory in which shards are written before their upload (default: the "
+        "system's temporary directory)",
+    )
+    url_group.add_argument(
+        "--staging-bytes",
+        metavar="SIZE",
+        type=_size,
+        help="finished shards waiting on local disk for their upload hold at most this much, "
+        "plus a shard per process: bytes, or with a K, M, G or T suffix (powers of 1024: "
+        "512M); default 2G",
+    )
     fmt_group = parser.add_argument_group("format options")
     fmt_group.add_argument(
         "--attributes",
@@ -79,6 +105,26 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="mds: convert columns whose encoding unpickles (pkl): only for trusted data",
     )
+
+
+def _size(text: str) -> int:
+    """``--staging-bytes``: an integer of bytes, or with a K, M, G or T suffix (1024s)."""
+    import argparse
+
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(value[-1:], 1)
+    if scale > 1:
+        value = value[:-1]
+    try:
+        number = int(value) * scale
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a size (a positive number of bytes, or with a K, M, G or T suffix)"
+        )
+    return number
 
 
 def _error(message: str) -> int:
@@ -117,6 +163,21 @@ def run(args) -> int:
         if args.fmt != "mds":
             return _error("--allow-unsafe-types applies to --from mds only")
         options["allow_unsafe_types"] = True
+    remote = {
+        key: value
+        for key, value in (
+            ("overwrite", args.overwrite or None),
+            ("staging_dir", args.staging_dir),
+            ("staging_bytes", args.staging_bytes),
+        )
+        if value is not None
+    }
+    if remote:
+        from .._writing.upload import is_remote
+
+        if not is_remote(args.dst):
+            flags = ", ".join("--" + key.replace("_", "-") for key in remote)
+            return _error(f"{flags}: for a DST in object storage (a URL), not {args.dst}")
     show_bar = not args.quiet and sys.stderr.isatty()
     try:
         summary = convert(
@@ -127,6 +188,7 @@ def run(args) -> int:
             verify=args.verify,
             progress=show_bar or None,
             ray=args.ray,
+            **remote,
             **options,
         )
     except KeyboardInterrupt:

@@ -82,6 +82,7 @@ def convert(
     storage_options=None,
     overwrite=False,
     staging_dir=None,
+    staging_bytes=None,
     **options,
 ):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
@@ -110,11 +111,17 @@ def convert(
     parallelism: ``workers`` > 1 with it is an error).
 
     ``dst`` may be a URL (``s3://bucket/path``, ``gs://``, ``az://``; ``storage_options``
-    as for reading, over the standard environment variables): the dataset is converted into
-    a temporary directory under ``staging_dir`` (default: the system's; it must hold the whole
-    converted dataset), then uploaded, each dataset's root meta.json last, and the local copy
-    removed. Objects already under ``dst`` are refused unless ``overwrite=True``, which
-    deletes them first.
+    as for reading, over the standard environment variables): each shard is written into a
+    temporary directory under ``staging_dir`` (default: the system's), uploaded as soon as
+    it is finished and its place in the dataset is known (with ``verify``, once verified)
+    and removed locally; finished shards waiting there hold at most ``staging_bytes``
+    (default 2 GiB) plus a shard per process (a process whose shards cannot be named yet
+    pauses meanwhile). Each dataset's root meta.json is put last, once every shard is
+    stored. Objects already under ``dst`` are refused unless ``overwrite=True``, which
+    deletes them first. With ``ray=True`` the Ray tasks upload their shards
+    (``atlas_fast.ray.write_atlas`` to the URL, given ``storage_options``); with
+    ``verify=True`` too, the dataset is converted into that directory whole, verified, then
+    uploaded.
 
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """
@@ -153,6 +160,9 @@ def convert(
         storage_options=storage_options,
         overwrite=bool(overwrite),
         staging_dir=staging_dir,
+        staging_bytes=(
+            None if staging_bytes is None else check_int("staging_bytes", staging_bytes, minimum=1)
+        ),
     )
 
 

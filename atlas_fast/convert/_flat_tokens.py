@@ -105,7 +105,7 @@ def _parts(path: Path, name: str) -> list[Part]:
         a, b = bounds[i], bounds[i + 1]
         read = functools.partial(_read, str(path), name, a, b, dtype.str)
         nbytes = max(offsets[i + 1] - offsets[i], 0) * itemsize + (b - a + 1) * 8
-        parts.append(Part(f"{where}: sequences {a}-{b - 1}", nbytes, read))
+        parts.append(Part(f"{where}: sequences {a}-{b - 1}", nbytes, read, b - a))
     return parts
 
 

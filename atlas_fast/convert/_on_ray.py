@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ._source import Source, SourceError
 
 __all__ = ["write_with_ray"]
@@ -16,9 +14,10 @@ def _part_rows(parts: list, row: dict) -> list:
     return [example_to_row(example) for example in parts[row["part"]].read()]
 
 
-def write_with_ray(source: Source, root: Path, options: dict) -> tuple:
-    """Write ``source`` at ``root`` through ``atlas_fast.ray.write_atlas``: a Ray Dataset of
-    one block per part, each read by a task, in part order. Returns (examples, shards)."""
+def write_with_ray(source: Source, root, options: dict, storage_options=None) -> tuple:
+    """Write ``source`` at ``root`` (a path, or a URL: ``storage_options`` go to the tasks)
+    through ``atlas_fast.ray.write_atlas``: a Ray Dataset of one block per part, each read
+    by a task, in part order. Returns (examples, shards, the strategy written)."""
     from functools import partial
 
     from ..ray import write_atlas
@@ -42,5 +41,6 @@ def write_with_ray(source: Source, root: Path, options: dict) -> tuple:
         compression_strategy=options["compression_strategy"],
         compression_level=options["compression_level"],
         compression_dict_size=options["compression_dict_size"],
+        storage_options=storage_options,
     )
-    return sum(metadata.shard_sizes), len(metadata.shard_sizes)
+    return sum(metadata.shard_sizes), len(metadata.shard_sizes), metadata.compression_strategy

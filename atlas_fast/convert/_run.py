@@ -145,6 +145,7 @@ def run_conversion(
     storage_options: dict | None = None,
     overwrite: bool = False,
     staging_dir=None,
+    staging_bytes=None,
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
     from .._writing.upload import is_remote
@@ -153,7 +154,7 @@ def run_conversion(
     if is_remote(dst):
         from ._upload import RemoteDestination
 
-        remote = RemoteDestination(dst, storage_options, overwrite, staging_dir)
+        remote = RemoteDestination(dst, storage_options, overwrite, staging_dir, staging_bytes)
         try:
             return _run(
                 list_sources,
@@ -168,8 +169,12 @@ def run_conversion(
             )
         finally:
             remote.remove()
-    if storage_options is not None or overwrite:
-        raise ValueError(f"{dst}: storage_options and overwrite are for a URL DST")
+    if storage_options is not None or overwrite or staging_dir is not None:
+        raise ValueError(
+            f"{dst}: storage_options, overwrite, staging_dir and staging_bytes are for a URL DST"
+        )
+    if staging_bytes is not None:
+        raise ValueError(f"{dst}: staging_bytes is for a URL DST")
     dst = Path(local_path(dst))
     check_destination(dst)
     return _run(list_sources, dst, None, fmt, workers, verify, progress, options, ray)
@@ -181,6 +186,7 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
     started = time.monotonic()
     pool = Serial(1 if ray else workers)
     staging = None
+    streamed: list = []  # a conversion to a URL: the strategy each dataset was written with
     ok = False
     try:
         sources = list_sources()
@@ -197,8 +203,14 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
             label = dst if source.split is None else dst / source.split
             if remote is not None:
                 label = remote.label(source.split)
-            if ray:
-                examples, shards = write_with_ray(source, root, options)
+            if ray and remote is not None and not verify:
+                # The tasks upload (no data through here): write_atlas to the URL.
+                examples, shards, written = write_with_ray(
+                    source, remote.label(source.split), options, remote.storage_options
+                )
+                streamed.append(written)
+            elif ray:
+                examples, shards, _ = write_with_ray(source, root, options)
                 if verify:
                     phase = _phase_name("verifying", source)
                     # [examples]: checked against the count verify_source makes
@@ -206,35 +218,64 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
                         pool, source, [source.parts], [examples], root, label, phase, progress
                     )
             else:
-                examples, shards = _convert_source(
-                    pool, source, staging.work(s), root, label, verify, progress, options
+                stream = None
+                if remote is not None:  # each shard uploaded once named (see _stream)
+                    work = staging.work(s)
+                    stream = remote.stream(source, pool.gate, options, verify, work / "dict")
+                examples, shards, written = _convert_source(
+                    pool,
+                    source,
+                    staging.work(s),
+                    root,
+                    label,
+                    verify,
+                    progress,
+                    options,
+                    stream,
+                    remote,
                 )
+                streamed.append(written)
             summary.datasets.append((source.split, examples, shards))
-        staging.move_in()
+        if remote is None or (ray and verify):
+            staging.move_in()
         if remote is not None:
-            remote.upload([split for split, _, _ in summary.datasets])
+            if ray and verify:
+                remote.upload([split for split, _, _ in summary.datasets])
+            elif not ray:
+                remote.commit()
         ok = True
     finally:
+        if not ok and remote is not None:
+            pool.gate.fail()
         pool.close(kill=not ok)
         if staging is not None:
             staging.remove()
+        if not ok and remote is not None:
+            remote.fail()
     summary.strategy = int(options["compression_strategy"])
-    summary.strategies = [
-        read_dataset_metadata(dst if split is None else dst / split).compression_strategy
-        for split, _, _ in summary.datasets
-    ]
+    if streamed:
+        summary.strategies = streamed
+    else:
+        summary.strategies = [
+            read_dataset_metadata(dst if split is None else dst / split).compression_strategy
+            for split, _, _ in summary.datasets
+        ]
     summary.examples = sum(e for _, e, _ in summary.datasets)
     summary.shards = sum(n for _, _, n in summary.datasets)
     summary.bytes_in = sum(p.nbytes for source in sources for p in source.parts)
-    summary.bytes_out = _tree_bytes(dst)
+    summary.bytes_out = _tree_bytes(dst) if remote is None else remote.stored_bytes(ray, verify)
     summary.verified = bool(verify)
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _convert_source(pool, source, work, root, label, verify, progress, options):
+def _convert_source(
+    pool, source, work, root, label, verify, progress, options, stream=None, remote=None
+):
     """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
-    verify it if asked; returns (examples, shards)."""
+    verify it if asked, or (``stream``, a ``_stream.ShardStream``: a URL DST) upload its
+    shards as they come and store all of it but the root meta.json; returns (examples,
+    shards, the compression strategy written)."""
     from .._format import CompressionStrategy
     from .._writing.commit import commit_staged_shards
 
@@ -243,7 +284,11 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     strategy = CompressionStrategy(options["compression_strategy"])
     bar = Progress(progress, sum(p.nbytes for p in parts), _phase_name("converting", source))
     try:
-        results, shared = _write_stealing(pool, parts, runs, work, options, bar)
+        results, shared = _write_stealing(pool, parts, runs, work, options, bar, stream)
+    except BaseException:
+        if stream is not None:
+            stream.close()  # its verification stops
+        raise
     finally:
         bar.close()
     # Groups of consecutive parts, from whichever run wrote them, in the order of the parts.
@@ -255,12 +300,21 @@ def _convert_source(pool, source, work, root, label, verify, progress, options):
     counts = [written[i] for i in range(len(parts))]
     if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and shared is None:
         strategy = CompressionStrategy.STANDARD_COMPRESSION
-    commit_staged_shards(root, staged, compression_strategy=strategy, shared_dict=shared)
     examples = sum(counts)
+    if stream is not None:
+        sizes = stream.finish()  # verified too, if asked
+        if len(sizes) != len(staged) or sum(sizes) != examples:
+            raise RuntimeError(
+                f"convert: {len(sizes)} shards of {sum(sizes)} examples named, {len(staged)} "
+                f"of {examples} written"
+            )
+        remote.seal(stream, sizes, strategy, shared)
+        return examples, len(staged), int(strategy)
+    commit_staged_shards(root, staged, compression_strategy=strategy, shared_dict=shared)
     if verify:
         phase = _phase_name("verifying", source)
         verify_source(pool, source, runs, counts, root, label, phase, progress)
-    return examples, len(staged)
+    return examples, len(staged), int(strategy)
 
 
 def _ranges(runs: list) -> tuple:
@@ -280,7 +334,7 @@ def _threads(pool, runs: int) -> int:
     return max(1, pool.cores // runs)
 
 
-def _write_stealing(pool, parts, runs, work, options, bar):
+def _write_stealing(pool, parts, runs, work, options, bar, stream=None):
     """Every run starts at once (work stealing, spill files, the dictionary handed over by
     files); returns (the runs' results, the shared dictionary or None)."""
     from .._format import CompressionStrategy
@@ -297,12 +351,20 @@ def _write_stealing(pool, parts, runs, work, options, bar):
         (
             write_run,
             WriteJob(
-                parts, ranges, k, str(work / str(k)), str(dict_dir), options, threads, spill_dir
+                parts,
+                ranges,
+                k,
+                str(work / str(k)),
+                str(dict_dir),
+                options,
+                threads,
+                spill_dir,
+                stream is not None,
             ),
         )
         for k in range(len(runs))
     ]
-    results = pool.run(tasks, bar, ranges)
+    results = pool.run(tasks, bar, ranges, None if stream is None else stream.on_event)
     shared = DictionaryHandOver(dict_dir).published()
     return results, (None if shared is ... else shared)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .._compat import NO_TORCH_PROCESS_PREFIX
 from ._claims import Claims
 from ._source import SourceError
+from ._stream import GATE_SLOTS, Gate
 from ._verify import VerifyError
 
 __all__ = ["Serial", "Worker", "Workers", "start_method"]
@@ -39,6 +40,10 @@ class Worker:
     table: object = None  # the claim table the processes share (see Claims), or None
     # What to say of another process that has ended unexpectedly, or None while all run.
     watch: Callable[[], str | None] | None = None
+    # A conversion to a URL: tells the converting process what the task did (see
+    # ``_stream``), and the staging bytes' gate its runs wait at (a ``_stream.Gate``).
+    event: Callable[[tuple], None] | None = None
+    gate: object = None
 
 
 def _portable(exc: BaseException, k: int) -> BaseException:
@@ -55,7 +60,7 @@ def _portable(exc: BaseException, k: int) -> BaseException:
     return RuntimeError(f"worker process {k} failed: {type(exc).__name__}: {exc}\n{text}")
 
 
-def child(k: int, inbox, results, table) -> None:
+def child(k: int, inbox, results, table, gate) -> None:
     """Worker process ``k``: runs ``(function, job)`` tasks until it gets None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
     parent = os.getppid()
@@ -66,7 +71,10 @@ def child(k: int, inbox, results, table) -> None:
     def watch():
         return None if os.getppid() == parent else "the parent process died"
 
-    worker = Worker(k, emit, table, watch)
+    def event(payload):
+        results.put(("event", k, payload))
+
+    worker = Worker(k, emit, table, watch, event, Gate(gate))
     while (task := inbox.get()) is not None:
         function, job = task
         try:
@@ -112,12 +120,14 @@ class Workers:
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n - 1)]
         self.claims = ctx.Array("q", len(Claims.layout([(0, 0)] * n)))
+        self.gate = Gate(ctx.Array("q", GATE_SLOTS))
+        self.on_event = None
         # Workers only write and compare examples: named so, a spawned one imports atlas_fast
         # without torch (see _compat).
         self.processes = [
             ctx.Process(
                 target=child,
-                args=(k, inbox, self.results, self.claims),
+                args=(k, inbox, self.results, self.claims, self.gate.array),
                 name=f"{NO_TORCH_PROCESS_PREFIX}convert-{k}",
                 daemon=True,
             )
@@ -154,9 +164,11 @@ class Workers:
             if frozen:
                 gc.unfreeze()
 
-    def run(self, tasks: list, on_progress, claims=()) -> list:
+    def run(self, tasks: list, on_progress, claims=(), on_event=None) -> list:
         """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results.
-        ``claims``: the ``(start, stop)`` ranges of parts each run starts with."""
+        ``claims``: the ``(start, stop)`` ranges of parts each run starts with;
+        ``on_event(k, event)``: what is told of the tasks' events (see ``Worker``)."""
+        self.on_event = on_event
         table = Claims.layout(claims)
         self.claims[: len(table)] = table
         results = [None] * len(tasks)
@@ -172,7 +184,9 @@ class Workers:
 
         if tasks[0] is not None:
             function, job = tasks[0]
-            results[0] = function(job, Worker(0, emit, self.claims, self._dead_worker))
+            event = None if on_event is None else (lambda payload: on_event(0, payload))
+            worker = Worker(0, emit, self.claims, self._dead_worker, event, self.gate)
+            results[0] = function(job, worker)
         while pending:
             self._receive(results, pending, on_progress, timeout=0.2)
         return results
@@ -203,6 +217,8 @@ class Workers:
                 return
             if kind == "progress":
                 on_progress(*payload)
+            elif kind == "event":
+                self.on_event(k, payload)
             elif kind == "done":
                 results[k] = payload
                 pending.discard(k)
@@ -250,11 +266,15 @@ class Serial:
     processes = ()  # no other process
 
     def __init__(self, cores: int):
-        self.cores = cores
+        import multiprocessing
 
-    def run(self, tasks: list, on_progress, claims=()) -> list:
+        self.cores = cores
+        self.gate = Gate(multiprocessing.Array("q", GATE_SLOTS))
+
+    def run(self, tasks: list, on_progress, claims=(), on_event=None) -> list:
         function, job = tasks[0]
-        return [function(job, Worker(0, on_progress))]
+        event = None if on_event is None else (lambda payload: on_event(0, payload))
+        return [function(job, Worker(0, on_progress, event=event, gate=self.gate))]
 
     def close(self, *, kill: bool) -> None:
         pass

@@ -28,6 +28,9 @@ class WriteJob:
     # Strategy 2 with several runs: where runs > 0 write the pickled blocks of the shards
     # they fill before the dictionary is published (see SpilledShard); None: not needed.
     spill_dir: str | None = None
+    # A conversion to a URL: the run tells the converting process of its groups and shards
+    # (``Worker.event``) and waits at the staging gate after each shard (see ``_stream``).
+    stream: bool = False
 
     @property
     def first(self) -> bool:
@@ -75,6 +78,8 @@ class RunWriter:
         self.spilled = 0  # bytes this run has spilled
         self.progress = Emitter(worker.emit)
         self.claims = Claims(job.parts, job.ranges, job.run, worker.table, worker.watch)
+        self.worker = worker
+        self.event = worker.event if job.stream else None
 
     def run(self) -> tuple:
         """Write the run. Returns (groups, counts): groups ``(first part index, shard
@@ -90,9 +95,10 @@ class RunWriter:
             if not self.known and not job.first:
                 self._learn_dict(self.spilled >= SPILL_LIMIT)
             if self.known and self.deferred:
-                for w in self.deferred:  # what only this run can compress, first
+                deferred, self.deferred = self.deferred, []
+                for w in deferred:  # what only this run can compress, first
                     self._settle(w)
-                self.deferred.clear()
+                    self._finished(job.run, w.path)
                 continue
             if self.known and job.spill_dir is not None and self._compress_spilled():
                 continue
@@ -104,11 +110,16 @@ class RunWriter:
                 if not self.known and not job.first:
                     self._learn_dict(True)  # nothing left to read: the spilled shards are left
                     continue
+                if previous is not None:
+                    self._tell(("end", self.groups[-1][0], previous))
                 break
             if previous is None or index != previous + 1:
                 if self.writer is not None:  # the group before ends with a short shard
                     self._close_shard()
+                if previous is not None:
+                    self._tell(("end", self.groups[-1][0], previous))
                 self.groups.append((index, []))
+                self._tell(("group", index))
             previous = index
             self._write_part(index, shard_size)
         if job.first and not self.known:  # no example at all in run 0
@@ -186,6 +197,7 @@ class RunWriter:
         path = self.run_dir / str(len(self.shard_dirs))
         self.shard_dirs.append(str(path))
         self.groups[-1][1].append(str(path))
+        self._tell(("open", self.groups[-1][0], job.run, len(self.shard_dirs) - 1))
         if not self.known and not job.first:
             self._learn_dict(False)
         self.kind = None
@@ -229,8 +241,30 @@ class RunWriter:
             self.claims.first_shard_settled()
             self._settle(w)
             self.known = True
+            self._finished(self.job.run, w.path)
         else:
             w.close()
+            self._finished(self.job.run, w.path)
+
+    def _tell(self, event: tuple) -> None:
+        """Tell the converting process ``event`` (a conversion to a URL: see ``_stream``)."""
+        if self.event is not None:
+            self.event(event)
+
+    def _finished(self, run: int, path) -> None:
+        """Shard ``path`` of ``run`` is finished (its files final): told, then this run
+        waits while local staging is full (see ``_stream.Gate``)."""
+        if self.event is None:
+            return
+        from ._stream import shard_bytes
+
+        size = shard_bytes(path)
+        gate = self.worker.gate
+        gate.held(size)
+        self.event(("done", run, int(Path(path).name), str(path), size))
+        # Run 0 runs in the converting process: it handles the others' messages meanwhile.
+        pump = (lambda: self.worker.emit(0, 0)) if self.worker.number == 0 else None
+        gate.wait(self.job.run, pump, self.worker.watch)
 
     def _settle(self, w) -> None:
         """Close a strategy-3 shard whose dictionary is the shared one (run 0's first shard
@@ -259,7 +293,9 @@ class RunWriter:
             return False
         k, number = taken
         spill = Path(self.job.spill_dir) / f"{k}-{number}"
-        compress_spilled(spill, self.run_dir.parent / str(k) / str(number), self._make_writer)
+        shard = self.run_dir.parent / str(k) / str(number)
+        compress_spilled(spill, shard, self._make_writer)
+        self._finished(k, shard)
         return True
 
     def _first_shard_open(self) -> bool:

@@ -143,6 +143,12 @@ class Destination:
         base = self.key("")
         return [k[len(base) + 1 :] if base else k for k in found]
 
+    def total_bytes(self, under: str = "") -> int:
+        """The bytes of the objects under ``under`` (a folder of this location, "" for all)."""
+        writer = self._writer()
+        top = self.key(under)
+        return self._retrying(under or "", lambda: writer.total_bytes(top), what="listed")
+
     def abort_uploads(self, under: str = "", exact: bool = False) -> int:
         """Abort the multipart uploads left open under ``under`` (``exact``: of that one
         object); how many. Only S3 lists them: elsewhere a no-op returning 0 (GCS and Azure
@@ -288,6 +294,12 @@ class _ObstoreWriter:
                     return out
         return out
 
+    def total_bytes(self, prefix: str) -> int:
+        total = 0
+        for chunk in self._obstore.list(self.store, prefix or None, chunk_size=1000):
+            total += sum(meta["size"] for meta in chunk)
+        return total
+
     def abort_uploads(self, prefix: str, exact: bool) -> int:
         """Abort the open multipart uploads of the key ``prefix`` (``exact``) or under the
         folder ``prefix``."""
@@ -373,6 +385,12 @@ class _FsspecWriter:
             if path.startswith(root.rstrip("/") + "/"):
                 out.append(f"{scheme}://{path}")
         return out[:limit] if limit is not None else out
+
+    def total_bytes(self, top: str) -> int:
+        try:
+            return int(self.fs.du(top))
+        except FileNotFoundError:
+            return 0
 
     def abort_uploads(self, under: str, exact: bool) -> int:
         return 0

@@ -98,6 +98,7 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "body_bytes": 0, "faults": dict.fromkeys(FAULTS, 0)}
+        self._copies = 0  # S3 CopyObject requests (a PUT naming its x-amz-copy-source)
         self._methods: dict = {}
         self._paths: dict = {}
         self._log: list = []  # [method, path, arrived, answered] of each request, in order
@@ -132,6 +133,7 @@ class FaultProxy:
                 "faults": dict(self._counts["faults"]),
                 "methods": dict(self._methods),
                 "paths": dict(self._paths),
+                "copies": self._copies,
             }
 
     def log(self) -> list:
@@ -147,6 +149,7 @@ class FaultProxy:
             self._methods = {}
             self._paths = {}
             self._log = []
+            self._copies = 0
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -225,6 +228,8 @@ class FaultProxy:
                     self._methods[key] = self._methods.get(key, 0) + 1
                     self._paths[path] = self._paths.get(path, 0) + 1
                     self._log.append(entry)
+                    if _header(headers, b"x-amz-copy-source") is not None:
+                        self._copies += 1
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 fault = self._decide(method)

@@ -110,3 +110,34 @@ def test_a_failed_job_leaves_nothing(ray, s3, tmp_path):
     assert stored(s3, "failed") == {}
     with pytest.raises(AtlasFormatError, match="incomplete"):
         AtlasDataset(s3.url("failed"))
+
+
+def test_convert_on_ray_to_s3_uploads_from_the_tasks(ray, s3, tmp_path):
+    # convert(ray=True) to a URL is write_atlas to the URL: the tasks upload their shards,
+    # nothing is staged by the converting process; the objects are a local Ray conversion's.
+    import json
+
+    from atlas_fast.convert import convert
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(3):
+        rows = [{"id": k * 100 + i, "text": "w " * i} for i in range(100)]
+        (src / f"{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = {"shard_size": 40, "block_size": 10, "ray": True}
+    convert(src, tmp_path / "local", "jsonl", **options)
+    staging = tmp_path / "staging"
+    summary = convert(
+        src,
+        s3.url("conv-ray"),
+        "jsonl",
+        storage_options=task_options(s3),
+        staging_dir=staging,
+        **options,
+    )
+    objects = stored(s3, "conv-ray")
+    assert objects == local_files(tmp_path / "local")
+    assert summary.examples == 300 and summary.bytes_out == sum(map(len, objects.values()))
+    assert list(staging.iterdir()) == []
+    # Uploaded by the tasks, under write_atlas's staging prefix: not from a local copy.
+    assert any("/conv-ray/.atlas-staging-" in path for path in s3.proxy.stats()["paths"])

@@ -293,3 +293,27 @@ def test_a_shard_writer_refuses_a_url(tmp_path):
     with AtlasDatasetShardWriter(f"file://{tmp_path / 'shard'}", block_size=5) as shard:
         shard.add_example(1)
     assert (tmp_path / "shard" / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("expected", [None, 300, 50, 4000], ids=str)
+def test_a_writer_told_its_count_stores_shards_under_their_final_names(s3, tmp_path, expected):
+    # 15 shards. Not told: shards 0-8 go up as "0" ... "8" (shard 9 finishes once the 11th
+    # began: "09") and are copied to "00" ... "08" at the commit (3 objects each). Told the
+    # right count: no copy. Told a wrong one: the shards whose names differ are copied (all
+    # 15 for 4000 examples: "000" ...), and the dataset is right all the same.
+    examples = make_examples(300)
+    options = {"shard_size": 20, "block_size": 4, "workers": 1}
+    write(tmp_path / "local", examples, **options)
+    s3.proxy.reset_stats()
+    write(s3.url("told"), examples, **options, expected_examples=expected)
+    assert stored(s3, "told") == local_files(tmp_path / "local")
+    copies = s3.proxy.stats()["copies"]
+    assert copies == {None: 27, 300: 0, 50: 27, 4000: 45}[expected]
+
+
+def test_expected_examples_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="expected_examples"):
+        AtlasDatasetWriter(tmp_path / "x", shard_size=5, block_size=5, expected_examples=-1)
+    with AtlasDatasetWriter(tmp_path / "y", shard_size=5, block_size=5, expected_examples=99) as w:
+        w.add_example(1)  # a hint only: locally it changes nothing
+    assert (tmp_path / "y" / "meta.json").is_file()
