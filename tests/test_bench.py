@@ -9,6 +9,7 @@ Nothing here asserts a timing.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import io
@@ -586,3 +587,89 @@ def test_datasets_for_the_scripts_are_written_once(tmp_path, atlas):
     with atlas.AtlasDataset(path) as ds:
         assert_same([ds[i] for i in range(len(ds))], corpus.examples("rows", 40))
         assert len(ds.shards) == 3
+
+
+# -- bench_remote.py's peer rows (benchmarks/remote_peers.py) -----------------------------------
+
+
+def test_remote_peers_arguments():
+    peers = _script("remote_peers")
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args([])
+    assert peers.parse_peers(args.peers) == ["streaming"]
+    assert peers.parse_patterns(args.peer_patterns) == ["epoch", "epoch, 2 workers"]
+    args = parser.parse_args(["--peers", "none", "--peer-patterns", "epoch, 2 workers"])
+    assert peers.parse_peers(args.peers) == []
+    assert peers.parse_patterns(args.peer_patterns) == ["epoch, 2 workers"]
+    assert peers.parse_peers(" streaming , ") == ["streaming"]
+    with pytest.raises(ValueError, match="unknown peer 'litdata'"):
+        peers.parse_peers("streaming,litdata")
+    with pytest.raises(ValueError, match="unknown pattern 'shuffle'"):
+        peers.parse_patterns("epoch;shuffle")
+
+
+def test_remote_peers_skipped_without_the_mds_venv(tmp_path, monkeypatch, capsys):
+    """No venv: the StreamingDataset rows are skipped with the reason and how to make the
+    venv, and nothing is measured, built or served."""
+    peers = _script("remote_peers")
+    missing = tmp_path / "no-venv"
+    monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(missing))
+    assert peers.venv_dir() == missing
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args(["--peer-cache", str(tmp_path / "cache")])
+    args.copies = 1
+    www = tmp_path / "www"
+    www.mkdir()
+    got = peers.run(args, www, proxies={}, reps=1)
+    assert got["streaming"]["available"] is False
+    reason = got["streaming"]["reason"]
+    assert str(missing) in reason and "tools/test.sh" in reason
+    assert f"peer rows skipped: StreamingDataset: {reason}" in capsys.readouterr().out
+    assert not any(www.iterdir()) and not (tmp_path / "cache").exists()
+    assert peers.run(parser.parse_args(["--peers", "none"]), www, {}, 1) == {}
+    summary = peers.summarize(got, {"sampler": {"0 ms": {"examples_per_s": 10.0}}})
+    assert summary == {**got, "compared": {}}
+
+
+def test_remote_peers_venv_that_cannot_import_streaming(tmp_path, monkeypatch):
+    """A venv whose python cannot import streaming (here: this one's python, if it lacks it,
+    or a python that fails) is skipped with the import error, not a crash."""
+    peers = _script("remote_peers")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "python"
+    fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no streaming here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(venv))
+    python, version, reason = peers.find_streaming()
+    assert python is None and version is None
+    assert "cannot import streaming" in reason and "no streaming here" in reason
+    assert "tools/test.sh" in reason
+
+
+def test_remote_peers_summary_ratios():
+    peers = _script("remote_peers")
+    rows = {"0 ms": {"examples_per_s": 1000.0}, "50 ms": {"examples_per_s": 500.0}}
+    measured = {"streaming": {"available": True, "rows": {"epoch": rows}}}
+    runs = {
+        "sampler": {"local": {"examples_per_s": 9e9}, "0 ms": {"examples_per_s": 4000.0}},
+        "in order": {"0 ms": {"examples_per_s": 2000.0}, "50 ms": {"examples_per_s": 1000.0}},
+    }
+    compared = peers.summarize(measured, runs)["compared"]
+    assert set(compared) == {
+        "atlas_fast sampler / streaming epoch",
+        "atlas_fast in order / streaming epoch",
+    }
+    sampler = compared["atlas_fast sampler / streaming epoch"]
+    assert set(sampler) == {"0 ms"}  # no 50 ms sampler row measured; local is not a peer link
+    assert sampler["0 ms"]["ratio"] == 4.0 and sampler["0 ms"]["met"] is True
+    in_order = compared["atlas_fast in order / streaming epoch"]
+    assert in_order["50 ms"] == {
+        "atlas_fast": 1000.0,
+        "streaming": 500.0,
+        "ratio": 2.0,
+        "target": 3.0,
+        "met": False,
+    }
