@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--many-shards", action="store_true")
     remote_peers.add_arguments(parser)
     args = parser.parse_args()
-    patterns = [p.strip() for p in args.patterns.split(";")]
+    patterns = [p.strip() for p in args.patterns.split(";") if p.strip()]  # "": peers only
     try:
         remote_peers.parse_peers(args.peers)
         remote_peers.parse_patterns(args.peer_patterns)
@@ -314,7 +314,15 @@ def main() -> None:
                         row["body_bytes"] = statistics.median(got["body"])
                     results["runs"].setdefault(pattern, {})[label] = row
                     print(f"{label:6s} {pattern:22s} {row}", flush=True)
-            peers = remote_peers.run(args, local.parent, proxies, args.reps)
+            peers = remote_peers.run(
+                args,
+                local.parent,
+                proxies,
+                args.reps,
+                atlas=lambda label, pattern, rep: _run(
+                    f"{proxies[label].url}/{local.name}", pattern, rep
+                ),
+            )
             if args.many_shards:
                 results["many_shards_open"] = _many_shards(tmp, local.parent, nginx.port)
                 print("many shards:", results["many_shards_open"]["requests"], "requests")

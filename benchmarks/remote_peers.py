@@ -168,9 +168,12 @@ def build_mds(python: Path, cache_dir: Path, copies: int) -> Path:
     return target
 
 
-def streaming_rows(args, www: Path, proxies: dict, reps: int) -> dict:
+def streaming_rows(args, www: Path, proxies: dict, reps: int, atlas=None) -> dict:
     """StreamingDataset's rows, ``{"available", "reason" | "version", "rows"}``; ``www`` is
-    nginx's root, ``proxies`` the bench's ProxyProcess per link label."""
+    nginx's root, ``proxies`` the bench's ProxyProcess per link label. ``atlas(label, pattern,
+    rep)`` (bench_remote's measurement: examples, seconds, first) is run right after each
+    StreamingDataset run for the atlas_fast patterns it is compared with, so that each ratio
+    is of two runs side by side (the machine is shared: its load drifts over a run)."""
     patterns = parse_patterns(args.peer_patterns)
     python, version, reason = find_streaming()
     if python is None:
@@ -203,7 +206,7 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int) -> dict:
     }
     samples: dict = {}
     for pattern in patterns:
-        workers = PATTERNS[pattern][0]
+        workers, compared = PATTERNS[pattern]
         for rep in range(reps):
             for label, proxy in proxies.items():
                 env = dict(S3_ENV, S3_ENDPOINT_URL=proxy.url)
@@ -216,6 +219,9 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int) -> dict:
                 s.setdefault("firsts", []).append(got["first_s"])
                 s.setdefault("requests", []).append(stats["requests"])
                 s.setdefault("body", []).append(stats["body_bytes"])
+                for atlas_pattern in compared if atlas is not None else ():
+                    count, seconds, _ = atlas(label, atlas_pattern, rep)
+                    s.setdefault("paired", {}).setdefault(atlas_pattern, []).append(count / seconds)
         for label in proxies:
             s = samples[(pattern, label)]
             row = {
@@ -226,38 +232,49 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int) -> dict:
                 "requests": statistics.median(s["requests"]),
                 "body_bytes": statistics.median(s["body"]),
             }
+            if "paired" in s:
+                row["atlas_fast_paired_rates"] = s["paired"]
             out["rows"].setdefault(pattern, {})[label] = row
             print(f"{label:6s} StreamingDataset {pattern:16s} {row}", flush=True)
     return out
 
 
-def run(args, www: Path, proxies: dict, reps: int) -> dict:
+def run(args, www: Path, proxies: dict, reps: int, atlas=None) -> dict:
     """Every peer asked for by ``--peers``: ``{name: its rows or why skipped}``."""
     results = {}
     for name in parse_peers(args.peers):
         if name == "streaming":
-            results[name] = streaming_rows(args, www, proxies, reps)
+            results[name] = streaming_rows(args, www, proxies, reps, atlas)
     return results
 
 
 def summarize(peers: dict, runs: dict) -> dict:
-    """The peers' rows beside atlas_fast's from the same run: ``peers`` plus ``"compared"``,
-    per "atlas pattern / peer pattern" and link, both examples/s and atlas_fast's over the
-    peer's with the issue's target (at least TARGET x); only where both were measured."""
+    """The peers' rows beside atlas_fast's: ``peers`` plus ``"compared"``, per "atlas pattern
+    / peer pattern" and link, both examples/s and atlas_fast's over the peer's with the
+    issue's target (at least TARGET x). Where atlas_fast was run beside each peer run (its
+    ``atlas_fast_paired_rates``), the ratio is the median of the paired ratios; otherwise it
+    divides by the atlas_fast row of ``runs`` (the bench's own rows), where there is one."""
     compared: dict = {}
     for name, peer in peers.items():
         for pattern, rows in peer.get("rows", {}).items():
             for atlas_pattern in PATTERNS[pattern][1]:
                 for label, row in rows.items():
-                    mine = runs.get(atlas_pattern, {}).get(label)
-                    if mine is None or not row["examples_per_s"]:
-                        continue
-                    ratio = mine["examples_per_s"] / row["examples_per_s"]
+                    paired = row.get("atlas_fast_paired_rates", {}).get(atlas_pattern)
+                    if paired:
+                        ratios = [a / b for a, b in zip(paired, row["rates"])]
+                        mine, ratio = statistics.median(paired), statistics.median(ratios)
+                    else:
+                        got = runs.get(atlas_pattern, {}).get(label)
+                        if got is None or not row["examples_per_s"]:
+                            continue
+                        mine = got["examples_per_s"]
+                        ratio = mine / row["examples_per_s"]
                     key = f"atlas_fast {atlas_pattern} / {name} {pattern}"
                     compared.setdefault(key, {})[label] = {
-                        "atlas_fast": mine["examples_per_s"],
+                        "atlas_fast": mine,
                         name: row["examples_per_s"],
                         "ratio": ratio,
+                        "paired": bool(paired),
                         "target": TARGET,
                         "met": ratio >= TARGET,
                     }

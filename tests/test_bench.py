@@ -670,6 +670,22 @@ def test_remote_peers_summary_ratios():
         "atlas_fast": 1000.0,
         "streaming": 500.0,
         "ratio": 2.0,
+        "paired": False,
         "target": 3.0,
         "met": False,
     }
+
+
+def test_remote_peers_summary_of_paired_runs():
+    """atlas_fast run beside each peer run: the ratio is the median of the paired ratios
+    (here 2, 4 and 10: 4), not the ratio of the medians, and the bench's own rows are unused."""
+    peers = _script("remote_peers")
+    row = {"examples_per_s": 100.0, "rates": [100.0, 50.0, 10.0]}
+    row["atlas_fast_paired_rates"] = {"sampler": [200.0, 200.0, 100.0]}
+    measured = {"streaming": {"available": True, "rows": {"epoch": {"20 ms": row}}}}
+    runs = {"sampler": {"20 ms": {"examples_per_s": 1.0}}}
+    compared = peers.summarize(measured, runs)["compared"]
+    assert list(compared) == ["atlas_fast sampler / streaming epoch"]  # nothing paired in order
+    got = compared["atlas_fast sampler / streaming epoch"]["20 ms"]
+    assert got["ratio"] == 4.0 and got["paired"] is True and got["met"] is True
+    assert got["atlas_fast"] == 200.0 and got["streaming"] == 100.0
