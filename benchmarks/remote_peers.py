@@ -1,25 +1,26 @@
-"""The peer rows of bench_remote.py: MosaicML streaming's StreamingDataset reading an MDS
-conversion of the same examples from the same nginx, through the same latency proxy, with a
-cold local cache (a fresh ``local`` folder per run).
+"""The peer rows of bench_remote.py: MosaicML streaming's StreamingDataset and LitData's
+StreamingDataset reading a conversion of the same examples from the same nginx, through the
+same latency proxy, with a cold local cache (a fresh cache folder per run).
 
 mosaicml-streaming cannot live in the main environment (it caps numpy below 2.2, and
 ``import streaming`` imports torchvision, whose PyPI build fails beside the local CPU torch),
-so it runs in the MDS venv that tools/test.sh makes (``$ATLAS_FAST_MDS_VENV``, default
-``${XDG_CACHE_HOME:-~/.cache}/atlas-fast/mds-venv``), each run a fresh process of that venv's
-python running benchmarks/_peer_streaming.py, with tools/mds-test-env (a placeholder
-torchvision) first on its PYTHONPATH. Without that venv the rows are skipped, with the reason
-and the command that makes it; the rest of the benchmark runs as before.
+so the peers run in the MDS venv that tools/test.sh makes (``$ATLAS_FAST_MDS_VENV``, default
+``${XDG_CACHE_HOME:-~/.cache}/atlas-fast/mds-venv``; LitData installed into it by hand, see
+docs/remote.md), each run a fresh process of that venv's python running
+benchmarks/_peer_<name>.py, with tools/mds-test-env (a placeholder torchvision) first on its
+PYTHONPATH. A peer the venv lacks is skipped, with the reason and the command that makes it;
+the rest of the benchmark runs as before.
 
-The MDS conversion (zstd, 64 MiB shards: MDSWriter's default size limit) is written once into
-the benchmark cache folder and served beside the Atlas dataset as ``s3://peer/mds``
-(path-style GETs map onto nginx's root). StreamingDataset's S3 client (boto3) finds the proxy
-through S3_ENDPOINT_URL and signs its requests with the test credentials, which nginx ignores.
+Each conversion is written once into the benchmark cache folder and served beside the Atlas
+dataset as ``s3://peer/<format>`` (path-style GETs map onto nginx's root): MDS with zstd and
+64 MiB shards (MDSWriter's default size limit); LitData's ``optimize`` defaults (64 MB chunks,
+uncompressed: _peer_litdata.py says why). Their S3 clients find the proxy through
+S3_ENDPOINT_URL and sign requests with the test credentials, which nginx ignores.
 
-Rows (each run's StreamingDataset iterated through ``DataLoader(batch_size=64)``, fork):
-``epoch`` (shuffle=True, its default algorithm, 0 workers) and ``epoch, 2 workers``; each is
-compared with atlas_fast's sampler epoch and pass in order with the same workers, same link.
-
-LitData is not measured: see docs/remote.md ("Beside MosaicML streaming") for why.
+Rows (each run's dataset iterated through a DataLoader with batch_size=64): ``epoch``
+(shuffle=True, the peer's default algorithm, 0 workers) and ``epoch, 2 workers``; each is
+compared with atlas_fast's sampler epoch and pass in order with the same workers, same link,
+run right after it.
 """
 
 from __future__ import annotations
@@ -35,11 +36,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = Path(__file__).resolve().parent / "_peer_streaming.py"
+HERE = Path(__file__).resolve().parent
 PLACEHOLDER = ROOT / "tools" / "mds-test-env"
 BUCKET = "peer"
-PREFIX = "mds"
-PEERS = ("streaming",)
+# name -> its module (imported to probe), the format served as s3://peer/<format>, its label
+PEERS = {
+    "streaming": {
+        "module": "streaming",
+        "format": "mds",
+        "conversion": "mds-zstd-64mib",
+        "label": "MosaicML streaming {} StreamingDataset",
+    },
+    "litdata": {
+        "module": "litdata",
+        "format": "litdata",
+        "conversion": "litdata-raw-64mb",
+        "label": "LitData {} StreamingDataset",
+    },
+}
 # pattern -> (workers, the atlas_fast patterns it is compared with)
 PATTERNS = {
     "epoch": (0, ("sampler", "in order")),
@@ -51,15 +65,20 @@ MAKE_VENV = (
     "-c tools/ci-constraints.txt torch -e '.[mds,test-core]'); ATLAS_FAST_MDS_VENV names "
     "another one"
 )
-TIMEOUT = 1800
+LITDATA_INSTALL = (
+    "LitData goes into it with: VENV/bin/python -m pip install --no-deps litdata==0.2.76 "
+    "lightning-utilities tifffile obstore"
+)
+TIMEOUT = 1800  # a conversion
+READ_TIMEOUT = 600  # one epoch: past it the run is recorded as failed, the others go on
 
 
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--peers",
-        default="streaming",
-        help="peer rows, separated by ',': 'streaming' (MosaicML StreamingDataset, from the "
-        "MDS venv) or 'none' (default: streaming)",
+        default=",".join(PEERS),
+        help="peer rows, separated by ',': 'streaming' (MosaicML StreamingDataset) and "
+        "'litdata' (LitData), from the MDS venv, or 'none' (default: streaming,litdata)",
     )
     parser.add_argument(
         "--peer-patterns",
@@ -68,12 +87,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--peer-cache",
-        help="where the MDS conversion is written once (default: the bench cache folder)",
+        help="where the conversions are written once (default: the bench cache folder)",
     )
 
 
 def parse_peers(text: str) -> list:
-    """``"streaming"`` -> ``["streaming"]``; ``"none"`` or ``""`` -> ``[]``; others refused."""
+    """``"streaming,litdata"`` -> ``["streaming", "litdata"]``; ``"none"`` or ``""`` ->
+    ``[]``; others refused."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names in ([], ["none"]):
         return []
@@ -108,13 +128,16 @@ def _env(extra=None) -> dict:
     return env
 
 
-def find_streaming() -> tuple:
-    """``(python, version, None)`` of the MDS venv, or ``(None, None, why it is skipped)``."""
+def find_peer(name: str) -> tuple:
+    """``(python, version, None)`` of the MDS venv that imports the peer, or ``(None, None,
+    why it is skipped)``."""
     venv = venv_dir()
     python = venv / "bin" / "python"
+    module = PEERS[name]["module"]
+    make = MAKE_VENV if name == "streaming" else MAKE_VENV + "; " + LITDATA_INSTALL
     if not python.exists():
-        return None, None, f"no MDS venv at {venv}: {MAKE_VENV}"
-    probe = "import streaming, torch; print(streaming.__version__)"
+        return None, None, f"no MDS venv at {venv}: {make}"
+    probe = f"import {module}, torch; print({module}.__version__)"
     try:
         done = subprocess.run(
             [str(python), "-c", probe], env=_env(), capture_output=True, text=True, timeout=300
@@ -123,29 +146,41 @@ def find_streaming() -> tuple:
         return None, None, f"{python} did not run: {exc}"
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return None, None, f"{python} cannot import streaming and torch ({last}): {MAKE_VENV}"
+        return None, None, f"{python} cannot import {module} and torch ({last}): {make}"
     return python, done.stdout.strip(), None
 
 
-def _call(python: Path, argv: list, env=None) -> dict:
-    done = subprocess.run(
-        [str(python), str(SCRIPT), *argv],
-        env=_env(env),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+class PeerRunFailed(RuntimeError):
+    pass
+
+
+def _call(python: Path, name: str, argv: list, env=None, timeout=TIMEOUT) -> dict:
+    script = HERE / f"_peer_{name}.py"
+    try:
+        done = subprocess.run(
+            [str(python), str(script), *argv],
+            env=_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise PeerRunFailed(f"{script.name} {argv[0]}: no answer in {timeout} s") from None
     if done.returncode:
-        raise RuntimeError(f"{SCRIPT.name} {argv[0]} failed ({done.returncode}):\n{done.stderr}")
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        if argv[0] == "read":
+            raise PeerRunFailed(f"{script.name} read failed ({done.returncode}): {last}")
+        raise RuntimeError(f"{script.name} {argv[0]} failed ({done.returncode}):\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def build_mds(python: Path, cache_dir: Path, copies: int) -> Path:
-    """The MDS conversion of the bench's examples (the documents corpus, ``copies`` times
+def build(python: Path, peer: str, cache_dir: Path, copies: int) -> Path:
+    """The peer's conversion of the bench's examples (the documents corpus, ``copies`` times
     over, in the Atlas dataset's order), written once into ``cache_dir``."""
     from atlas_fast.bench import corpus
 
-    name = f"mds-zstd-64mib-documents-x{copies}-py{platform.python_version()}"
+    conversion = PEERS[peer]["conversion"]
+    name = f"{conversion}-documents-x{copies}-py{platform.python_version()}"
     target = Path(cache_dir) / "remote-peers" / name
     marker = target / ".complete"
     if marker.exists():
@@ -158,46 +193,46 @@ def build_mds(python: Path, cache_dir: Path, copies: int) -> Path:
     try:
         docs.write_bytes(pickle.dumps(corpus.examples("documents"), protocol=5))
         argv = ["write", "--examples", str(docs), "--copies", str(copies)]
-        info = _call(python, [*argv, "--out", str(tmp / "mds")])
+        info = _call(python, peer, [*argv, "--out", str(tmp / "out")])
     finally:
         docs.unlink(missing_ok=True)
-    (tmp / "mds").rename(target)
+    (tmp / "out").rename(target)
     shutil.rmtree(tmp, ignore_errors=True)
     info["stored_bytes"] = sum(p.stat().st_size for p in target.iterdir() if p.is_file())
     marker.write_text(json.dumps(info))
     return target
 
 
-def streaming_rows(args, www: Path, proxies: dict, reps: int, atlas=None) -> dict:
-    """StreamingDataset's rows, ``{"available", "reason" | "version", "rows"}``; ``www`` is
+def peer_rows(name: str, args, www: Path, proxies: dict, reps: int, atlas=None) -> dict:
+    """The peer's rows, ``{"available", "reason" | "version", "rows"}``; ``www`` is
     nginx's root, ``proxies`` the bench's ProxyProcess per link label. ``atlas(label, pattern,
     rep)`` (bench_remote's measurement: examples, seconds, first) is run right after each
-    StreamingDataset run for the atlas_fast patterns it is compared with, so that each ratio
+    peer run for the atlas_fast patterns it is compared with, so that each ratio
     is of two runs side by side (the machine is shared: its load drifts over a run)."""
     patterns = parse_patterns(args.peer_patterns)
-    python, version, reason = find_streaming()
+    python, version, reason = find_peer(name)
     if python is None:
-        print(f"peer rows skipped: StreamingDataset: {reason}", flush=True)
+        print(f"peer rows skipped: {name}: {reason}", flush=True)
         return {"available": False, "reason": reason}
     from servers import S3_ENV  # tests/remote, on sys.path in bench_remote.py
 
     from atlas_fast.bench import corpus
 
     cache = Path(args.peer_cache) if args.peer_cache else corpus.default_cache_dir()
-    mds = build_mds(python, cache, args.copies)
-    info = json.loads((mds / ".complete").read_text())
-    served = Path(www) / BUCKET / PREFIX
+    built = build(python, name, cache, args.copies)
+    info = json.loads((built / ".complete").read_text())
+    fmt = PEERS[name]["format"]
+    served = Path(www) / BUCKET / fmt
     served.parent.mkdir(parents=True, exist_ok=True)
     if not served.exists():
-        served.symlink_to(mds, target_is_directory=True)
+        served.symlink_to(built, target_is_directory=True)
     out = {
         "available": True,
         "version": version,
-        "label": f"MosaicML streaming {version} StreamingDataset",
-        "remote": f"s3://{BUCKET}/{PREFIX}",
-        "mds": {
-            "compression": "zstd",
-            "size_limit": 1 << 26,
+        "label": PEERS[name]["label"].format(version),
+        "remote": f"s3://{BUCKET}/{fmt}",
+        "conversion": {
+            "name": PEERS[name]["conversion"],
             "shards": info["shards"],
             "examples": info["examples"],
             "stored_bytes": info["stored_bytes"],
@@ -212,9 +247,16 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int, atlas=None) -> dic
                 env = dict(S3_ENV, S3_ENDPOINT_URL=proxy.url)
                 argv = ["read", "--remote", out["remote"], "--workers", str(workers)]
                 proxy.reset_stats()
-                got = _call(python, [*argv, "--seed", str(rep)], env)
+                try:
+                    got = _call(python, name, [*argv, "--seed", str(rep)], env, READ_TIMEOUT)
+                except PeerRunFailed as exc:
+                    print(f"{label:6s} {name} {pattern}: {exc}", flush=True)
+                    failed = samples.setdefault((pattern, label), {}).setdefault("failed", [])
+                    failed.append(str(exc)[-500:])
+                    continue
                 stats = proxy.stats()
-                s = samples.setdefault((pattern, label), {"count": got["examples"]})
+                s = samples.setdefault((pattern, label), {})
+                s["count"] = got["examples"]
                 s.setdefault("rates", []).append(got["examples"] / got["seconds"])
                 s.setdefault("firsts", []).append(got["first_s"])
                 s.setdefault("requests", []).append(stats["requests"])
@@ -224,6 +266,9 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int, atlas=None) -> dic
                     s.setdefault("paired", {}).setdefault(atlas_pattern, []).append(count / seconds)
         for label in proxies:
             s = samples[(pattern, label)]
+            if "rates" not in s:
+                out["rows"].setdefault(pattern, {})[label] = {"failed": s["failed"]}
+                continue
             row = {
                 "examples": s["count"],
                 "examples_per_s": statistics.median(s["rates"]),
@@ -234,8 +279,10 @@ def streaming_rows(args, www: Path, proxies: dict, reps: int, atlas=None) -> dic
             }
             if "paired" in s:
                 row["atlas_fast_paired_rates"] = s["paired"]
+            if "failed" in s:
+                row["failed"] = s["failed"]
             out["rows"].setdefault(pattern, {})[label] = row
-            print(f"{label:6s} StreamingDataset {pattern:16s} {row}", flush=True)
+            print(f"{label:6s} {name} {pattern:16s} {row}", flush=True)
     return out
 
 
@@ -243,8 +290,7 @@ def run(args, www: Path, proxies: dict, reps: int, atlas=None) -> dict:
     """Every peer asked for by ``--peers``: ``{name: its rows or why skipped}``."""
     results = {}
     for name in parse_peers(args.peers):
-        if name == "streaming":
-            results[name] = streaming_rows(args, www, proxies, reps, atlas)
+        results[name] = peer_rows(name, args, www, proxies, reps, atlas)
     return results
 
 
@@ -259,6 +305,8 @@ def summarize(peers: dict, runs: dict) -> dict:
         for pattern, rows in peer.get("rows", {}).items():
             for atlas_pattern in PATTERNS[pattern][1]:
                 for label, row in rows.items():
+                    if "examples_per_s" not in row:
+                        continue  # every run failed
                     paired = row.get("atlas_fast_paired_rates", {}).get(atlas_pattern)
                     if paired:
                         ratios = [a / b for a, b in zip(paired, row["rates"])]

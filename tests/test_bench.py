@@ -597,21 +597,21 @@ def test_remote_peers_arguments():
     parser = argparse.ArgumentParser()
     peers.add_arguments(parser)
     args = parser.parse_args([])
-    assert peers.parse_peers(args.peers) == ["streaming"]
+    assert peers.parse_peers(args.peers) == ["streaming", "litdata"]
     assert peers.parse_patterns(args.peer_patterns) == ["epoch", "epoch, 2 workers"]
     args = parser.parse_args(["--peers", "none", "--peer-patterns", "epoch, 2 workers"])
     assert peers.parse_peers(args.peers) == []
     assert peers.parse_patterns(args.peer_patterns) == ["epoch, 2 workers"]
     assert peers.parse_peers(" streaming , ") == ["streaming"]
-    with pytest.raises(ValueError, match="unknown peer 'litdata'"):
-        peers.parse_peers("streaming,litdata")
+    with pytest.raises(ValueError, match="unknown peer 'hf'"):
+        peers.parse_peers("streaming,hf")
     with pytest.raises(ValueError, match="unknown pattern 'shuffle'"):
         peers.parse_patterns("epoch;shuffle")
 
 
 def test_remote_peers_skipped_without_the_mds_venv(tmp_path, monkeypatch, capsys):
-    """No venv: the StreamingDataset rows are skipped with the reason and how to make the
-    venv, and nothing is measured, built or served."""
+    """No venv: every peer's rows are skipped with the reason and how to make the venv (and
+    put LitData in it), and nothing is measured, built or served."""
     peers = _script("remote_peers")
     missing = tmp_path / "no-venv"
     monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(missing))
@@ -623,10 +623,14 @@ def test_remote_peers_skipped_without_the_mds_venv(tmp_path, monkeypatch, capsys
     www = tmp_path / "www"
     www.mkdir()
     got = peers.run(args, www, proxies={}, reps=1)
-    assert got["streaming"]["available"] is False
-    reason = got["streaming"]["reason"]
-    assert str(missing) in reason and "tools/test.sh" in reason
-    assert f"peer rows skipped: StreamingDataset: {reason}" in capsys.readouterr().out
+    assert set(got) == {"streaming", "litdata"}
+    printed = capsys.readouterr().out
+    for name, peer in got.items():
+        assert peer["available"] is False
+        reason = peer["reason"]
+        assert str(missing) in reason and "tools/test.sh" in reason
+        assert ("litdata==" in reason) is (name == "litdata")
+        assert f"peer rows skipped: {name}: {reason}" in printed
     assert not any(www.iterdir()) and not (tmp_path / "cache").exists()
     assert peers.run(parser.parse_args(["--peers", "none"]), www, {}, 1) == {}
     summary = peers.summarize(got, {"sampler": {"0 ms": {"examples_per_s": 10.0}}})
@@ -643,10 +647,11 @@ def test_remote_peers_venv_that_cannot_import_streaming(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no streaming here' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(venv))
-    python, version, reason = peers.find_streaming()
-    assert python is None and version is None
-    assert "cannot import streaming" in reason and "no streaming here" in reason
-    assert "tools/test.sh" in reason
+    for name in ("streaming", "litdata"):
+        python, version, reason = peers.find_peer(name)
+        assert python is None and version is None
+        assert f"cannot import {name} and torch" in reason and "no streaming here" in reason
+        assert "tools/test.sh" in reason
 
 
 def test_remote_peers_summary_ratios():
@@ -689,3 +694,19 @@ def test_remote_peers_summary_of_paired_runs():
     got = compared["atlas_fast sampler / streaming epoch"]["20 ms"]
     assert got["ratio"] == 4.0 and got["paired"] is True and got["met"] is True
     assert got["atlas_fast"] == 200.0 and got["streaming"] == 100.0
+
+
+def test_remote_peers_a_failed_read_is_recorded_not_raised(tmp_path):
+    """A peer's read that fails or hangs becomes PeerRunFailed (the row records it and the
+    benchmark goes on); a failed conversion stays an error."""
+    peers = _script("remote_peers")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nsleep \"${SLEEP:-0}\"\necho 'zstd.Error: corrupt' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(peers.PeerRunFailed, match=r"read failed \(3\): zstd.Error: corrupt"):
+        peers._call(fake, "streaming", ["read", "--remote", "s3://peer/mds"])
+    with pytest.raises(peers.PeerRunFailed, match=r"no answer in 0\.2 s"):
+        peers._call(fake, "litdata", ["read"], {"SLEEP": "5"}, timeout=0.2)
+    with pytest.raises(RuntimeError, match="write failed") as info:
+        peers._call(fake, "litdata", ["write"])
+    assert not isinstance(info.value, peers.PeerRunFailed)
