@@ -17,9 +17,10 @@ Patterns, each in a fresh spawned process (cold clients and caches), medians of 
 Reported per pattern and link: examples/s, the ratio to local disk and to 0 ms, the time to
 the first example, and the requests (all, and of data.bin) and body bytes the proxy saw per
 run, beside the bytes stored. Beside them (``--peers``, benchmarks/remote_peers.py): MosaicML
-streaming's StreamingDataset's first epoch from an MDS conversion of the same examples on the
-same nginx through the same proxies, cold cache, 0 and 2 workers, from the MDS venv (skipped,
-saying why, without it). ``--many-shards`` also opens a 10,000-shard dataset through the
+streaming's and LitData's StreamingDataset, a first epoch from a conversion of the same
+examples on the same nginx through the same proxies, cold cache, each run paired with
+atlas_fast's sampler epoch and pass in order, from the MDS venv (skipped, saying why, without
+it). ``--many-shards`` also opens a 10,000-shard dataset through the
 proxy and counts its requests.
 
 Writing (``write``): the same corpus written by ``AtlasDatasetWriter`` (strategy 2, blocks of
@@ -28,7 +29,7 @@ proxy at 0 and 50 ms, each rep in a fresh spawned process, the examples already 
 examples/s and the ratio to the local write (medians). Run under the bench lock:
 
     flock /work/bench.lock python benchmarks/bench_remote.py [--json out.json] [--only write]
-        [--reps 3] [--copies 10] [--many-shards] [--peers streaming|none]
+        [--reps 3] [--copies 10] [--many-shards] [--peers streaming,litdata|none]
 """
 
 from __future__ import annotations

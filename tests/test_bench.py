@@ -598,7 +598,7 @@ def test_remote_peers_arguments():
     peers.add_arguments(parser)
     args = parser.parse_args([])
     assert peers.parse_peers(args.peers) == ["streaming", "litdata"]
-    assert peers.parse_patterns(args.peer_patterns) == ["epoch", "epoch, 2 workers"]
+    assert peers.parse_patterns(args.peer_patterns) == ["epoch"]
     args = parser.parse_args(["--peers", "none", "--peer-patterns", "epoch, 2 workers"])
     assert peers.parse_peers(args.peers) == []
     assert peers.parse_patterns(args.peer_patterns) == ["epoch, 2 workers"]
