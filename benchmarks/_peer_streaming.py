@@ -56,7 +56,7 @@ def _lock_files() -> set:
     }
 
 
-def read(remote: str, workers: int, shuffle: bool, seed: int) -> dict:
+def read(remote: str, workers: int, shuffle: bool, seed: int, context: str = "fork") -> dict:
     import streaming
     from streaming.base.util import clean_stale_shared_memory
     from torch.utils.data import DataLoader
@@ -69,7 +69,7 @@ def read(remote: str, workers: int, shuffle: bool, seed: int) -> dict:
         ds = streaming.StreamingDataset(
             remote=remote, local=local, shuffle=shuffle, shuffle_seed=seed, batch_size=BATCH
         )
-        kwargs = {"multiprocessing_context": "fork"} if workers else {}
+        kwargs = {"multiprocessing_context": context} if workers else {}
         loader = DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list, **kwargs)
         count, first = 0, None
         for batch in loader:
@@ -106,11 +106,12 @@ def main(argv=None) -> int:
     r.add_argument("--workers", type=int, default=0)
     r.add_argument("--no-shuffle", action="store_true")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--context", default="fork", help="the DataLoader workers' start method")
     args = parser.parse_args(argv)
     if args.command == "write":
         out = write(args.examples, args.copies, args.out)
     else:
-        out = read(args.remote, args.workers, not args.no_shuffle, args.seed)
+        out = read(args.remote, args.workers, not args.no_shuffle, args.seed, args.context)
     print(json.dumps(out))
     return 0
 
