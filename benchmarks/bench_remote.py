@@ -16,7 +16,11 @@ Patterns, each in a fresh spawned process (cold clients and caches), medians of 
 
 Reported per pattern and link: examples/s, the ratio to local disk and to 0 ms, the time to
 the first example, and the requests (all, and of data.bin) and body bytes the proxy saw per
-run, beside the bytes stored. ``--many-shards`` also opens a 10,000-shard dataset through the
+run, beside the bytes stored. Beside them (``--peers``, benchmarks/remote_peers.py): MosaicML
+streaming's and LitData's StreamingDataset, a first epoch from a conversion of the same
+examples on the same nginx through the same proxies, cold cache, each run paired with
+atlas_fast's sampler epoch and pass in order, from the MDS venv (skipped, saying why, without
+it). ``--many-shards`` also opens a 10,000-shard dataset through the
 proxy and counts its requests.
 
 Writing (``write``): the same corpus written by ``AtlasDatasetWriter`` (strategy 2, blocks of
@@ -25,7 +29,7 @@ proxy at 0 and 50 ms, each rep in a fresh spawned process, the examples already 
 examples/s and the ratio to the local write (medians). Run under the bench lock:
 
     flock /work/bench.lock python benchmarks/bench_remote.py [--json out.json] [--only write]
-        [--reps 3] [--copies 10] [--many-shards]
+        [--reps 3] [--copies 10] [--many-shards] [--peers streaming,litdata|none]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "remote"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's atlas_fast
 
+import remote_peers
 from faultproxy import ProxyProcess
 from servers import NginxServer
 
@@ -241,8 +246,14 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=COPIES)
     parser.add_argument("--patterns", default=";".join(PATTERNS), help="separated by ;")
     parser.add_argument("--many-shards", action="store_true")
+    remote_peers.add_arguments(parser)
     args = parser.parse_args()
-    patterns = [p.strip() for p in args.patterns.split(";")]
+    patterns = [p.strip() for p in args.patterns.split(";") if p.strip()]  # "": peers only
+    try:
+        remote_peers.parse_peers(args.peers)
+        remote_peers.parse_patterns(args.peer_patterns)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     if args.only == "write":
         results = {"count": args.count, "runs": {"write": write_rows(args.reps, args.count)}}
@@ -304,6 +315,15 @@ def main() -> None:
                         row["body_bytes"] = statistics.median(got["body"])
                     results["runs"].setdefault(pattern, {})[label] = row
                     print(f"{label:6s} {pattern:22s} {row}", flush=True)
+            peers = remote_peers.run(
+                args,
+                local.parent,
+                proxies,
+                args.reps,
+                atlas=lambda label, pattern, rep: _run(
+                    f"{proxies[label].url}/{local.name}", pattern, rep
+                ),
+            )
             if args.many_shards:
                 results["many_shards_open"] = _many_shards(tmp, local.parent, nginx.port)
                 print("many shards:", results["many_shards_open"]["requests"], "requests")
@@ -317,6 +337,7 @@ def main() -> None:
         for row in rows.values():
             row["vs_local"] = row["examples_per_s"] / base
             row["vs_0ms"] = row["examples_per_s"] / zero
+    results["peers"] = remote_peers.summarize(peers, results["runs"])
     if args.only is None:
         results["runs"]["write"] = write_rows(args.reps, args.count)
     print(json.dumps(results["runs"], indent=1))

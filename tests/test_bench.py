@@ -9,6 +9,7 @@ Nothing here asserts a timing.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import io
@@ -586,3 +587,126 @@ def test_datasets_for_the_scripts_are_written_once(tmp_path, atlas):
     with atlas.AtlasDataset(path) as ds:
         assert_same([ds[i] for i in range(len(ds))], corpus.examples("rows", 40))
         assert len(ds.shards) == 3
+
+
+# -- bench_remote.py's peer rows (benchmarks/remote_peers.py) -----------------------------------
+
+
+def test_remote_peers_arguments():
+    peers = _script("remote_peers")
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args([])
+    assert peers.parse_peers(args.peers) == ["streaming", "litdata"]
+    assert peers.parse_patterns(args.peer_patterns) == ["epoch"]
+    args = parser.parse_args(["--peers", "none", "--peer-patterns", "epoch, 2 workers"])
+    assert peers.parse_peers(args.peers) == []
+    assert peers.parse_patterns(args.peer_patterns) == ["epoch, 2 workers"]
+    assert peers.parse_peers(" streaming , ") == ["streaming"]
+    with pytest.raises(ValueError, match="unknown peer 'hf'"):
+        peers.parse_peers("streaming,hf")
+    with pytest.raises(ValueError, match="unknown pattern 'shuffle'"):
+        peers.parse_patterns("epoch;shuffle")
+
+
+def test_remote_peers_skipped_without_the_mds_venv(tmp_path, monkeypatch, capsys):
+    """No venv: every peer's rows are skipped with the reason and how to make the venv (and
+    put LitData in it), and nothing is measured, built or served."""
+    peers = _script("remote_peers")
+    missing = tmp_path / "no-venv"
+    monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(missing))
+    assert peers.venv_dir() == missing
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args(["--peer-cache", str(tmp_path / "cache")])
+    args.copies = 1
+    www = tmp_path / "www"
+    www.mkdir()
+    got = peers.run(args, www, proxies={}, reps=1)
+    assert set(got) == {"streaming", "litdata"}
+    printed = capsys.readouterr().out
+    for name, peer in got.items():
+        assert peer["available"] is False
+        reason = peer["reason"]
+        assert str(missing) in reason and "tools/test.sh" in reason
+        assert ("litdata==" in reason) is (name == "litdata")
+        assert f"peer rows skipped: {name}: {reason}" in printed
+    assert not any(www.iterdir()) and not (tmp_path / "cache").exists()
+    assert peers.run(parser.parse_args(["--peers", "none"]), www, {}, 1) == {}
+    summary = peers.summarize(got, {"sampler": {"0 ms": {"examples_per_s": 10.0}}})
+    assert summary == {**got, "compared": {}}
+
+
+def test_remote_peers_venv_that_cannot_import_streaming(tmp_path, monkeypatch):
+    """A venv whose python cannot import streaming (here: this one's python, if it lacks it,
+    or a python that fails) is skipped with the import error, not a crash."""
+    peers = _script("remote_peers")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "python"
+    fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no streaming here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("ATLAS_FAST_MDS_VENV", str(venv))
+    for name in ("streaming", "litdata"):
+        python, version, reason = peers.find_peer(name)
+        assert python is None and version is None
+        assert f"cannot import {name} and torch" in reason and "no streaming here" in reason
+        assert "tools/test.sh" in reason
+
+
+def test_remote_peers_summary_ratios():
+    peers = _script("remote_peers")
+    rows = {"0 ms": {"examples_per_s": 1000.0}, "50 ms": {"examples_per_s": 500.0}}
+    measured = {"streaming": {"available": True, "rows": {"epoch": rows}}}
+    runs = {
+        "sampler": {"local": {"examples_per_s": 9e9}, "0 ms": {"examples_per_s": 4000.0}},
+        "in order": {"0 ms": {"examples_per_s": 2000.0}, "50 ms": {"examples_per_s": 1000.0}},
+    }
+    compared = peers.summarize(measured, runs)["compared"]
+    assert set(compared) == {
+        "atlas_fast sampler / streaming epoch",
+        "atlas_fast in order / streaming epoch",
+    }
+    sampler = compared["atlas_fast sampler / streaming epoch"]
+    assert set(sampler) == {"0 ms"}  # no 50 ms sampler row measured; local is not a peer link
+    assert sampler["0 ms"]["ratio"] == 4.0 and sampler["0 ms"]["met"] is True
+    in_order = compared["atlas_fast in order / streaming epoch"]
+    assert in_order["50 ms"] == {
+        "atlas_fast": 1000.0,
+        "streaming": 500.0,
+        "ratio": 2.0,
+        "paired": False,
+        "target": 3.0,
+        "met": False,
+    }
+
+
+def test_remote_peers_summary_of_paired_runs():
+    """atlas_fast run beside each peer run: the ratio is the median of the paired ratios
+    (here 2, 4 and 10: 4), not the ratio of the medians, and the bench's own rows are unused."""
+    peers = _script("remote_peers")
+    row = {"examples_per_s": 100.0, "rates": [100.0, 50.0, 10.0]}
+    row["atlas_fast_paired_rates"] = {"sampler": [200.0, 200.0, 100.0]}
+    measured = {"streaming": {"available": True, "rows": {"epoch": {"20 ms": row}}}}
+    runs = {"sampler": {"20 ms": {"examples_per_s": 1.0}}}
+    compared = peers.summarize(measured, runs)["compared"]
+    assert list(compared) == ["atlas_fast sampler / streaming epoch"]  # nothing paired in order
+    got = compared["atlas_fast sampler / streaming epoch"]["20 ms"]
+    assert got["ratio"] == 4.0 and got["paired"] is True and got["met"] is True
+    assert got["atlas_fast"] == 200.0 and got["streaming"] == 100.0
+
+
+def test_remote_peers_a_failed_read_is_recorded_not_raised(tmp_path):
+    """A peer's read that fails or hangs becomes PeerRunFailed (the row records it and the
+    benchmark goes on); a failed conversion stays an error."""
+    peers = _script("remote_peers")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nsleep \"${SLEEP:-0}\"\necho 'zstd.Error: corrupt' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(peers.PeerRunFailed, match=r"read failed \(3\): zstd.Error: corrupt"):
+        peers._call(fake, "streaming", ["read", "--remote", "s3://peer/mds"])
+    with pytest.raises(peers.PeerRunFailed, match=r"no answer in 0\.2 s"):
+        peers._call(fake, "litdata", ["read"], {"SLEEP": "5"}, timeout=0.2)
+    with pytest.raises(RuntimeError, match="write failed") as info:
+        peers._call(fake, "litdata", ["write"])
+    assert not isinstance(info.value, peers.PeerRunFailed)
