@@ -244,16 +244,33 @@ class FaultProxy:
                     await cwriter.drain()
                     entry[3] = self._loop.time()
                     continue
-                if upstream is None:
-                    upstream = await asyncio.open_connection(*self.upstream)
-                ureader, uwriter = upstream
-                uwriter.write(raw + body)
-                await uwriter.drain()
-                keep = await self._relay(method, ureader, cwriter, fault == "truncate")
+                for fresh in (upstream is None, True):
+                    if fresh:  # a new connection, or the kept one was closed by upstream
+                        if upstream is not None:
+                            upstream[1].close()
+                        upstream = await asyncio.open_connection(*self.upstream)
+                    ureader, uwriter = upstream
+                    try:
+                        uwriter.write(raw + body)
+                        await uwriter.drain()
+                        keep = await self._relay(method, ureader, cwriter, fault == "truncate")
+                        break
+                    except (_Closed, ConnectionError):
+                        # Upstream closed a kept-alive connection it had idled out before
+                        # answering (nothing reached the client yet): send it once more on a
+                        # new connection, as an HTTP client or proxy does.
+                        if fresh:
+                            raise
                 entry[3] = self._loop.time()
                 if not keep:
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
+        except (
+            _Closed,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            OSError,
+            asyncio.CancelledError,
+        ):
             return
         finally:
             if upstream is not None:

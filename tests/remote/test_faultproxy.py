@@ -77,3 +77,43 @@ def test_moto_through_the_proxy(s3):
 def test_unknown_fault_is_refused():
     with pytest.raises(ValueError, match="unknown fault"):
         FaultProxy("127.0.0.1", 9, faults=("teleport",))
+
+
+def test_an_upstream_that_idles_out_a_kept_connection_is_asked_again():
+    """An upstream that closes a kept-alive connection between requests (as nginx does after
+    its keepalive_timeout) costs the client nothing: the proxy sends the request again on a
+    new connection, and the client's own connection goes on."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections = []
+
+    def upstream():  # answers one request per connection, then closes it without saying so
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                if head:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    thread = threading.Thread(target=upstream, daemon=True)
+    thread.start()
+    try:
+        with FaultProxy("127.0.0.1", listener.getsockname()[1]) as proxy:
+            with requests.Session() as session:
+                answers = [session.get(proxy.url + "/x", timeout=10) for _ in range(3)]
+            assert [a.content for a in answers] == [b"ok"] * 3
+            assert proxy.stats()["requests"] == 3
+    finally:
+        listener.close()
+    assert len(connections) >= 3  # each request after the first needed a new connection
