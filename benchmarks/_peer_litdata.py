@@ -23,16 +23,14 @@ gives it fixed client options (real S3 is HTTPS), so ``allow_http`` is set in th
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pickle
 import shutil
 import sys
 import tempfile
-import time
 
-BATCH = 64
+from _peer_common import BATCH, first_epoch, main
+
 _DOCS: list = []
 
 
@@ -68,54 +66,24 @@ def read(remote: str, workers: int, shuffle: bool, seed: int) -> dict:
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # a plain-HTTP test endpoint
     cache = tempfile.mkdtemp(prefix="atlas-bench-litdata-")  # a cold local cache
     try:
-        start = time.perf_counter()
-        ds = litdata.StreamingDataset(
-            remote,
-            shuffle=shuffle,
-            seed=seed,
-            cache_dir=cache,
-            storage_options={"endpoint_url": os.environ["S3_ENDPOINT_URL"]},
+        figures = first_epoch(
+            lambda: litdata.StreamingDataLoader(
+                litdata.StreamingDataset(
+                    remote,
+                    shuffle=shuffle,
+                    seed=seed,
+                    cache_dir=cache,
+                    storage_options={"endpoint_url": os.environ["S3_ENDPOINT_URL"]},
+                ),
+                batch_size=BATCH,
+                num_workers=workers,
+                collate_fn=list,
+            )
         )
-        loader = litdata.StreamingDataLoader(
-            ds, batch_size=BATCH, num_workers=workers, collate_fn=list
-        )
-        count, first = 0, None
-        for batch in loader:
-            if not count:
-                first = time.perf_counter() - start
-            count += len(batch)
-        seconds = time.perf_counter() - start
-        del loader, ds
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return {
-        "examples": count,
-        "seconds": seconds,
-        "first_s": first,
-        "version": getattr(litdata, "__version__", "?"),
-    }
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("--examples", required=True, help="a pickled list of documents")
-    w.add_argument("--copies", type=int, required=True)
-    w.add_argument("--out", required=True)
-    r = sub.add_parser("read")
-    r.add_argument("--remote", required=True)
-    r.add_argument("--workers", type=int, default=0)
-    r.add_argument("--no-shuffle", action="store_true")
-    r.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.command == "write":
-        out = write(args.examples, args.copies, args.out)
-    else:
-        out = read(args.remote, args.workers, not args.no_shuffle, args.seed)
-    print(json.dumps(out))
-    return 0
+    return {**figures, "version": getattr(litdata, "__version__", "?")}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, write, read))

@@ -16,20 +16,18 @@ installed in that venv.
 
 from __future__ import annotations
 
-import argparse
 import glob
-import json
 import os
 import pickle
 import shutil
 import sys
 import tempfile
-import time
+
+from _peer_common import BATCH, first_epoch, main
 
 # Documents {id, text, source, added, metadata} as MDS columns (atlas_fast.bench's MDS peer's).
 COLUMNS = {"id": "str", "text": "str", "source": "str", "added": "str", "metadata": "json"}
 SIZE_LIMIT = 1 << 26  # MDSWriter's default: 64 MiB of uncompressed samples per shard
-BATCH = 64
 
 
 def write(examples: str, copies: int, out: str) -> dict:
@@ -64,20 +62,19 @@ def read(remote: str, workers: int, shuffle: bool, seed: int, context: str = "fo
     locks = _lock_files()
     clean_stale_shared_memory()
     local = tempfile.mkdtemp(prefix="atlas-bench-mds-")  # a cold local cache
+    kwargs = {"multiprocessing_context": context} if workers else {}
     try:
-        start = time.perf_counter()
-        ds = streaming.StreamingDataset(
-            remote=remote, local=local, shuffle=shuffle, shuffle_seed=seed, batch_size=BATCH
+        figures = first_epoch(
+            lambda: DataLoader(
+                streaming.StreamingDataset(
+                    remote=remote, local=local, shuffle=shuffle, shuffle_seed=seed, batch_size=BATCH
+                ),
+                batch_size=BATCH,
+                num_workers=workers,
+                collate_fn=list,
+                **kwargs,
+            )
         )
-        kwargs = {"multiprocessing_context": context} if workers else {}
-        loader = DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list, **kwargs)
-        count, first = 0, None
-        for batch in loader:
-            if not count:
-                first = time.perf_counter() - start
-            count += len(batch)
-        seconds = time.perf_counter() - start
-        del loader, ds
     finally:
         clean_stale_shared_memory()  # the segments StreamingDataset leaves in /dev/shm
         for path in _lock_files() - locks:  # and its lock files in the temporary folder
@@ -86,35 +83,11 @@ def read(remote: str, workers: int, shuffle: bool, seed: int, context: str = "fo
             except OSError:
                 pass
         shutil.rmtree(local, ignore_errors=True)
-    return {
-        "examples": count,
-        "seconds": seconds,
-        "first_s": first,
-        "version": getattr(streaming, "__version__", "?"),
-    }
+    return {**figures, "version": getattr(streaming, "__version__", "?")}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("--examples", required=True, help="a pickled list of documents")
-    w.add_argument("--copies", type=int, required=True)
-    w.add_argument("--out", required=True)
-    r = sub.add_parser("read")
-    r.add_argument("--remote", required=True)
-    r.add_argument("--workers", type=int, default=0)
-    r.add_argument("--no-shuffle", action="store_true")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--context", default="fork", help="the DataLoader workers' start method")
-    args = parser.parse_args(argv)
-    if args.command == "write":
-        out = write(args.examples, args.copies, args.out)
-    else:
-        out = read(args.remote, args.workers, not args.no_shuffle, args.seed, args.context)
-    print(json.dumps(out))
-    return 0
-
+# read's own flag (remote_peers.py gives --context spawn to runs with workers)
+READ_OPTIONS = {"--context": {"default": "fork", "help": "the DataLoader workers' start method"}}
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, write, read, read_options=READ_OPTIONS))

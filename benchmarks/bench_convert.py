@@ -31,13 +31,16 @@ so it holds when wall-clock ratios cannot be measured.
 
     python benchmarks/bench_convert.py                  # 100k documents, 3 repetitions
     python benchmarks/bench_convert.py --docs 20000 --repeats 1 --formats jsonl,dolma
+    python benchmarks/bench_convert.py --json out.json   # the figures, with each time, as JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -167,13 +170,16 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default=",".join(ALL_FORMATS))
     parser.add_argument("--strategy", type=int, default=2, choices=(0, 1, 2, 3))
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
     formats = [f for f in args.formats.split(",") if f]
 
     docs = documents(args.docs)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-convert-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
+    figures: list = []
     try:
         for fmt in formats:
             src = work / f"src-{fmt}"
@@ -217,6 +223,18 @@ def main(argv=None) -> int:
             serial_bound = max(serial_thread, serial_cpu / 2)
             bound = max(parent_thread, (parent_cpu + worker_cpu) / 2)
             estimate = serial_bound / bound
+            figures.append(
+                {
+                    "format": fmt,
+                    "source_bytes": summary.bytes_in,
+                    "examples_per_s": {"1": len(docs) / one, "2": len(docs) / two},
+                    "ratio": one / two,
+                    "ceiling": ceiling,
+                    "idle_estimate": estimate,
+                    "times": {"1": times[1], "2": times[2]},
+                    "cpu": {"1": cpu[1], "2": cpu[2]},
+                }
+            )
             rows.append(
                 (
                     fmt,
@@ -257,6 +275,18 @@ def main(argv=None) -> int:
             f"| {fmt} | {size / 1e6:,.0f} MB | {one:,.0f} | {two:,.0f} | {ratio:.2f}x "
             f"| {ceiling:.2f}x | {cpu_text} | {estimate:.2f}x |"
         )
+    if args.json:
+        run = {
+            "title": "benchmarks/bench_convert.py: convert with --workers 1 and 2",
+            "command": " ".join(["python", *sys.argv]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "documents": len(docs),
+            "strategy": args.strategy,
+            "repeats": args.repeats,
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "rows": figures,
+        }
+        args.json.write_text(json.dumps(run, indent=1) + "\n")
     return 0
 
 

@@ -28,6 +28,16 @@ _GETS = {"BINGET", "LONG_BINGET", "GET"}
 _INTS = {"BININT1", "BININT2", "BININT", "LONG1", "LONG4", "INT", "LONG"}
 _STRS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 _BYTES = {"SHORT_BINBYTES", "BINBYTES", "BINBYTES8"}
+# The forms of the ops that carry a number (PUT, GET: a memo index; TEXT, DATA: the length of
+# the UTF-8 or the bytes that follow it), in the order a draw picks from: the opcode and the
+# number's struct format ("\n": decimal digits and a newline). A form is drawn from those its
+# protocol allows whose width holds the number.
+_NUMBERED = {
+    "PUT": (("PUT", "\n"), ("LONG_BINPUT", "<I"), ("BINPUT", "<B")),
+    "GET": (("GET", "\n"), ("LONG_BINGET", "<I"), ("BINGET", "<B")),
+    "TEXT": (("BINUNICODE", "<I"), ("BINUNICODE8", "<Q"), ("SHORT_BINUNICODE", "<B")),
+    "DATA": (("BINBYTES", "<I"), ("BINBYTES8", "<Q"), ("SHORT_BINBYTES", "<B")),
+}
 
 
 def sample_examples(rng: random.Random, n: int) -> list:
@@ -213,24 +223,24 @@ def _fix_extra(ops: list) -> list:
 
 def _encode(rng: random.Random, protocol: int, name: str, arg) -> bytes:
     code = _CODE
-    if name == "PUT":
-        choices = ["PUT", "LONG_BINPUT"] + (["BINPUT"] if arg < 256 else [])
-        pick = rng.choice(choices)
-        if pick == "BINPUT":
-            return b"q" + bytes([arg])
-        if pick == "LONG_BINPUT":
-            return b"r" + struct.pack("<I", arg)
-        return b"p" + str(arg).encode() + b"\n"
+    if name in _NUMBERED:
+        if name in ("PUT", "GET"):
+            number, payload = arg, b""  # the memo index
+        else:
+            payload = arg.encode("utf-8", "surrogatepass") if name == "TEXT" else arg
+            number = len(payload)
+        forms = [
+            (form, fmt)
+            for form, fmt in _NUMBERED[name]
+            if _OPS[form].proto <= protocol
+            and (fmt == "\n" or number < 256 ** struct.calcsize(fmt))
+        ]
+        form, fmt = rng.choice(forms)
+        if fmt == "\n":
+            return code[form] + str(number).encode() + b"\n"
+        return code[form] + struct.pack(fmt, number) + payload
     if name == "MEMOIZE":
         return code["MEMOIZE"]
-    if name == "GET":
-        choices = ["GET", "LONG_BINGET"] + (["BINGET"] if arg < 256 else [])
-        pick = rng.choice(choices)
-        if pick == "BINGET":
-            return b"h" + bytes([arg])
-        if pick == "LONG_BINGET":
-            return b"j" + struct.pack("<I", arg)
-        return b"g" + str(arg).encode() + b"\n"
     if name == "INTEGER":
         choices = ["LONG1"]
         if 0 <= arg < 256:
@@ -248,31 +258,6 @@ def _encode(rng: random.Random, protocol: int, name: str, arg) -> bytes:
             return b"J" + struct.pack("<i", arg)
         raw = pickle.encode_long(arg)
         return b"\x8a" + bytes([len(raw)]) + raw
-    if name == "TEXT":
-        raw = arg.encode("utf-8", "surrogatepass")
-        choices = ["BINUNICODE"]
-        if protocol >= 4:
-            choices.append("BINUNICODE8")
-            if len(raw) < 256:
-                choices.append("SHORT_BINUNICODE")
-        pick = rng.choice(choices)
-        if pick == "SHORT_BINUNICODE":
-            return b"\x8c" + bytes([len(raw)]) + raw
-        if pick == "BINUNICODE8":
-            return b"\x8d" + struct.pack("<Q", len(raw)) + raw
-        return b"X" + struct.pack("<I", len(raw)) + raw
-    if name == "DATA":
-        choices = ["BINBYTES"]
-        if protocol >= 4:
-            choices.append("BINBYTES8")
-        if len(arg) < 256:
-            choices.append("SHORT_BINBYTES")
-        pick = rng.choice(choices)
-        if pick == "SHORT_BINBYTES":
-            return b"C" + bytes([len(arg)]) + arg
-        if pick == "BINBYTES8":
-            return b"\x8e" + struct.pack("<Q", len(arg)) + arg
-        return b"B" + struct.pack("<I", len(arg)) + arg
     if name == "BINFLOAT":
         return b"G" + struct.pack(">d", arg)
     if name == "GLOBAL":

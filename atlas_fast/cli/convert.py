@@ -17,96 +17,6 @@ __all__ = ["add_arguments", "run"]
 FORMAT_NAMES = ("parquet", "hf", "jsonl", "dolma", "mds", "wds", "energon", "flat-tokens")
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("src", metavar="SRC", help="the dataset to convert (file or directory)")
-    parser.add_argument(
-        "dst",
-        metavar="DST",
-        help="the Atlas dataset to write (must not exist): a path, or a URL (s3://, gs://, "
-        "az://) to write to object storage",
-    )
-    parser.add_argument(
-        "--from",
-        dest="fmt",
-        required=True,
-        choices=FORMAT_NAMES,
-        metavar="FORMAT",
-        help=f"the format of SRC: {', '.join(FORMAT_NAMES)}",
-    )
-    from .._writing.options import WriterOptions
-
-    # Flags, defaults and help of the writer's options are WriterOptions'; an option not
-    # given is not passed on (convert's default is the same).
-    writer = parser.add_argument_group("writer options (as AtlasDatasetWriter's)")
-    for flag, key, default, metavar, text in WriterOptions.flags():
-        if isinstance(default, bool):
-            writer.add_argument(flag, dest=key, action="store_true", default=None, help=text)
-        else:
-            writer.add_argument(
-                flag,
-                dest=key,
-                type=type(default),
-                metavar=metavar,
-                help=f"{text} (default {default})",
-            )
-    run_group = parser.add_argument_group("running")
-    run_group.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="cores to use in total, as make -j N: N processes, each writing a contiguous run "
-        "of the source's files and compressing on one thread; 1 converts serially (default: "
-        "the usable cores, at most 8)",
-    )
-    run_group.add_argument(
-        "--verify",
-        action="store_true",
-        help="read every converted example back and compare it with the source before DST appears",
-    )
-    run_group.add_argument("--quiet", action="store_true", help="no progress bar")
-    run_group.add_argument(
-        "--ray",
-        action="store_true",
-        help="write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
-        "decides the parallelism: not with --workers)",
-    )
-    url_group = parser.add_argument_group("object storage (DST a URL)")
-    url_group.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the objects already under DST (deleted first); without it, DST holding "
-        "any object is refused",
-    )
-    url_group.add_argument(
-        "--staging-dir",
-        metavar="DIR",
-        help="local directory in which shards are written before their upload (default: the "
-        "system's temporary directory)",
-    )
-    url_group.add_argument(
-        "--staging-bytes",
-        metavar="SIZE",
-        type=_size,
-        help="finished shards waiting on local disk for their upload hold at most this much, "
-        "plus a shard per process: bytes, or with a K, M, G or T suffix (powers of 1024: "
-        "512M); default 2G",
-    )
-    fmt_group = parser.add_argument_group("format options")
-    fmt_group.add_argument(
-        "--attributes",
-        metavar="A,B",
-        help="dolma: merge attributes/A/..., attributes/B/... into each document's attributes",
-    )
-    fmt_group.add_argument(
-        "--decode", action="store_true", help="wds/energon: decode .json/.txt/.cls/.npy members"
-    )
-    fmt_group.add_argument(
-        "--allow-unsafe-types",
-        action="store_true",
-        help="mds: convert columns whose encoding unpickles (pkl): only for trusted data",
-    )
-
-
 def _size(text: str) -> int:
     """``--staging-bytes``: an integer of bytes, or with a K, M, G or T suffix (1024s)."""
     import argparse
@@ -125,6 +35,112 @@ def _size(text: str) -> int:
             f"{text!r}: not a size (a positive number of bytes, or with a K, M, G or T suffix)"
         )
     return number
+
+
+# add_argument's keywords of each argument, by group in --help's order: the parser's own
+# (SRC, DST, --from), then the writer options (from WriterOptions), then these groups.
+_OWN = {
+    "src": {"metavar": "SRC", "help": "the dataset to convert (file or directory)"},
+    "dst": {
+        "metavar": "DST",
+        "help": "the Atlas dataset to write (must not exist): a path, or a URL (s3://, gs://, "
+        "az://) to write to object storage",
+    },
+    "--from": {
+        "dest": "fmt",
+        "required": True,
+        "choices": FORMAT_NAMES,
+        "metavar": "FORMAT",
+        "help": f"the format of SRC: {', '.join(FORMAT_NAMES)}",
+    },
+}
+_GROUPS = {
+    "running": {
+        "--workers": {
+            "type": int,
+            "metavar": "N",
+            "help": "cores to use in total, as make -j N: N processes, each writing a contiguous "
+            "run of the source's files and compressing on one thread; 1 converts serially "
+            "(default: the usable cores, at most 8)",
+        },
+        "--verify": {
+            "action": "store_true",
+            "help": "read every converted example back and compare it with the source before DST "
+            "appears",
+        },
+        "--quiet": {"action": "store_true", "help": "no progress bar"},
+        "--ray": {
+            "action": "store_true",
+            "help": "write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
+            "decides the parallelism: not with --workers)",
+        },
+    },
+    "object storage (DST a URL)": {
+        "--overwrite": {
+            "action": "store_true",
+            "help": "replace the objects already under DST (deleted first); without it, DST "
+            "holding any object is refused",
+        },
+        "--staging-dir": {
+            "metavar": "DIR",
+            "help": "local directory in which shards are written before their upload (default: "
+            "the system's temporary directory)",
+        },
+        "--staging-bytes": {
+            "metavar": "SIZE",
+            "type": _size,
+            "help": "finished shards waiting on local disk for their upload hold at most this "
+            "much, plus a shard per process: bytes, or with a K, M, G or T suffix (powers of "
+            "1024: 512M); default 2G",
+        },
+    },
+    "format options": {
+        "--attributes": {
+            "metavar": "A,B",
+            "help": "dolma: merge attributes/A/..., attributes/B/... into each document's "
+            "attributes",
+        },
+        "--decode": {
+            "action": "store_true",
+            "help": "wds/energon: decode .json/.txt/.cls/.npy members",
+        },
+        "--allow-unsafe-types": {
+            "action": "store_true",
+            "help": "mds: convert columns whose encoding unpickles (pkl): only for trusted data",
+        },
+    },
+}
+
+
+def add_arguments(parser) -> None:
+    _add(parser, _OWN)
+    _add(parser.add_argument_group("writer options (as AtlasDatasetWriter's)"), _writer_flags())
+    for title, arguments in _GROUPS.items():
+        _add(parser.add_argument_group(title), arguments)
+
+
+def _add(group, arguments: dict) -> None:
+    for name, keywords in arguments.items():
+        group.add_argument(name, **keywords)
+
+
+def _writer_flags() -> dict:
+    """The writer options' flags, defaults and help are WriterOptions'; an option not given is
+    not passed on (convert's default is the same)."""
+    from .._writing.options import WriterOptions
+
+    flags = {}
+    for flag, key, default, metavar, text in WriterOptions.flags():
+        if isinstance(default, bool):
+            flags[flag] = {"dest": key, "action": "store_true", "default": None, "help": text}
+        else:
+            flags[flag] = {
+                "dest": key,
+                "type": type(default),
+                "metavar": metavar,
+                "help": f"{text} (default {default})",
+            }
+    return flags
 
 
 def _error(message: str) -> int:
