@@ -235,3 +235,23 @@ def test_convert_on_ray_to_s3_uploads_from_the_tasks(ray, s3, tmp_path):
     assert list(staging.iterdir()) == []
     # Uploaded by the tasks under the shards' final names (8 shards: no name grows).
     assert s3.proxy.stats()["copies"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_convert_on_ray_names_shards_finally_when_the_source_counts(ray, s3, tmp_path, fmt):
+    # 13 shards: names of two digits. Parquet announces its row counts, which convert gives
+    # write_atlas: no copy. JSONL does not, nor can Ray count a flat_map without running it:
+    # shards 0-9 go up as "0" ... "9" and are copied to "00" ... "09" at the commit.
+    from test_remote_convert import _copies_test_source
+
+    from atlas_fast.convert import convert
+
+    src = _copies_test_source(tmp_path, fmt)
+    options = {"shard_size": 10, "block_size": 5, "ray": True}
+    convert(src, tmp_path / "local", fmt, **options)
+    s3.proxy.reset_stats()
+    convert(src, s3.url("named"), fmt, storage_options=task_options(s3), **options)
+    objects = stored(s3, "named")
+    assert objects == local_files(tmp_path / "local") and "12/meta.json" in objects
+    renamed = [name for name in objects if name[:2] in {f"0{k}" for k in range(10)}]
+    assert s3.proxy.stats()["copies"] == (0 if fmt == "parquet" else len(renamed))
