@@ -74,16 +74,17 @@ def test_the_commit_is_a_few_small_requests(ray, s3, tmp_path):
         ("known", ds, 0),
         ("unknown", ds.flat_map(lambda row: [row]), 10 * 3),  # data.bin, index, meta.json
         ("told", ds.flat_map(lambda row: [row]), 0),
+        ("told wrong", ds.flat_map(lambda row: [row]), 40 * 3),  # "000"... to "00"...
     ):
         s3.proxy.reset_stats()
-        expected = {"expected_examples": len(data)} if name == "told" else {}
-        meta = write_atlas(
-            dataset, s3.url(name), storage_options=task_options(s3), **options, **expected
-        )
+        told = {"told": len(data), "told wrong": 10 * len(data)}
+        expected = {"expected_examples": told[name]} if name in told else {}
+        url = s3.url(name.replace(" ", "-"))
+        meta = write_atlas(dataset, url, storage_options=task_options(s3), **options, **expected)
         stats = s3.proxy.stats()
         assert meta == local
         assert stats["copies"] == copies, name
-        assert stored(s3, name) == local_files(tmp_path / "local"), name
+        assert stored(s3, name.replace(" ", "-")) == local_files(tmp_path / "local"), name
         if not copies:  # a PUT per shard file, the dictionary, meta.json; 3 listings
             assert stats["methods"] == {"GET": 3, "PUT": 40 * 3 + 2}, name
 
@@ -176,6 +177,34 @@ def test_a_task_of_several_shards_retried_is_staged_and_copied(ray, s3, tmp_path
     assert sink.metadata.shard_sizes == [2_000, 2_000, 1_000] * 4
     assert s3.proxy.stats()["copies"] == 12 * 3  # data.bin, index, meta.json of each shard
     assert stored(s3, "retried") == local_files(tmp_path / "local")
+    assert open_uploads(s3) == []
+
+
+def test_shards_named_for_other_numbers_are_copied_in_a_safe_order(ray, s3, tmp_path):
+    # AtlasDatasink on blocks of 2,000, 5,000, 2,000 and 1,000 rows, a task each: tasks 0, 2
+    # and 3 hold one shard and name it "0", "2", "3"; task 1's three are staged. Shards 4 and
+    # 5 are stored as "2" and "3", the names that shards 2 and 3 are copied to: "2" and "3"
+    # must be copied away first.
+    import pandas as pd
+
+    from atlas_fast.ray import AtlasDatasink
+
+    frames, first = [], 0
+    for rows in (2_000, 5_000, 2_000, 1_000):
+        ids = range(first, first + rows)
+        frames.append(pd.DataFrame({"id": list(ids), "text": [f"doc {i} " * 3 for i in ids]}))
+        first += rows
+    ds = ray.data.from_pandas(frames)
+    options = {"shard_size": 2_000, "block_size": 50, "compression_strategy": 1}
+    ds.write_datasink(AtlasDatasink(tmp_path / "local", **options))
+    sink = AtlasDatasink(
+        s3.url("chain"), storage_options=task_options(s3), expected_examples=first, **options
+    )
+    s3.proxy.reset_stats()
+    ds.write_datasink(sink)
+    assert sink.metadata.shard_sizes == [2_000, 2_000, 2_000, 1_000, 2_000, 1_000]
+    assert s3.proxy.stats()["copies"] == 5 * 3  # all but shard 0
+    assert stored(s3, "chain") == local_files(tmp_path / "local")
     assert open_uploads(s3) == []
 
 
