@@ -375,9 +375,18 @@ def test_bad_arguments_are_refused_before_anything_runs(ray, tmp_path):
         ({"shard_size": 2, "block_size": 1.5}, "block_size must be a positive integer"),
         ({"shard_size": 2, "block_size": 1, "compression_dict_size": 2}, "within \\[0, 1\\]"),
         ({"shard_size": 2, "block_size": 1, "dict_sample_rows": 0}, "dict_sample_rows"),
+        ({"shard_size": 2, "block_size": 1, "expected_examples": -1}, "expected_examples"),
     ]:
         with pytest.raises(ValueError, match=match):
             write_atlas(ds, tmp_path / "ds", **kwargs)
+    with pytest.raises(TypeError, match="expected_examples"):
+        AtlasDatasink(
+            tmp_path / "ds",
+            shard_size=2,
+            block_size=1,
+            compression_strategy=1,
+            expected_examples="10",
+        )
     with pytest.raises(ValueError, match="needs compression_dict"):
         AtlasDatasink(tmp_path / "ds", shard_size=2, block_size=1)
     with pytest.raises(ValueError, match="only for compression_strategy 2"):

@@ -178,7 +178,8 @@ class AtlasDatasink(Datasink):
         options = WriterOptions.from_arguments(locals())
         if expected_examples is not None:
             expected_examples = check_int("expected_examples", expected_examples, minimum=0)
-        # A URL: tasks upload their shards under a staging prefix, the driver commits them.
+        # A URL: tasks upload their shards (under their final names when they can: see the
+        # class), the driver commits them.
         self.remote = None
         if is_remote(path):
             self.remote = open_destination(
