@@ -202,13 +202,13 @@ def written(ray, tmp_path_factory):
     return root, examples, meta
 
 
-def test_round_trip_of_100k_examples_written_by_4_tasks(written):
+def test_round_trip_of_100k_examples_written_from_4_blocks(written):
     root, examples, meta = written
-    # Each task wrote its 25,000 rows as whole shards and one smaller last shard.
-    assert meta.shard_sizes == [10_000, 10_000, 5_000] * 4
+    # Cut as AtlasDatasetWriter cuts them, across the 4 blocks of 25,000 rows.
+    assert meta.shard_sizes == [10_000] * 10
     assert meta.compression_strategy == 2
     names = sorted(p.name for p in root.iterdir())
-    assert names == [f"{n:02d}" for n in range(12)] + ["meta.json", "zstd_dict.bin"]
+    assert names == [str(n) for n in range(10)] + ["meta.json", "zstd_dict.bin"]
     assert atlas_fast.AtlasDataset(root).metadata == meta
     assert_reads_back(root, examples)
 
@@ -281,15 +281,16 @@ def test_the_shared_dictionary_is_the_dataset_writers(ray, tmp_path):
     assert trained == (tmp_path / "ds" / "zstd_dict.bin").read_bytes()
 
 
-def test_a_read_fused_with_the_write(ray, tmp_path):
+def test_shards_are_cut_across_blocks_as_the_dataset_writer_cuts_them(ray, tmp_path):
     from atlas_fast.ray import write_atlas
 
-    # range() is a read that Ray fuses with the write into one task per block.
+    # Blocks of 500 rows (range() is a read, fused with the map), shards of 300: each shard
+    # takes its rows from one block or two, the last holds the remaining 100.
     ds = ray.data.range(1000, override_num_blocks=2).map(
         lambda r: {"id": r["id"], "sq": r["id"] ** 2}
     )
     meta = write_atlas(ds, tmp_path / "ds", shard_size=300, block_size=16, compression_strategy=3)
-    assert sum(meta.shard_sizes) == 1000
+    assert meta.shard_sizes == [300, 300, 300, 100]
     assert_reads_back(tmp_path / "ds", [{"id": i, "sq": i * i} for i in range(1000)])
 
 
@@ -374,9 +375,18 @@ def test_bad_arguments_are_refused_before_anything_runs(ray, tmp_path):
         ({"shard_size": 2, "block_size": 1.5}, "block_size must be a positive integer"),
         ({"shard_size": 2, "block_size": 1, "compression_dict_size": 2}, "within \\[0, 1\\]"),
         ({"shard_size": 2, "block_size": 1, "dict_sample_rows": 0}, "dict_sample_rows"),
+        ({"shard_size": 2, "block_size": 1, "expected_examples": -1}, "expected_examples"),
     ]:
         with pytest.raises(ValueError, match=match):
             write_atlas(ds, tmp_path / "ds", **kwargs)
+    with pytest.raises(TypeError, match="expected_examples"):
+        AtlasDatasink(
+            tmp_path / "ds",
+            shard_size=2,
+            block_size=1,
+            compression_strategy=1,
+            expected_examples="10",
+        )
     with pytest.raises(ValueError, match="needs compression_dict"):
         AtlasDatasink(tmp_path / "ds", shard_size=2, block_size=1)
     with pytest.raises(ValueError, match="only for compression_strategy 2"):

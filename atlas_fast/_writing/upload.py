@@ -329,22 +329,41 @@ def _clean_after_failure(dest: Destination, objects: list) -> None:
 
 
 def commit_uploaded(
-    dest: Destination, staged: list, fields: dict, dict_bytes, *, discard: str | None = None
+    dest: Destination, stored: list, fields: dict, dict_bytes, *, discard: str
 ) -> None:
-    """Turn shards uploaded under staging names into the dataset's: ``staged`` lists, in
-    dataset order, ``(staging name, [object names])``; each object is copied within the
-    store to its final name (no data through here), the staging objects deleted (and all
-    else under the folder ``discard``: what failed attempts left), then the root's files
-    put, meta.json last."""
-    final = shard_names(len(staged))
-    moves = []
-    for (old, objects), new in zip(staged, final):
-        for obj in objects:
-            moves.append((obj, f"{new}/{obj[len(old) + 1 :]}"))
+    """Turn shards uploaded by Ray Data's tasks into the dataset: ``stored`` lists, in
+    dataset order, ``(name, [object names])``. A shard stored under its final name stays;
+    any other is copied within the store to its final name (no data through here), in an
+    order that copies a shard away before another is copied onto its name, then the objects
+    left under no final name are deleted (and all under the folder ``discard``: what failed
+    attempts left), then the root's files put, meta.json last."""
+    final = shard_names(len(stored))
+    kept = set()  # the objects under their final names, once the copies are done
+    moves = []  # (shard's name, final name, [(object, its final name)])
+    for (old, objects), new in zip(stored, final):
+        pairs = [(obj, f"{new}/{obj[len(old) + 1 :]}") for obj in objects]
+        kept.update(b for _, b in pairs)
+        if old != new:
+            moves.append((old, new, pairs))
     with ThreadPoolExecutor(8) as pool:
-        for future in [pool.submit(dest.copy, a, b) for a, b in moves]:
-            future.result()
-    remove_objects(dest, [a for a, _ in moves])
-    if discard is not None:
-        remove_objects(dest, dest.names(discard))
+        while moves:
+            sources = {old for old, _, _ in moves}
+            ready = [m for m in moves if m[1] not in sources]
+            if not ready:  # a cycle of names (never seen): one shard goes aside first
+                old, new, pairs = moves[0]
+                aside = f"{discard}/aside-{old}"
+                sideways = [(a, f"{aside}/{a[len(old) + 1 :]}") for a, _ in pairs]
+                _copy_all(pool, dest, sideways)
+                moves[0] = (aside, new, [(c, b) for (c, _), (_, b) in zip(sideways, pairs)])
+                continue
+            _copy_all(pool, dest, [pair for _, _, pairs in ready for pair in pairs])
+            moves = [m for m in moves if m not in ready]
+    remove_objects(dest, [obj for _, objects in stored for obj in objects if obj not in kept])
+    remove_objects(dest, dest.names(discard))
     _put_root(dest, fields, dict_bytes)
+
+
+def _copy_all(pool, dest: Destination, pairs: list) -> None:
+    """Copy each ``(object, new name)`` of ``pairs`` within the store, on ``pool``."""
+    for future in [pool.submit(dest.copy, a, b) for a, b in pairs]:
+        future.result()

@@ -32,6 +32,10 @@ def write_with_ray(source: Source, root, options: dict, storage_options=None) ->
     dataset = ray.data.from_items(
         [{"part": i} for i in range(len(parts))], override_num_blocks=len(parts)
     ).flat_map(partial(_part_rows, parts))
+    # Ray cannot count a flat_map without running it; parts that announce their examples
+    # (Parquet, Hugging Face, flat-tokens) give the count, so shards go up under final names.
+    counts = [part.examples for part in parts]
+    expected = sum(counts) if None not in counts else None
     # A part's SourceError reaches the caller wrapped in Ray's task error, its text kept.
     metadata = write_atlas(
         dataset,
@@ -42,5 +46,6 @@ def write_with_ray(source: Source, root, options: dict, storage_options=None) ->
         compression_level=options["compression_level"],
         compression_dict_size=options["compression_dict_size"],
         storage_options=storage_options,
+        expected_examples=expected,
     )
     return sum(metadata.shard_sizes), len(metadata.shard_sizes), metadata.compression_strategy

@@ -1,8 +1,9 @@
 """Writing and reading Atlas datasets on Ray Data (the ``atlas-fast[ray]`` extra).
 
 ``write_atlas(dataset, path, shard_size=..., block_size=...)`` writes a Ray Dataset as an
-Atlas dataset: each write task writes whole shards of its rows into a staging directory of
-its own, and the driver commits them in task order (the root meta.json last, atomically).
+Atlas dataset: the dataset is cut into blocks of one shard's rows, each write task writes
+one as a shard into a staging directory of its own (to a URL: uploads it under its final
+name), and the driver commits them in task order (the root meta.json last, atomically).
 ``read_atlas(path)`` reads one back as a Ray Dataset, its read tasks over contiguous runs of
 blocks. ``AtlasDatasink`` and ``AtlasDatasource`` are the ``ray.data.Datasink`` and
 ``ray.data.Datasource`` behind them. docs/ray.md has the guide.
@@ -83,12 +84,16 @@ def write_atlas(
     concurrency: int | None = None,
     storage_options: dict | None = None,
     overwrite: bool = False,
+    expected_examples: int | None = None,
 ):
     """Write the Ray Dataset ``dataset`` as an Atlas dataset at ``path``; return its metadata.
 
     ``path`` must be absent or an empty directory on a file system every node of the cluster
-    sees at the same path. Each write task writes its rows as shards of ``shard_size``
-    examples (its last shard may be smaller: shards of different sizes are valid Atlas),
+    sees at the same path. The examples go into shards of ``shard_size`` examples in the
+    dataset's order, the last one smaller, as ``AtlasDatasetWriter`` cuts them: the dataset
+    is first repartitioned into blocks of exactly ``shard_size`` rows
+    (``repartition(target_num_rows_per_block=shard_size, strict=True)``, streaming, no data
+    through the driver), and each write task writes one of them as one shard of
     ``block_size`` examples per block, compressed per ``compression_strategy`` (0 none,
     1 zstd, 2 one dictionary shared by every shard, 3 one dictionary per shard) at
     ``compression_level``.
@@ -111,13 +116,19 @@ def write_atlas(
     every task has succeeded. A failed write leaves no meta.json and no staging directory.
 
     ``path`` may be a URL (``s3://bucket/path``, ``gs://``, ``az://``): for a cluster without
-    a shared disk. Each task writes a shard on its node's local disk, uploads it under
-    ``path/.atlas-staging-<job>/`` (multipart, while it writes the next) and removes it; the
-    driver then copies the reported shards to their final names within the store (no data
-    passes through the driver), deletes the staging objects and puts the root meta.json
-    last. ``storage_options`` (as for reading; given to every task: the tasks do not see the
-    driver's environment variables unless Ray passes them on) and ``overwrite`` (objects
-    already under ``path`` are refused unless True) are for a URL.
+    a shared disk. Each task writes its shard on its node's local disk, uploads it
+    (multipart) under its final name and removes it; the driver then puts the root files,
+    meta.json last: no data passes through the driver and nothing is copied within the
+    store. A shard's final name is its number zero-padded to the width of the last: the
+    count must be known before the tasks start. ``expected_examples`` gives it; otherwise it
+    is the count Ray knows without running the dataset (``from_items``, ``range``, a
+    materialized dataset, Parquet files read as they are), and when Ray does not know it
+    either, the shards numbered below the final width's first number (``0``-``9`` of
+    11-100 shards, ``0``-``99`` of 101-1,000, ...) are copied to their final names at the
+    commit. A wrong ``expected_examples`` only costs those copies. ``storage_options`` (as
+    for reading; given to every task: the tasks do not see the driver's environment
+    variables unless Ray passes them on) and ``overwrite`` (objects already under ``path``
+    are refused unless True) are for a URL.
     """
     impl = _ray_data("atlas_fast.ray.write_atlas")
     from .._writing.upload import is_remote
@@ -128,6 +139,10 @@ def write_atlas(
     shard_size, block_size = writer_options.shard_size, writer_options.block_size
     if not is_remote(path):
         impl.check_destination(path)
+    if expected_examples is not None:
+        expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+    elif is_remote(path):
+        expected_examples = impl.known_count(dataset)
     zdict = None
     if writer_options.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         if dict_sample_rows is None:
@@ -154,12 +169,16 @@ def write_atlas(
         item_column=item_column,
         storage_options=storage_options,
         overwrite=overwrite,
+        expected_examples=expected_examples,
     )
-    options = dataset.context.execution_options
+    # Blocks of exactly shard_size rows (the last one smaller): a write task each, so the
+    # shards are cut where AtlasDatasetWriter cuts them and task i writes shard i.
+    shards = dataset.repartition(target_num_rows_per_block=shard_size, strict=True)
+    options = shards.context.execution_options
     previous = options.preserve_order
     options.preserve_order = previous or preserve_order
     try:
-        dataset.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
+        shards.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
     finally:
         options.preserve_order = previous
     return sink.metadata

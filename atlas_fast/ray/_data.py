@@ -15,6 +15,7 @@ import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
+from .._checks import check_int
 from .._errors import destination_exists
 from .._format import (
     DATA_FILE,
@@ -42,6 +43,7 @@ __all__ = [
     "AtlasDatasource",
     "block_rows",
     "check_destination",
+    "known_count",
     "read_datasource",
     "train_shared_dictionary",
 ]
@@ -57,6 +59,23 @@ def check_destination(path: Path) -> None:
     """Refuse a destination that is not absent or an empty directory."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise destination_exists(path, "write_atlas", empty_dir_ok=True)
+
+
+def known_count(dataset) -> int | None:
+    """The rows of ``dataset`` if Ray knows them without running it (from its blocks'
+    metadata: ``from_items``, ``range``, a materialized dataset, Parquet footers), or None.
+
+    Ray's ``Dataset.count`` runs the whole dataset when it does not know; its
+    ``_meta_count`` (private, read defensively) is the part that never runs anything.
+    """
+    meta_count = getattr(dataset, "_meta_count", None)
+    if meta_count is None:
+        return None
+    try:
+        count = meta_count()
+    except Exception:
+        return None
+    return count if isinstance(count, int) and count >= 0 else None
 
 
 def _task_cpus() -> int:
@@ -132,6 +151,13 @@ class AtlasDatasink(Datasink):
     bytes of the dictionary every task compresses with (``write_atlas`` trains it). Each
     task receives at least ``shard_size`` rows where the dataset has them
     (``min_rows_per_write``), so tasks write mostly whole shards.
+
+    To a URL, a task whose rows make one shard (``write_atlas`` gives each task exactly one
+    shard's rows) uploads it under its final name: its task index, zero-padded to the width
+    of the ``expected_examples``' shard count (or of its own index when not given), so that
+    the commit copies nothing. A task with more than one shard uploads them under the
+    staging prefix; the commit copies to its final name every shard stored under another
+    name (staged, or named for a count that turned out wrong).
     """
 
     def __init__(
@@ -147,9 +173,13 @@ class AtlasDatasink(Datasink):
         item_column: str | None = "item",
         storage_options: dict | None = None,
         overwrite: bool = False,
+        expected_examples: int | None = None,
     ):
         options = WriterOptions.from_arguments(locals())
-        # A URL: tasks upload their shards under a staging prefix, the driver commits them.
+        if expected_examples is not None:
+            expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+        # A URL: tasks upload their shards (under their final names when they can: see the
+        # class), the driver commits them.
         self.remote = None
         if is_remote(path):
             self.remote = open_destination(
@@ -176,6 +206,10 @@ class AtlasDatasink(Datasink):
         self.compression_dict_size = options.compression_dict_size
         self.compression_dict = None if compression_dict is None else bytes(compression_dict)
         self.item_column = item_column
+        # The shards the dataset is expected to have (0: not known): their names' width.
+        self.expected_shards = 0
+        if expected_examples is not None:
+            self.expected_shards = -(-expected_examples // self.shard_size)
         self.job = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
         self.staging = self.path / self.job if self.remote is None else None
         self.metadata = None  # the dataset's AtlasDatasetMetadata, once committed
@@ -246,10 +280,17 @@ class AtlasDatasink(Datasink):
             raise
         return {"task": ctx.task_idx, "attempt": attempt.name, "shards": shards}
 
+    def final_name(self, task: int) -> str:
+        """The name task ``task`` gives its one shard: the task index, zero-padded to the
+        width of the expected shard count (or of the index, when that is more)."""
+        return str(task).zfill(len(str(max(self.expected_shards, task + 1) - 1)))
+
     def _write_remote(self, blocks, ctx) -> dict:
         """A task writing to a URL: each shard written in a local temporary directory,
-        uploaded under ``<job>/<task>-<attempt>/<n>`` (while the next is written) and
-        removed; a failed attempt deletes what it uploaded."""
+        uploaded (while the next is written) and removed. A task whose rows make one shard
+        uploads it under its final name (``final_name``): it holds its finished shard until
+        it knows no second one follows. A task with more shards uploads them under
+        ``<job>/<task>-<attempt>/<n>``. A failed attempt deletes what it uploaded."""
         import tempfile
         from concurrent.futures import ThreadPoolExecutor
 
@@ -259,32 +300,41 @@ class AtlasDatasink(Datasink):
         if self.compression_dict is not None:
             zdict = zstandard.ZstdCompressionDict(self.compression_dict)
         dest = self.remote
-        shards: list = []  # (staging name, objects, examples)
+        shards: list = []  # (number, name, objects, examples)
         pending: list = []
         uploaded: list = []
+        held: list = []  # (number, examples) of the first shard, while its name is not known
+        final: list = []  # the final name, once this attempt uploads under it
 
-        def upload(number: int, size: int) -> None:
-            name = f"{attempt}/{number}"
+        def upload(number: int, name: str, size: int) -> None:
             objects = upload_shard(dest, local / str(number), name)
             uploaded.extend(objects)
             shutil.rmtree(local / str(number), ignore_errors=True)
             shards.append((number, name, objects, size))
 
+        def submit(number: int, name: str, size: int) -> None:
+            while len(pending) >= 2:  # at most two shards wait on local disk
+                pending.pop(0).result()
+            pending.append(pool.submit(upload, number, name, size))
+
+        def finish(writer, number: int) -> None:
+            writer.close()
+            if number == 0:
+                held.append((number, len(writer)))
+            else:
+                submit(number, f"{attempt}/{number}", len(writer))
+
         writer = None
         threads = _task_cpus()
         pool = ThreadPoolExecutor(2, thread_name_prefix="atlas-fast-upload")
-
-        def finish(writer, number):
-            writer.close()
-            while len(pending) >= 2:  # at most two shards wait on local disk
-                pending.pop(0).result()
-            pending.append(pool.submit(upload, number, len(writer)))
-
         try:
             number = 0
             for block in blocks:
                 for row in block_rows(block):
                     if writer is None:
+                        if held:  # a second shard: this task's shards are staged
+                            first, size = held.pop()
+                            submit(first, f"{attempt}/{first}", size)
                         writer = self._shard_writer(local / str(number), zdict, threads)
                     writer.add_example(row_to_example(row, self.item_column))
                     if len(writer) == self.shard_size:
@@ -292,6 +342,10 @@ class AtlasDatasink(Datasink):
                         writer, number = None, number + 1
             if writer is not None:
                 finish(writer, number)
+            if held:  # the task's only shard: under its final name
+                first, size = held.pop()
+                final.append(self.final_name(ctx.task_idx))
+                submit(first, final[0], size)
             for future in pending:
                 future.result()
         except BaseException:
@@ -299,6 +353,9 @@ class AtlasDatasink(Datasink):
             try:  # nothing of a failed attempt is reported, nor kept
                 remove_objects(dest, uploaded)
                 dest.abort_uploads(attempt)
+                if final:  # what a failed upload put there, and its open uploads
+                    remove_objects(dest, dest.names(final[0]))
+                    dest.abort_uploads(final[0])
             except Exception:
                 pass
             raise

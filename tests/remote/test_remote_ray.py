@@ -1,6 +1,7 @@
-"""``atlas_fast.ray.write_atlas`` to S3 (moto) on a local Ray cluster: 4 write tasks upload
-their shards, the driver commits them; the objects are those of a write to a local path, and
-a task that fails once and is retried leaves no duplicate, missing or staging object."""
+"""``atlas_fast.ray.write_atlas`` to S3 (moto) on a local Ray cluster: the write tasks upload
+their shards under their final names, the driver puts the root files (nothing is copied
+within the store); the objects are those of a write to a local path, and a task that fails
+once and is retried leaves no duplicate, missing or staging object."""
 
 from __future__ import annotations
 
@@ -36,14 +37,18 @@ def test_write_atlas_to_s3_stores_the_bytes_of_a_local_write(ray, s3, atlas, tmp
 
     data = examples(20_000)
     ds = ray.data.from_items(data, override_num_blocks=4)
-    options = {"shard_size": 2_000, "block_size": 50}
+    options = {"shard_size": 500, "block_size": 50}
     local = write_atlas(ds, tmp_path / "local", **options)
+    s3.proxy.reset_stats()
     s3.proxy.set(fault_rate=0.05)
     s3.proxy.fault_methods = (b"GET", b"PUT", b"POST", b"DELETE")
     meta = write_atlas(ds, s3.url("ray"), storage_options=task_options(s3), **options)
     s3.proxy.set(fault_rate=0.0)
-    assert sum(s3.proxy.stats()["faults"].values()) > 0
-    assert meta == local and len(meta.shard_sizes) == 12  # 3 shards from each of 4 tasks
+    stats = s3.proxy.stats()
+    assert sum(stats["faults"].values()) > 0
+    # The shards of AtlasDatasetWriter: shard_size examples each, cut across the 4 blocks.
+    assert meta == local and meta.shard_sizes == [500] * 40
+    assert stats["copies"] == 0  # every shard went up under its final name
     objects = stored(s3, "ray")
     assert objects == local_files(tmp_path / "local")  # no staging object left either
     assert open_uploads(s3) == []
@@ -54,60 +59,177 @@ def test_write_atlas_to_s3_stores_the_bytes_of_a_local_write(ray, s3, atlas, tmp
     assert len(ref) == len(data) and all(same(a, b) for a, b in zip(ref, data))
 
 
-def flaky(marker: Path, task: int, **kwargs):
-    """An AtlasDatasink whose task ``task`` raises after one shard is uploaded (and the next
-    half written), until ``marker`` exists."""
+def test_the_commit_is_a_few_small_requests(ray, s3, tmp_path):
+    # The count known (from_items): each task's shard goes up under its final name; the
+    # driver lists what failed attempts left and the open uploads, then puts the shared
+    # dictionary and meta.json. Not known (a flat_map): only the shards named before the
+    # count reached the final width (0-9 of 40) are copied, one request per object.
+    from atlas_fast.ray import write_atlas
+
+    data = examples(20_000)
+    ds = ray.data.from_items(data, override_num_blocks=4)
+    options = {"shard_size": 500, "block_size": 50}
+    local = write_atlas(ds, tmp_path / "local", **options)
+    for name, dataset, copies in (
+        ("known", ds, 0),
+        ("unknown", ds.flat_map(lambda row: [row]), 10 * 3),  # data.bin, index, meta.json
+        ("told", ds.flat_map(lambda row: [row]), 0),
+        ("told wrong", ds.flat_map(lambda row: [row]), 40 * 3),  # "000"... to "00"...
+    ):
+        s3.proxy.reset_stats()
+        told = {"told": len(data), "told wrong": 10 * len(data)}
+        expected = {"expected_examples": told[name]} if name in told else {}
+        url = s3.url(name.replace(" ", "-"))
+        meta = write_atlas(dataset, url, storage_options=task_options(s3), **options, **expected)
+        stats = s3.proxy.stats()
+        assert meta == local
+        assert stats["copies"] == copies, name
+        assert stored(s3, name.replace(" ", "-")) == local_files(tmp_path / "local"), name
+        if not copies:  # a PUT per shard file, the dictionary, meta.json; 3 listings
+            assert stats["methods"] == {"GET": 3, "PUT": 40 * 3 + 2}, name
+
+
+def flaky(marker: Path, task: int, *, after: int | None = None, **kwargs):
+    """An AtlasDatasink whose task ``task`` fails once (until ``marker`` exists): after
+    ``after`` of its rows (its first shard uploaded, when it has more than one), or when
+    ``after`` is None once its write is done (its shards uploaded, nothing reported)."""
     from ray.data.block import BlockAccessor
 
     from atlas_fast.ray import AtlasDatasink
 
+    def fail():
+        marker.touch()
+        raise RuntimeError("injected failure")
+
     class FlakyDatasink(AtlasDatasink):
         def write(self, blocks, ctx):
+            failing = ctx.task_idx == task and not marker.exists()
+
             def split(blocks):
                 for block in blocks:
                     rows = BlockAccessor.for_block(block)
-                    yield rows.slice(0, 3_000)
-                    if ctx.task_idx == task and not marker.exists():
-                        marker.touch()
-                        raise RuntimeError("injected failure")
-                    yield rows.slice(3_000, rows.num_rows())
+                    if not failing or after is None:
+                        yield block
+                        continue
+                    yield rows.slice(0, after)
+                    fail()
 
-            return super().write(split(blocks), ctx)
+            report = super().write(split(blocks), ctx)
+            if failing and after is None:
+                fail()
+            return report
 
     return FlakyDatasink(**kwargs)
 
 
-def test_a_task_failing_once_and_retried_leaves_the_dataset_of_a_clean_write(ray, s3, tmp_path):
+@pytest.mark.parametrize("after", [None, 300])
+def test_a_task_failing_once_and_retried_leaves_the_dataset_of_a_clean_write(
+    ray, s3, tmp_path, after
+):
+    # As write_atlas writes: a task per shard, each shard under its final name. The failed
+    # attempt either stored its shard and died before reporting it (after=None: the retry
+    # puts the same objects again) or failed mid-shard (after=300: it deletes what it put).
+    data = examples(20_000)
+    ds = ray.data.from_items(data, override_num_blocks=4)
+    options = {"shard_size": 2_000, "block_size": 50, "compression_strategy": 1}
+    clean = flaky(tmp_path / "never", -1, path=tmp_path / "local", **options)
+    shards = ds.repartition(target_num_rows_per_block=2_000, strict=True)
+    shards.write_datasink(clean)
+    marker = tmp_path / "failed-once"
+    sink = flaky(
+        marker,
+        3,
+        after=after,
+        path=s3.url("retried"),
+        storage_options=task_options(s3),
+        expected_examples=len(data),
+        **options,
+    )
+    s3.proxy.reset_stats()
+    shards.write_datasink(sink, ray_remote_args={"max_retries": 1, "retry_exceptions": True})
+    assert marker.exists()  # the first attempt of task 3 did fail
+    assert sink.metadata.shard_sizes == [2_000] * 10
+    assert s3.proxy.stats()["copies"] == 0
+    assert stored(s3, "retried") == local_files(tmp_path / "local")
+    assert open_uploads(s3) == []
+
+
+def test_a_task_of_several_shards_retried_is_staged_and_copied(ray, s3, tmp_path):
+    # Given a Ray Dataset as it is (a task per block of 5,000 rows: shards of 2,000, 2,000
+    # and 1,000), the sink stages each task's shards and the commit copies them.
     data = examples(20_000)
     ds = ray.data.from_items(data, override_num_blocks=4)
     options = {"shard_size": 2_000, "block_size": 50, "compression_strategy": 1}
     clean = flaky(tmp_path / "never", -1, path=tmp_path / "local", **options)
     ds.write_datasink(clean)
     marker = tmp_path / "failed-once"
-    sink = flaky(marker, 1, path=s3.url("retried"), storage_options=task_options(s3), **options)
+    sink = flaky(
+        marker,
+        1,
+        after=3_000,
+        path=s3.url("retried"),
+        storage_options=task_options(s3),
+        **options,
+    )
+    s3.proxy.reset_stats()
     ds.write_datasink(sink, ray_remote_args={"max_retries": 1, "retry_exceptions": True})
     assert marker.exists()  # the first attempt of task 1 did fail
     assert sink.metadata.shard_sizes == [2_000, 2_000, 1_000] * 4
+    assert s3.proxy.stats()["copies"] == 12 * 3  # data.bin, index, meta.json of each shard
     assert stored(s3, "retried") == local_files(tmp_path / "local")
     assert open_uploads(s3) == []
 
 
-def test_a_failed_job_leaves_nothing(ray, s3, tmp_path):
+def test_shards_named_for_other_numbers_are_copied_in_a_safe_order(ray, s3, tmp_path):
+    # AtlasDatasink on blocks of 2,000, 5,000, 2,000 and 1,000 rows, a task each: tasks 0, 2
+    # and 3 hold one shard and name it "0", "2", "3"; task 1's three are staged. Shards 4 and
+    # 5 are stored as "2" and "3", the names that shards 2 and 3 are copied to: "2" and "3"
+    # must be copied away first.
+    import pandas as pd
+
+    from atlas_fast.ray import AtlasDatasink
+
+    frames, first = [], 0
+    for rows in (2_000, 5_000, 2_000, 1_000):
+        ids = range(first, first + rows)
+        frames.append(pd.DataFrame({"id": list(ids), "text": [f"doc {i} " * 3 for i in ids]}))
+        first += rows
+    ds = ray.data.from_pandas(frames)
+    options = {"shard_size": 2_000, "block_size": 50, "compression_strategy": 1}
+    ds.write_datasink(AtlasDatasink(tmp_path / "local", **options))
+    sink = AtlasDatasink(
+        s3.url("chain"), storage_options=task_options(s3), expected_examples=first, **options
+    )
+    s3.proxy.reset_stats()
+    ds.write_datasink(sink)
+    assert sink.metadata.shard_sizes == [2_000, 2_000, 2_000, 1_000, 2_000, 1_000]
+    assert s3.proxy.stats()["copies"] == 5 * 3  # all but shard 0
+    assert stored(s3, "chain") == local_files(tmp_path / "local")
+    assert open_uploads(s3) == []
+
+
+@pytest.mark.parametrize("repartitioned", [False, True])
+def test_a_failed_job_leaves_nothing(ray, s3, tmp_path, repartitioned):
     from atlas_fast import AtlasDataset, AtlasFormatError
 
     ds = ray.data.from_items(examples(20_000), override_num_blocks=4)
+    if repartitioned:  # task 0's shard stored under its final name when task 1 fails
+        ds = ds.repartition(target_num_rows_per_block=2_000, strict=True)
     sink = flaky(
         tmp_path / "never-made",
         1,
+        after=300 if repartitioned else 3_000,
         path=s3.url("failed"),
         storage_options=task_options(s3),
         shard_size=2_000,
         block_size=50,
         compression_strategy=1,
+        expected_examples=20_000,
     )
     with pytest.raises(Exception, match="injected failure"):
         ds.write_datasink(sink, concurrency=1)
     assert stored(s3, "failed") == {}
+    assert open_uploads(s3) == []
     with pytest.raises(AtlasFormatError, match="incomplete"):
         AtlasDataset(s3.url("failed"))
 
@@ -127,6 +249,7 @@ def test_convert_on_ray_to_s3_uploads_from_the_tasks(ray, s3, tmp_path):
     options = {"shard_size": 40, "block_size": 10, "ray": True}
     convert(src, tmp_path / "local", "jsonl", **options)
     staging = tmp_path / "staging"
+    s3.proxy.reset_stats()
     summary = convert(
         src,
         s3.url("conv-ray"),
@@ -139,5 +262,25 @@ def test_convert_on_ray_to_s3_uploads_from_the_tasks(ray, s3, tmp_path):
     assert objects == local_files(tmp_path / "local")
     assert summary.examples == 300 and summary.bytes_out == sum(map(len, objects.values()))
     assert list(staging.iterdir()) == []
-    # Uploaded by the tasks, under write_atlas's staging prefix: not from a local copy.
-    assert any("/conv-ray/.atlas-staging-" in path for path in s3.proxy.stats()["paths"])
+    # Uploaded by the tasks under the shards' final names (8 shards: no name grows).
+    assert s3.proxy.stats()["copies"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_convert_on_ray_names_shards_finally_when_the_source_counts(ray, s3, tmp_path, fmt):
+    # 13 shards: names of two digits. Parquet announces its row counts, which convert gives
+    # write_atlas: no copy. JSONL does not, nor can Ray count a flat_map without running it:
+    # shards 0-9 go up as "0" ... "9" and are copied to "00" ... "09" at the commit.
+    from test_remote_convert import _copies_test_source
+
+    from atlas_fast.convert import convert
+
+    src = _copies_test_source(tmp_path, fmt)
+    options = {"shard_size": 10, "block_size": 5, "ray": True}
+    convert(src, tmp_path / "local", fmt, **options)
+    s3.proxy.reset_stats()
+    convert(src, s3.url("named"), fmt, storage_options=task_options(s3), **options)
+    objects = stored(s3, "named")
+    assert objects == local_files(tmp_path / "local") and "12/meta.json" in objects
+    renamed = [name for name in objects if name[:2] in {f"0{k}" for k in range(10)}]
+    assert s3.proxy.stats()["copies"] == (0 if fmt == "parquet" else len(renamed))
