@@ -564,8 +564,12 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
     # Small whole objects (metadata) in a process that has not started obstore's runtime go
     # through the fork-safe engine: opening a dataset in a DataLoader's parent must not start
-    # the runtime, or the workers it forks could not use obstore.
-    fallback = kind is not None and (not obstore_usable() or (small and not _obstore_started))
+    # the runtime, or the workers it forks could not use obstore. Only for S3 and HTTP(S),
+    # whose fallbacks read the same settings as obstore: gcsfs and adlfs name theirs
+    # otherwise (they would ignore an emulator's base_url or a service account key given).
+    fallback = kind is not None and (
+        not obstore_usable() or (small and not _obstore_started and kind in ("s3", "http"))
+    )
     key = (scheme, container if kind is not None else None, _freeze(options), env, fallback)
     with _engines_lock:
         engine = _engines.get(key)
@@ -573,9 +577,18 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
         if fallback:
             try:
                 engine = _fallback(kind, scheme, container, options)
-            except ValueError:
+            except ValueError as exc:
                 if not obstore_usable():
-                    raise
+                    from .._errors import StorageError
+
+                    url = f"{scheme}://{container}"
+                    raise StorageError(
+                        f"{url}: cannot be read in this process: it was forked from one that "
+                        "used obstore, whose runtime does not survive fork, and the fork-safe "
+                        f"fallback is not available ({exc}). Start DataLoader workers with "
+                        "multiprocessing_context='spawn' or 'forkserver'",
+                        url,
+                    ) from exc
                 # Its package is missing: obstore reads the metadata too (this process's
                 # forked children then use the fallback, and need that package).
         if engine is None and kind is not None:
