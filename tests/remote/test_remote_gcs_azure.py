@@ -172,12 +172,17 @@ def test_gcs_dataloader_workers(gcs, atlas, tmp_path, monkeypatch):
     for _ in range(2):
         got = [x for batch in loader for x in batch]
         assert len(got) == 200 and all(same(a, b) for a, b in zip(got, examples))
+    loader._iterator._shutdown_workers()
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # the forked children inherit it
     loader = DataLoader(
         ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=list
     )
-    with pytest.raises(StorageError, match=r"forked from one that used obstore.*'spawn'"):
-        next(iter(loader))
+    batches = iter(loader)
+    try:
+        with pytest.raises(StorageError, match=r"forked from one that used obstore.*'spawn'"):
+            next(batches)
+    finally:
+        batches._shutdown_workers()  # no worker outlives the test
 
 
 def test_the_guides_gcs_emulator_example_runs(gcs, tmp_path, monkeypatch):
