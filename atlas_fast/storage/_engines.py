@@ -111,11 +111,14 @@ class ObstoreEngine:
 
         self._obstore = obstore
         self._exc = exceptions
-        options = dict(options)
+        self.kind = kind
+        options = emulator_options(kind, options)
         client = {"timeout": "60s", "connect_timeout": "10s"}
-        # Client options given at all replace those obstore reads from the environment.
-        allow = os.environ.get("AWS_ALLOW_HTTP" if kind == "s3" else "", "").strip().lower()
-        if scheme == "http" or allow in ("1", "true", "yes", "on"):
+        # Client options given at all replace those obstore reads from the environment: the
+        # store's own ALLOW_HTTP variable is read here.
+        if scheme == "http" or options.pop(_ALLOW_HTTP, False):
+            client["allow_http"] = True
+        elif any(_truthy(os.environ.get(name)) for name in ALLOW_HTTP_ENV.get(kind, ())):
             client["allow_http"] = True
         client.update(options.pop("client_options", None) or {})
         retry = retry or {"max_retries": 0}  # writers retry each request (``_upload``)
@@ -179,11 +182,91 @@ class ObstoreEngine:
             return Fatal(detail, code)
         if isinstance(exc, (TypeError, ValueError)) or "builder error" in text:
             if "builder error" in text and text.count("http://"):
+                names = "=true or ".join(ALLOW_HTTP_ENV.get(self.kind, ()))
                 detail = "the request could not be made (a plain-http endpoint needs "
-                detail += f"AWS_ALLOW_HTTP=true or client_options allow_http): {_shorten(text)}"
+                detail += f"{names}=true or client_options allow_http): {_shorten(text)}"
             return Fatal(detail, code)
         # No status: the connection failed, timed out or the body was cut short.
         return Transient(detail, code)
+
+
+# The variables that let a store's client speak plain HTTP (to an emulator on 127.0.0.1).
+ALLOW_HTTP_ENV = {
+    "s3": ("AWS_ALLOW_HTTP",),
+    "gcs": ("GOOGLE_ALLOW_HTTP",),
+    "azure": ("AZURE_ALLOW_HTTP", "AZURE_STORAGE_ALLOW_HTTP"),
+}
+# Azure's storage emulators (Azurite) accept this development account; its key is public.
+AZURE_EMULATOR_ACCOUNT = "devstoreaccount1"
+AZURE_EMULATOR_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+_ALLOW_HTTP = "__allow_http"  # set by emulator_options: the endpoint it chose is plain HTTP
+_GOOGLE_CREDENTIALS = (
+    "service_account",
+    "service_account_path",
+    "service_account_key",
+    "application_credentials",
+    "bearer_token",
+)
+
+
+def _truthy(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _given(options: dict, name: str, prefix: str) -> bool:
+    return options.get(name) is not None or options.get(prefix + name) is not None
+
+
+def emulator_options(kind: str, options: dict) -> dict:
+    """``options`` (obstore's configuration keys) with what pointing a store at a local
+    emulator needs and obstore would not do by itself:
+
+    - gs://: ``STORAGE_EMULATOR_HOST`` (the variable Google's own clients and gcsfs read),
+      when no ``base_url`` is given, becomes the ``base_url``; without credentials a dummy
+      ``bearer_token`` is sent (an emulator checks none; obstore would otherwise ask the
+      cloud's metadata server for a token).
+    - az://: ``use_emulator`` (or AZURE_STORAGE_USE_EMULATOR) with an ``endpoint``: obstore
+      alone ignores the endpoint then (it reads AZURITE_BLOB_STORAGE_URL, default
+      http://127.0.0.1:10000), so the emulator's development account is used at that
+      endpoint instead.
+
+    Either turns plain HTTP on when the endpoint is ``http://``.
+    """
+    options = dict(options)
+    if kind == "gcs":
+        host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+        if (
+            host
+            and not _given(options, "base_url", "google_")
+            and not os.environ.get("GOOGLE_BASE_URL")
+        ):
+            if "://" not in host:
+                host = "http://" + host
+            options["base_url"] = host.rstrip("/")
+            env = ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_BEARER")
+            if not any(_given(options, n, "google_") for n in _GOOGLE_CREDENTIALS) and not any(
+                k.startswith(env) for k in os.environ
+            ):
+                options["bearer_token"] = "emulator"
+            options[_ALLOW_HTTP] = host.startswith("http://")
+    elif kind == "azure":
+        emulator = options.get("use_emulator", options.get("azure_storage_use_emulator"))
+        if emulator is None:
+            emulator = os.environ.get("AZURE_STORAGE_USE_EMULATOR")
+        endpoint = options.get("endpoint") or options.get("azure_storage_endpoint")
+        if _truthy(emulator) and endpoint:
+            options.pop("azure_storage_use_emulator", None)
+            options["use_emulator"] = False  # over AZURE_STORAGE_USE_EMULATOR too
+            if not _given(options, "account_name", "azure_storage_"):
+                options["account_name"] = AZURE_EMULATOR_ACCOUNT
+            if not _given(options, "account_key", "azure_storage_"):
+                options["account_key"] = AZURE_EMULATOR_KEY
+            options[_ALLOW_HTTP] = str(endpoint).startswith("http://")
+    return options
 
 
 # -- fsspec ---------------------------------------------------------------------------------
@@ -456,7 +539,7 @@ def obstore_usable() -> bool:
 after_fork_in_child(_after_fork_in_child)
 
 
-_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "STORAGE_EMULATOR_HOST")
 
 
 def _freeze(value):
@@ -481,8 +564,12 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
     # Small whole objects (metadata) in a process that has not started obstore's runtime go
     # through the fork-safe engine: opening a dataset in a DataLoader's parent must not start
-    # the runtime, or the workers it forks could not use obstore.
-    fallback = kind is not None and (not obstore_usable() or (small and not _obstore_started))
+    # the runtime, or the workers it forks could not use obstore. Only for S3 and HTTP(S),
+    # whose fallbacks read the same settings as obstore: gcsfs and adlfs name theirs
+    # otherwise (they would ignore an emulator's base_url or a service account key given).
+    fallback = kind is not None and (
+        not obstore_usable() or (small and not _obstore_started and kind in ("s3", "http"))
+    )
     key = (scheme, container if kind is not None else None, _freeze(options), env, fallback)
     with _engines_lock:
         engine = _engines.get(key)
@@ -490,9 +577,18 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
         if fallback:
             try:
                 engine = _fallback(kind, scheme, container, options)
-            except ValueError:
+            except ValueError as exc:
                 if not obstore_usable():
-                    raise
+                    from .._errors import StorageError
+
+                    url = f"{scheme}://{container}"
+                    raise StorageError(
+                        f"{url}: cannot be read in this process: it was forked from one that "
+                        "used obstore, whose runtime does not survive fork, and the fork-safe "
+                        f"fallback is not available ({exc}). Start DataLoader workers with "
+                        "multiprocessing_context='spawn' or 'forkserver'",
+                        url,
+                    ) from exc
                 # Its package is missing: obstore reads the metadata too (this process's
                 # forked children then use the fallback, and need that package).
         if engine is None and kind is not None:

