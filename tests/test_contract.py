@@ -259,6 +259,11 @@ def test_c_constants_mirror_the_python_ones():
     assert c["DEFAULT_MAX_BLOCK_BYTES"] == _format._DEFAULT_MAX_BLOCK_BYTES
     assert c["STREAM_STEP"] == atlas_fast._core._reader_py.STREAM_STEP
     assert c["READ_AHEAD_MIN_STORED"] == atlas_fast._core._pool.POOL_MIN_BLOCK_BYTES
+    from atlas_fast._core import _objsize
+
+    assert c["MEASURE_FIRST"] == _objsize.MEASURE_FIRST
+    assert c["MEASURE_EVERY"] == _objsize.MEASURE_EVERY
+    assert c["WINDOW"] == _objsize.WINDOW
 
 
 def test_threads_share_one_dataset_through_a_small_cache(atlas, root):

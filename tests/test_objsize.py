@@ -82,8 +82,23 @@ def test_objects_bytes_is_about_what_unpickling_allocates(case):
     assert 0.6 * used <= objects_bytes(out) <= 1.6 * used
 
 
-def test_charge_is_never_below_the_pickle():
-    meter = ChargeMeter()
+def _meters():
+    """ChargeMeter, and the compiled core's twin of it when built."""
+    meters = [pytest.param(ChargeMeter, id="python")]
+    try:
+        from atlas_fast._core import _reader
+    except ImportError:
+        return meters
+    return [*meters, pytest.param(_reader.ChargeMeter, id="cython")]
+
+
+@pytest.fixture(params=_meters())
+def meter_class(request):
+    return request.param
+
+
+def test_charge_is_never_below_the_pickle(meter_class):
+    meter = meter_class()
     calls = [functools.partial(print, i) for i in range(16)]  # measure to almost nothing
     for _ in range(3):
         assert meter.charge(calls, 10_000) >= 10_000
@@ -112,24 +127,38 @@ class Hostile:
         raise KeyError(name)
 
 
-def test_measuring_runs_no_code_of_the_examples():
+def test_measuring_runs_no_code_of_the_examples(meter_class):
     examples = [Hostile(i) for i in range(20)]
     assert objects_bytes(examples) > 0
-    meter = ChargeMeter()
+    meter = meter_class()
     assert all(meter.charge(examples, 500) >= 500 for _ in range(MEASURE_FIRST + 2))
 
 
-def test_the_ratio_follows_the_examples():
+def test_the_ratio_follows_the_examples(meter_class):
     """A dataset whose later shards hold other examples: the charge follows within WINDOW
     measurements."""
     docs = [{"text": "x" * 5000} for _ in range(16)]
     rows = [row(i) for i in range(64)]
     docs_size, rows_size = len(pickle.dumps(docs)), len(pickle.dumps(rows))
-    meter = ChargeMeter()
+    meter = meter_class()
     for _ in range(50):
         assert meter.charge(docs, docs_size) < 1.5 * docs_size
     charges = [meter.charge(rows, rows_size) for _ in range(MEASURE_EVERY * (WINDOW + 1))]
     assert charges[-1] > 3 * rows_size
+
+
+def test_both_meters_charge_alike():
+    """The compiled core's meter charges what ChargeMeter does, put after put: the same
+    schedule of measurements, window and ratio."""
+    meters = [m.values[0]() for m in _meters()]
+    docs = [{"text": "x" * 5000} for _ in range(16)]
+    rows = [row(i) for i in range(64)]
+    calls = [functools.partial(print, i) for i in range(16)]
+    sequence = [(docs, 80_000)] * 300 + [(rows, 3_000), (calls, 0), (docs, 1)] * 400
+    sequence += [([Hostile(i) for i in range(4)], 700)] * 600
+    charges = [[m.charge(examples, nbytes) for examples, nbytes in sequence] for m in meters]
+    assert all(c == charges[0] for c in charges)
+    assert len(set(charges[0])) > 4  # the ratio moved
 
 
 def test_hostile_examples_read_on_every_path(atlas, tmp_path):

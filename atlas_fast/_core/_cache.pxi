@@ -33,6 +33,61 @@ cdef class _Entry:
     cdef PyObject* older
 
 
+cdef enum:
+    _MEASURE_FIRST = 2  # _objsize's MEASURE_FIRST, MEASURE_EVERY and WINDOW (a test checks)
+    _MEASURE_EVERY = 256
+    _WINDOW = 4
+
+C_CONSTANTS["MEASURE_FIRST"] = _MEASURE_FIRST
+C_CONSTANTS["MEASURE_EVERY"] = _MEASURE_EVERY
+C_CONSTANTS["WINDOW"] = _WINDOW
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class ChargeMeter:
+    """_objsize.ChargeMeter in C: the same charges, its schedule and ratio kept in C so that
+    a block put in the cache costs no Python call unless it is measured (objects_bytes, the
+    first _MEASURE_FIRST puts and one in _MEASURE_EVERY after)."""
+
+    cdef unsigned long long _puts
+    cdef double _ratio
+    cdef list _window  # (objects, pickle) bytes measured, the last _WINDOW, as Python ints
+
+    def __cinit__(self):
+        self._ratio = 1.0
+        self._window = []
+
+    def charge(self, list examples, Py_ssize_t nbytes):
+        return self._charge(examples, nbytes)
+
+    cdef Py_ssize_t _charge(self, list examples, Py_ssize_t nbytes) except -1:
+        cdef unsigned long long n = self._puts
+        cdef double scaled
+        self._puts = n + 1
+        if n < _MEASURE_FIRST or n % _MEASURE_EVERY == 0:
+            self._measure(examples, nbytes)
+        scaled = <double>nbytes * self._ratio
+        if scaled <= <double>nbytes:
+            return nbytes
+        if scaled >= 9.0e18:
+            return <Py_ssize_t>(<size_t>-1 >> 1)
+        return <Py_ssize_t>scaled
+
+    cdef int _measure(self, list examples, Py_ssize_t nbytes) except -1:
+        try:
+            measured = objects_bytes(examples)
+        except Exception:  # an object that cannot be measured: keep the ratio
+            return 0
+        if nbytes <= 0:
+            return 0
+        if len(self._window) == _WINDOW:
+            del self._window[0]
+        self._window.append((measured, nbytes))
+        self._ratio = sum([m for m, _ in self._window]) / sum([p for _, p in self._window])
+        return 0
+
+
 @cython.final
 @cython.auto_pickle(False)
 cdef class BlockCache:
@@ -48,7 +103,7 @@ cdef class BlockCache:
     cdef Py_ssize_t _reserved
     cdef unsigned long long _hits
     cdef unsigned long long _misses
-    cdef object _meter  # what a block is charged (atlas_fast._core._objsize.ChargeMeter)
+    cdef ChargeMeter _meter  # what a block is charged (as atlas_fast._core._objsize's)
     cdef bint _passes_fill  # passes in order keep their blocks while there is room
     cdef Py_ssize_t _n_for_pass  # live entries held for a pass (_Entry.for_pass)
 
@@ -152,7 +207,7 @@ cdef class BlockCache:
         says; an entry already there (another thread's) wins. ``for_pass``: the block a pass
         in order reads, held for it until it moves on (``_forget``); it evicts only blocks
         held for passes (``_add``)."""
-        cdef Py_ssize_t charge = self._meter.charge(examples, nbytes)  # Python: before look-up
+        cdef Py_ssize_t charge = self._meter._charge(examples, nbytes)  # before look-up: may run Python
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef list dropped = []
         cdef _Entry e
@@ -180,7 +235,7 @@ cdef class BlockCache:
         cdef _Entry e
         if not self._passes_fill:
             return 0
-        charge = self._meter.charge(examples, nbytes)  # Python: before look-up
+        charge = self._meter._charge(examples, nbytes)  # before look-up: may run Python
         if PyDict_GetItem(self._entries, key) != NULL or not self._has_room(charge):
             return 0
         e = _Entry.__new__(_Entry)

@@ -88,7 +88,7 @@ from .._format import (
     unpickle_error,
     zstd_dictionary_mismatch,
 )
-from ._objsize import ChargeMeter
+from ._objsize import objects_bytes
 
 cdef extern from "<fcntl.h>":
     enum:
