@@ -207,7 +207,8 @@ cdef class BlockCache:
         says; an entry already there (another thread's) wins. ``for_pass``: the block a pass
         in order reads, held for it until it moves on (``_forget``); it evicts only blocks
         held for passes (``_add``)."""
-        cdef Py_ssize_t charge = self._meter._charge(examples, nbytes)  # before look-up: may run Python
+        # Before the look-up: measuring runs Python code.
+        cdef Py_ssize_t charge = self._meter._charge(examples, nbytes)
         cdef PyObject* found = PyDict_GetItem(self._entries, key)
         cdef list dropped = []
         cdef _Entry e
@@ -235,7 +236,7 @@ cdef class BlockCache:
         cdef _Entry e
         if not self._passes_fill:
             return 0
-        charge = self._meter._charge(examples, nbytes)  # before look-up: may run Python
+        charge = self._meter._charge(examples, nbytes)  # before the look-up: may run Python
         if PyDict_GetItem(self._entries, key) != NULL or not self._has_room(charge):
             return 0
         e = _Entry.__new__(_Entry)
