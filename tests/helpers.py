@@ -107,6 +107,30 @@ def reference_read(root) -> list:
     return examples
 
 
+REFERENCE_WHEEL = FIXTURES.parent.parent / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
+
+
+def reference_examples(root) -> list:
+    """Every example of ``root`` as the reference package reads it.
+
+    The package itself where it is installed, or its wheel beside the checkout
+    (../shared/peers, put on sys.path) where torch, which it imports, is installed; the
+    suite's independent reference algorithm (``reference_read``) elsewhere.
+    """
+    import importlib.util
+    import sys
+
+    try:
+        import torch_atlas_ds
+    except ImportError:
+        if not (REFERENCE_WHEEL.is_file() and importlib.util.find_spec("torch")):
+            return reference_read(root)
+        sys.path.append(str(REFERENCE_WHEEL))  # a pure-Python wheel imports as a zip
+        import torch_atlas_ds
+    ds = torch_atlas_ds.AtlasDataset(str(root))
+    return [ds[i] for i in range(len(ds))]
+
+
 def reference_blocks(root):
     """Each block of a dataset, decompressed (pickled lists), as reference_read finds them."""
     import json

@@ -9,7 +9,6 @@ suite's independent reference algorithm where torch, which it imports, is absent
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BAD_WRITER_OPTIONS, FIXTURES, assert_same, reference_read
+from helpers import BAD_WRITER_OPTIONS, assert_same, reference_examples
 
 import atlas_fast
 import atlas_fast._python
@@ -28,21 +27,6 @@ from atlas_fast._extras import MissingExtraError
 from atlas_fast._writing.commit import commit_staged_shards
 from atlas_fast.ray import example_to_row, row_to_example
 from atlas_fast.ray._rows import plan_read_tasks as _plan_read_tasks
-
-REFERENCE_WHEEL = FIXTURES.parent.parent / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
-
-
-def reference_examples(root) -> list:
-    """Every example of ``root`` as the reference package reads it."""
-    try:
-        import torch_atlas_ds
-    except ImportError:
-        if not (REFERENCE_WHEEL.is_file() and importlib.util.find_spec("torch")):
-            return reference_read(root)
-        sys.path.append(str(REFERENCE_WHEEL))  # a pure-Python wheel imports as a zip
-        import torch_atlas_ds
-    ds = torch_atlas_ds.AtlasDataset(root)
-    return [ds[i] for i in range(len(ds))]
 
 
 def assert_reads_back(root, examples, reference=True) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import reference_read, same
+from helpers import reference_examples, same
 from test_remote_write import download, local_files, open_uploads, stored
 
 from atlas_fast.convert import SourceError, convert
@@ -61,7 +61,7 @@ def test_convert_to_s3_stores_the_bytes_of_a_local_conversion(s3, atlas, tmp_pat
     assert open_uploads(s3) == [] and list(staging.iterdir()) == []
     with atlas.AtlasDataset(s3.url("conv")) as ds:
         assert all(same(a, b) for a, b in zip(iter(ds), expected)) and len(ds) == len(expected)
-    got = reference_read(download(objects, tmp_path / "down"))
+    got = reference_examples(download(objects, tmp_path / "down"))
     assert len(got) == len(expected) and all(same(a, b) for a, b in zip(got, expected))
 
 

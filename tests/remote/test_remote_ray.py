@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import reference_read, same
+from helpers import reference_examples, same
 from servers import S3_ENV
 from test_remote_write import download, local_files, open_uploads, stored
 
@@ -55,7 +55,7 @@ def test_write_atlas_to_s3_stores_the_bytes_of_a_local_write(ray, s3, atlas, tmp
     with atlas.AtlasDataset(s3.url("ray")) as got:
         assert len(got) == len(data)
         assert all(same(a, b) for a, b in zip(iter(got), data))
-    ref = reference_read(download(objects, tmp_path / "down"))
+    ref = reference_examples(download(objects, tmp_path / "down"))
     assert len(ref) == len(data) and all(same(a, b) for a, b in zip(ref, data))
 
 

@@ -1,6 +1,7 @@
 """Datasets written to S3 (moto, through the fault-injecting proxy) are the bytes of a local
-write, read back example for example by both backends and by the reference's way of reading;
-a write that fails, raises or is killed leaves no root meta.json and no open upload."""
+write, read back example for example by both backends and by the reference package (the
+suite's own reading algorithm where it is absent); a write that fails, raises or is killed
+leaves no root meta.json and no open upload."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import reference_read, same
+from helpers import reference_examples, same
 
 import atlas_fast
 from atlas_fast import AtlasDatasetWriter, AtlasFormatError, StorageError
@@ -105,7 +106,7 @@ def test_writer_to_s3_stores_the_bytes_of_a_local_write(s3, atlas, tmp_path, opt
     assert open_uploads(s3) == []
     check_read_back(atlas, s3.url("ds"), examples, tmp_path)
     # What the reference reads: the objects downloaded, read its way.
-    got = reference_read(download(objects, tmp_path / "down"))
+    got = reference_examples(download(objects, tmp_path / "down"))
     assert all(same(a, b) for a, b in zip(got, examples)) and len(got) == len(examples)
 
 
