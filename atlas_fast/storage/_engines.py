@@ -234,9 +234,13 @@ def emulator_options(kind: str, options: dict) -> dict:
       http://127.0.0.1:10000), so the emulator's development account is used at that
       endpoint instead.
 
-    Either turns plain HTTP on when the endpoint is ``http://``.
+    Either turns plain HTTP on when the endpoint is ``http://``. Keys are matched in any
+    case, as obstore matches them (and handed on lowercased, so that an added key never
+    duplicates one the user spelled in capitals).
     """
     options = dict(options)
+    if kind in ("gcs", "azure"):
+        options = {str(key).lower(): value for key, value in options.items()}
     if kind == "gcs":
         host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
         if (

@@ -367,6 +367,34 @@ def test_emulator_options_azure(monkeypatch):
     assert emulator_options("azure", {"endpoint": "http://h:1/a"})["use_emulator"] is False
 
 
+def test_emulator_options_match_keys_in_any_case(monkeypatch):
+    # obstore matches its keys in any case: so do the emulator settings, and an added key
+    # never sits beside the user's capitalised spelling of it (obstore refuses duplicates).
+    for name in ("GOOGLE_BASE_URL", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_BEARER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
+    got = emulator_options("gcs", {"GOOGLE_BASE_URL": "https://b"})
+    assert got == {"google_base_url": "https://b"}
+    got = emulator_options("gcs", {"GOOGLE_SERVICE_ACCOUNT_KEY": "{}"})
+    assert "bearer_token" not in got and got["google_service_account_key"] == "{}"
+    monkeypatch.delenv("AZURE_STORAGE_USE_EMULATOR", raising=False)
+    got = emulator_options(
+        "azure", {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURE_STORAGE_ENDPOINT": "http://h:1/a"}
+    )
+    assert got["use_emulator"] is False and got["azure_storage_endpoint"] == "http://h:1/a"
+    assert got["account_name"] == AZURE_EMULATOR_ACCOUNT
+
+
+def test_az_capitalised_emulator_options_reach_the_endpoint(recorder, atlas):
+    options = {
+        "AZURE_STORAGE_USE_EMULATOR": "true",
+        "AZURE_STORAGE_ENDPOINT": f"{recorder.url}/{AZURE_EMULATOR_ACCOUNT}",
+    }
+    with pytest.raises(AtlasFormatError, match=r"az://box/ds/meta\.json: missing"):
+        atlas.AtlasDataset("az://box/ds", storage_options=options)
+    assert _reads(recorder)[0][:2] == ("GET", "/devstoreaccount1/box/ds/meta.json")
+
+
 @pytest.mark.parametrize(
     ("scheme", "kind", "variable"),
     [("gs", "gcs", "GOOGLE_ALLOW_HTTP"), ("az", "azure", "AZURE_ALLOW_HTTP")],
