@@ -94,6 +94,32 @@ def open_fd_count() -> int:
     pytest.skip("cannot count open file descriptors on this platform")
 
 
+def make_examples(n: int, seed: int = 0, big: int = 0) -> list:
+    """Examples of several kinds (ids, texts of varied length, a float32 array in every third);
+    ``big``: bytes of incompressible payload in each."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        example = {"id": i, "text": f"example {i} " * int(rng.integers(1, 30))}
+        if i % 3 == 0:
+            example["vec"] = rng.standard_normal(int(rng.integers(0, 8))).astype(np.float32)
+        if big:
+            example["blob"] = rng.bytes(big)
+        out.append(example)
+    return out
+
+
+def write_dataset(path, examples, **options) -> None:
+    """``examples`` written by atlas_fast's AtlasDatasetWriter at ``path`` (a path or URL)."""
+    from atlas_fast import AtlasDatasetWriter
+
+    with AtlasDatasetWriter(path, **options) as writer:
+        for example in examples:
+            writer.add_example(example)
+
+
 def reference_read(root) -> list:
     """Read a dataset the way torch_atlas_ds 0.1.0 does, independently of atlas_fast.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import same
+from helpers import make_examples, same, write_dataset
 
 import atlas_fast
 from atlas_fast import (
@@ -35,23 +35,6 @@ from atlas_fast import (
 )
 from atlas_fast.storage import _engines
 from atlas_fast.storage._engines import AZURE_EMULATOR_ACCOUNT, ObstoreEngine, emulator_options
-
-
-def make_examples(n: int, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        example = {"id": i, "text": f"example {i} " * int(rng.integers(1, 30))}
-        if i % 3 == 0:
-            example["vec"] = rng.standard_normal(int(rng.integers(0, 8))).astype(np.float32)
-        out.append(example)
-    return out
-
-
-def write_local(path, examples, **options) -> None:
-    with AtlasDatasetWriter(path, **options) as writer:
-        for example in examples:
-            writer.add_example(example)
 
 
 def stored_bytes(root) -> int:
@@ -70,7 +53,7 @@ WRITES = [
 @pytest.mark.parametrize("options", WRITES)
 def test_gcs_reads_equal_the_local_read(gcs, atlas, tmp_path, options):
     examples = make_examples(175)
-    write_local(tmp_path / "ds", examples, **options)
+    write_dataset(tmp_path / "ds", examples, **options)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "ds", "ds")
     with atlas.AtlasDataset(gcs.url("ds"), storage_options=gcs.options) as ds:
         assert len(ds) == len(examples)
@@ -89,7 +72,7 @@ def test_gcs_reads_equal_the_local_read(gcs, atlas, tmp_path, options):
 
 def test_gcs_random_reads_fetch_exact_ranges(gcs, atlas, tmp_path):
     examples = make_examples(400)
-    write_local(tmp_path / "ds", examples, shard_size=400, block_size=4, compression_strategy=0)
+    write_dataset(tmp_path / "ds", examples, shard_size=400, block_size=4, compression_strategy=0)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "ds", "ds")
     ds = atlas.AtlasDataset(gcs.url("ds"), storage_options=gcs.options, cache_blocks=1)
     assert same(ds[0], examples[0])  # metadata and index fetched
@@ -105,7 +88,7 @@ def test_gcs_random_reads_fetch_exact_ranges(gcs, atlas, tmp_path):
 
 def test_storage_emulator_host_points_gs_at_the_emulator(gcs, atlas, tmp_path, monkeypatch):
     examples = make_examples(60)
-    write_local(tmp_path / "ds", examples, shard_size=25, block_size=5)
+    write_dataset(tmp_path / "ds", examples, shard_size=25, block_size=5)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "ds", "ds")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.proxy.url)
     with atlas.AtlasDataset(gcs.url("ds")) as ds:  # no storage_options at all
@@ -120,7 +103,7 @@ def test_storage_emulator_host_points_gs_at_the_emulator(gcs, atlas, tmp_path, m
 @pytest.mark.timeout(240)
 def test_gcs_faults_give_identical_examples(gcs, atlas, tmp_path):
     examples = make_examples(600)
-    write_local(tmp_path / "ds", examples, shard_size=200, block_size=4, compression_strategy=1)
+    write_dataset(tmp_path / "ds", examples, shard_size=200, block_size=4, compression_strategy=1)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "ds", "ds")
     options = dict(gcs.options, request_bytes=4 << 10, deadline=60, max_attempts=20)
     gcs.proxy.set(fault_rate=0.05)
@@ -137,12 +120,12 @@ def test_gcs_faults_give_identical_examples(gcs, atlas, tmp_path):
 def test_gcs_object_replaced_mid_read_raises(gcs, atlas, tmp_path):
     # fake-gcs-server ignores If-Match: the ETag of the answer itself gives the change away.
     examples = make_examples(256)
-    write_local(tmp_path / "a", examples, shard_size=128, block_size=8, compression_strategy=0)
+    write_dataset(tmp_path / "a", examples, shard_size=128, block_size=8, compression_strategy=0)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "a", "r")
     ds = atlas.AtlasDataset(gcs.url("r"), storage_options=gcs.options, cache_blocks=1)
     assert [ds[i]["id"] for i in (3, 70, 20)] == [3, 70, 20]
     others = make_examples(256, seed=5)
-    write_local(tmp_path / "b", others, shard_size=128, block_size=8, compression_strategy=0)
+    write_dataset(tmp_path / "b", others, shard_size=128, block_size=8, compression_strategy=0)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "b", "r")
     with pytest.raises(ObjectChangedError, match=r"r/0/data\.bin \(shard 0, block 12\)") as e:
         ds[100]
@@ -157,7 +140,7 @@ def test_gcs_dataloader_workers(gcs, atlas, tmp_path, monkeypatch):
     from torch.utils.data import DataLoader
 
     examples = make_examples(200)
-    write_local(tmp_path / "ds", examples, shard_size=50, block_size=5)
+    write_dataset(tmp_path / "ds", examples, shard_size=50, block_size=5)
     gcs.server.upload_tree(gcs.bucket, tmp_path / "ds", "ds")
     ds = atlas.AtlasDataset(gcs.url("ds"), storage_options=gcs.options)
     assert same(ds[7], examples[7])  # the parent has used its client
@@ -194,7 +177,7 @@ def test_the_guides_gcs_emulator_example_runs(gcs, tmp_path, monkeypatch):
     code = block[: block.index("# Azurite")].replace("http://127.0.0.1:4443", gcs.proxy.url)
     assert "STORAGE_EMULATOR_HOST=http://127.0.0.1:4443" in block
     examples = make_examples(30)
-    write_local(tmp_path / "ds", examples, shard_size=10, block_size=5)
+    write_dataset(tmp_path / "ds", examples, shard_size=10, block_size=5)
     gcs.server.create_bucket("my-bucket")
     try:
         gcs.server.upload_tree("my-bucket", tmp_path / "ds", "ds")

@@ -14,34 +14,13 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import reference_examples, same
+from helpers import make_examples, reference_examples, same, write_dataset
 
 import atlas_fast
 from atlas_fast import AtlasDatasetWriter, AtlasFormatError, StorageError
 
 HERE = Path(__file__).parent
-
-
-def make_examples(n: int, seed: int = 0, big: int = 0) -> list:
-    """Examples of several kinds; ``big``: bytes of incompressible payload in each."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        example = {"id": i, "text": f"example {i} " * int(rng.integers(1, 30))}
-        if i % 3 == 0:
-            example["vec"] = rng.standard_normal(int(rng.integers(0, 8))).astype(np.float32)
-        if big:
-            example["blob"] = rng.bytes(big)
-        out.append(example)
-    return out
-
-
-def write(path, examples, **options) -> None:
-    with AtlasDatasetWriter(path, **options) as writer:
-        for example in examples:
-            writer.add_example(example)
 
 
 def local_files(root: Path) -> dict:
@@ -99,8 +78,8 @@ OPTIONS = [
 @pytest.mark.parametrize("options", OPTIONS)
 def test_writer_to_s3_stores_the_bytes_of_a_local_write(s3, atlas, tmp_path, options):
     examples = make_examples(175)
-    write(tmp_path / "local", examples, **options)
-    write(s3.url("ds"), examples, **options)
+    write_dataset(tmp_path / "local", examples, **options)
+    write_dataset(s3.url("ds"), examples, **options)
     objects = stored(s3, "ds")
     assert objects == local_files(tmp_path / "local")
     assert open_uploads(s3) == []
@@ -114,9 +93,9 @@ def test_large_shards_go_up_as_multipart_uploads(s3, tmp_path):
     # 3 shards of ~20 MB (incompressible): data.bin in parts, the shards while others write.
     examples = make_examples(60, big=1 << 20)
     options = {"shard_size": 20, "block_size": 4, "compression_strategy": 0}
-    write(tmp_path / "local", examples, **options)
+    write_dataset(tmp_path / "local", examples, **options)
     s3.proxy.reset_stats()
-    write(s3.url("big"), examples, **options, staging_bytes=1)
+    write_dataset(s3.url("big"), examples, **options, staging_bytes=1)
     assert stored(s3, "big") == local_files(tmp_path / "local")
     methods = s3.proxy.stats()["methods"]
     assert methods.get("POST", 0) >= 6  # create and complete, per data.bin
@@ -127,10 +106,10 @@ def test_faults_on_every_request_give_the_same_bytes(s3, atlas, tmp_path):
     # 15 shards: shards 0-9 are renamed at the commit (their names get a second digit).
     examples = make_examples(300, big=20_000)
     options = {"shard_size": 20, "block_size": 4, "compression_strategy": 2}
-    write(tmp_path / "local", examples, **options)
+    write_dataset(tmp_path / "local", examples, **options)
     s3.proxy.set(fault_rate=0.05)
     s3.proxy.fault_methods = (b"GET", b"PUT", b"POST", b"DELETE", b"HEAD")
-    write(s3.url("faulty"), examples, **options)
+    write_dataset(s3.url("faulty"), examples, **options)
     s3.proxy.set(fault_rate=0.0)
     stats = s3.proxy.stats()
     assert sum(stats["faults"].values()) > 0, stats
@@ -162,7 +141,7 @@ def test_a_with_block_that_raises_leaves_no_dataset(s3, atlas, tmp_path):
 
 def test_shards_without_a_root_meta_json_read_as_incomplete(s3, atlas, tmp_path):
     examples = make_examples(50)
-    write(tmp_path / "local", examples, shard_size=20, block_size=5)
+    write_dataset(tmp_path / "local", examples, shard_size=20, block_size=5)
     for name, data in local_files(tmp_path / "local").items():
         if name != "meta.json":
             s3.client.put_object(Bucket=s3.bucket, Key=f"part/{name}", Body=data)
@@ -172,7 +151,7 @@ def test_shards_without_a_root_meta_json_read_as_incomplete(s3, atlas, tmp_path)
 
 def test_an_existing_destination_is_refused_unless_overwrite(s3, atlas, tmp_path):
     first, second = make_examples(30, seed=1), make_examples(45, seed=2)
-    write(s3.url("ds"), first, shard_size=20, block_size=5)
+    write_dataset(s3.url("ds"), first, shard_size=20, block_size=5)
     with pytest.raises(FileExistsError, match=r"already exists.*AtlasDatasetWriter") as info:
         AtlasDatasetWriter(s3.url("ds"), shard_size=20, block_size=5)
     assert s3.url("ds") in str(info.value)
@@ -180,8 +159,8 @@ def test_an_existing_destination_is_refused_unless_overwrite(s3, atlas, tmp_path
     (tmp_path / "there").mkdir()
     with pytest.raises(FileExistsError, match=r"already exists.*creates the directory"):
         AtlasDatasetWriter(tmp_path / "there", shard_size=20, block_size=5)
-    write(s3.url("ds"), second, shard_size=10, block_size=5, overwrite=True)
-    write(tmp_path / "local", second, shard_size=10, block_size=5)
+    write_dataset(s3.url("ds"), second, shard_size=10, block_size=5, overwrite=True)
+    write_dataset(tmp_path / "local", second, shard_size=10, block_size=5)
     assert stored(s3, "ds") == local_files(tmp_path / "local")
     check_read_back(atlas, s3.url("ds"), second, tmp_path)
 
@@ -193,8 +172,8 @@ def test_url_only_options_are_refused_for_a_local_path(tmp_path):
 
 def test_file_url_writes_the_local_path(tmp_path, atlas):
     examples = make_examples(20)
-    write(f"file://{tmp_path / 'viaurl'}", examples, shard_size=8, block_size=4)
-    write(tmp_path / "plain", examples, shard_size=8, block_size=4)
+    write_dataset(f"file://{tmp_path / 'viaurl'}", examples, shard_size=8, block_size=4)
+    write_dataset(tmp_path / "plain", examples, shard_size=8, block_size=4)
     assert local_files(tmp_path / "viaurl") == local_files(tmp_path / "plain")
 
 
@@ -277,10 +256,11 @@ def test_a_writer_killed_mid_upload_leaves_no_root_meta_json(s3, tmp_path):
 
 def test_datasets_under_neighbouring_prefixes_stay_apart(s3, atlas, tmp_path):
     first, second = make_examples(40, seed=3), make_examples(25, seed=4)
-    write(s3.url("sets/a"), first, shard_size=15, block_size=5)
-    write(s3.url("sets/a-2"), second, shard_size=15, block_size=5)  # "sets/a" begins its name
-    write(tmp_path / "a", first, shard_size=15, block_size=5)
-    write(tmp_path / "a-2", second, shard_size=15, block_size=5)
+    write_dataset(s3.url("sets/a"), first, shard_size=15, block_size=5)
+    # "sets/a" begins the second one's name
+    write_dataset(s3.url("sets/a-2"), second, shard_size=15, block_size=5)
+    write_dataset(tmp_path / "a", first, shard_size=15, block_size=5)
+    write_dataset(tmp_path / "a-2", second, shard_size=15, block_size=5)
     assert stored(s3, "sets/a") == local_files(tmp_path / "a")
     assert stored(s3, "sets/a-2") == local_files(tmp_path / "a-2")
     check_read_back(atlas, s3.url("sets/a"), first, tmp_path)
@@ -304,9 +284,9 @@ def test_a_writer_told_its_count_stores_shards_under_their_final_names(s3, tmp_p
     # 15 for 4000 examples: "000" ...), and the dataset is right all the same.
     examples = make_examples(300)
     options = {"shard_size": 20, "block_size": 4, "workers": 1}
-    write(tmp_path / "local", examples, **options)
+    write_dataset(tmp_path / "local", examples, **options)
     s3.proxy.reset_stats()
-    write(s3.url("told"), examples, **options, expected_examples=expected)
+    write_dataset(s3.url("told"), examples, **options, expected_examples=expected)
     assert stored(s3, "told") == local_files(tmp_path / "local")
     copies = s3.proxy.stats()["copies"]
     assert copies == {None: 27, 300: 0, 50: 27, 4000: 45}[expected]
