@@ -108,22 +108,15 @@ class MotoProcess(MotoServer):
         import sys
 
         self.port = free_port()
-        self._proc = subprocess.Popen(
+        self._proc = _spawn(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,
         )
         self.url = f"http://127.0.0.1:{self.port}"
         _wait_http(self.url + "/moto-api/")
 
     def close(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        _stop(self._proc, signal.SIGTERM)
 
 
 def upload_tree(client, bucket: str, local: Path, prefix: str) -> int:
@@ -185,12 +178,7 @@ http {{
 }}
 """
         )
-        self._proc = subprocess.Popen(
-            [binary, "-c", str(conf), "-p", str(self._dir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        self._proc = _spawn([binary, "-c", str(conf), "-p", str(self._dir)])
         self.url = f"http://127.0.0.1:{self.port}"
         try:
             _wait_port(self.port, self._proc)
@@ -199,13 +187,7 @@ http {{
             raise
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGQUIT)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        _stop(self._proc, signal.SIGQUIT)  # nginx's graceful shutdown
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -226,14 +208,11 @@ class FakeGcsServer:
     def __init__(self) -> None:
         binary = self.binary()
         self.port = free_port()
-        self._proc = subprocess.Popen(
+        self._proc = _spawn(
             [
                 *(binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"),
                 *("-port", str(self.port), "-public-host", "127.0.0.1", "-log-level", "error"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+            ]
         )
         self.url = f"http://127.0.0.1:{self.port}"
         try:
@@ -315,13 +294,25 @@ class FakeGcsServer:
         return count
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        _stop(self._proc, signal.SIGTERM)
+
+
+def _spawn(args: list, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """A server process in a session of its own (a signal to the test's process group does
+    not reach it); its stderr piped by default, for _wait_port's error."""
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to a server still running, then SIGKILL if it has not exited within 10 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_port(port: int, proc=None, timeout: float = 15.0) -> None:
