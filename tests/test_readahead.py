@@ -10,12 +10,13 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import child_report, fork_check, run_threads
 from loader_helpers import example, write_dataset
 
 import atlas_fast
-from atlas_fast import AtlasFormatError, CompressionStrategy
+from atlas_fast import AtlasDatasetWriter, AtlasFormatError, CompressionStrategy
 
 N = 600  # 3 shards of 200, blocks of 10: 60 blocks
 
@@ -82,6 +83,34 @@ def test_read_ahead_is_used_on_compressed_blocks_only(atlas, backend, root, expe
         assert taken > 0
     else:
         assert taken == 0
+
+
+def test_a_pass_in_order_reads_small_frames_ahead(atlas, backend, tmp_path):
+    """With the default lines: a pass in order reads ahead frames of a few KiB stored (the C
+    thread takes no GIL: decoding them there pays), while prefetch() hints are not taken for
+    a shard whose blocks are that small (the Python pool's line). Every example exact."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's counters")
+    reader = _reader_module()
+    c = reader.C_CONSTANTS
+    reader._readahead_min_bytes((c["READ_AHEAD_MIN_STORED"], c["PREFETCH_MIN_STORED"]))
+    rng = random.Random(3)
+    examples = [{"id": i, "blob": rng.randbytes(700)} for i in range(120)]  # incompressible
+    with AtlasDatasetWriter(
+        tmp_path / "ds", 60, 10, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION
+    ) as w:
+        for x in examples:
+            w.add_example(x)
+    ds = atlas.AtlasDataset(tmp_path / "ds")
+    offsets = [np.load(shard / "index.npy") for shard in sorted((tmp_path / "ds").glob("[0-9]"))]
+    sizes = [int(size) for o in offsets for size in np.diff(o)]
+    assert all(c["READ_AHEAD_MIN_STORED"] <= size < c["PREFETCH_MIN_STORED"] for size in sizes)
+    before = info()["taken"]
+    assert [ds[i] for i in range(len(ds))] == examples
+    assert info()["taken"] > before
+    ds.prefetch([0, 50])
+    assert [ds[i] for i in (0, 50, 119)] == [examples[i] for i in (0, 50, 119)]
+    assert ds.prefetch([10, 60]) is False  # the hints were found not worth it
 
 
 def test_in_order_interleaved_with_random_reads(atlas, root, expected):

@@ -964,9 +964,9 @@ cdef class ShardCore:
         if <uint64_t>st.st_size < end:
             return 0
         if hint and self._hints_worth < 0:
-            # Stored bytes per block on average, against the smallest block read ahead.
+            # Stored bytes per block on average, against the line hints are worth it from.
             self._hints_worth = (self._offs[self._n_blocks]
-                                 >= <uint64_t>self._n_blocks * _ra_min_bytes)
+                                 >= <uint64_t>self._n_blocks * _ra_hint_min_bytes)
         if hint and not self._hints_worth:
             return 0
         return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
