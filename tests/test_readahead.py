@@ -113,6 +113,54 @@ def test_a_pass_in_order_reads_small_frames_ahead(atlas, backend, tmp_path):
     assert ds.prefetch([10, 60]) is False  # the hints were found not worth it
 
 
+@pytest.mark.parametrize("how", ["ds[i]", "iter"])
+def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
+    atlas, backend, root, expected, how
+):
+    """The cores busy (every take made to count as a long wait): after the first block taken
+    from the read-ahead, the blocks not yet queued are decoded inline, every example exact;
+    the back-off (64 blocks the first time) runs out, reading ahead resumes, and the next
+    long wait backs off twice as long. Waits short again (the hook forgets the back-off):
+    read ahead throughout."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def read():  # 60 blocks of 10, on a fresh reader: nothing cached
+        ds = atlas.AtlasDataset(root)
+        return [ds[i] for i in range(N)] if how == "ds[i]" else list(ds)
+
+    def delta(before):
+        now = info()
+        return {k: now[k] - before[k] for k in ("backoffs", "taken", "skipped")}, now["skip"]
+
+    # ds[i] starts reading ahead at block 1 (a lone ds[0] reads nothing ahead), iter at 0;
+    # ds[i] reads ahead within a shard (3 of 20 blocks), iter across them.
+    first, ahead = (1, 60 - 4) if how == "ds[i]" else (0, 60 - 1)
+    old = reader._readahead_slow_ns(-1)
+    try:
+        before = info()
+        assert read() == expected
+        # Block `first` queues the 6 after it; the take of the first of them backs off for
+        # 64 blocks, counted from it to block 59; the other 5 queued are taken all the same.
+        skipped = 59 - first
+        assert delta(before) == ({"backoffs": 1, "taken": 6, "skipped": skipped}, 64 - skipped)
+        before = info()
+        assert read() == expected
+        # The 64 - skipped blocks left inline, the next queues 6 again, and the first of them
+        # backs off for 128 blocks.
+        left = 64 - skipped
+        again = skipped - left
+        assert delta(before) == ({"backoffs": 1, "taken": 6, "skipped": skipped}, 128 - again)
+    finally:
+        reader._readahead_slow_ns(old)
+    before = info()
+    assert read() == expected
+    assert delta(before) == ({"backoffs": 0, "taken": ahead, "skipped": 0}, 0)
+
+
 def test_in_order_interleaved_with_random_reads(atlas, root, expected):
     ds = atlas.AtlasDataset(root, cache_blocks=2)
     rng = random.Random(5)

@@ -38,6 +38,16 @@
 #   first use.
 # - Memory: at most _RA_SLOTS jobs, whose declared sizes together stay under _RA_MAX_BYTES;
 #   a pass queues _RA_DEPTH blocks ahead.
+#
+# Back-off: the worker pays only on an idle core. When every core is busy (DataLoader workers,
+# other jobs), it waits for one, and a caller that reaches the block it is decoding waits for
+# it to be scheduled again: milliseconds for a block decoded in tens of microseconds. So a
+# caller that waited for the worker longer than decoding the block could take (_ra_slow) stops
+# reading ahead for the next _ra_skip blocks, a number that doubles while the waits stay long
+# (_RA_BACKOFF_MIN to _RA_BACKOFF_MAX) and is forgotten after _RA_TRUST_AFTER takes without
+# one. The jobs queued before a back-off are still taken, and not judged. Process-wide, as
+# the cores are; the blocks meanwhile are decoded inline, as without read-ahead. GIL held for
+# all of its state.
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
@@ -71,6 +81,9 @@ cdef enum:
     _RA_SLOTS = 16  # jobs queued or done, all passes of the process together
     _RA_DEPTH = 6  # blocks queued ahead of the one a pass reads
     _RA_MAX_BYTES = 64 << 20  # declared sizes of the jobs held, together
+    _RA_BACKOFF_MIN = 64  # blocks decoded inline after the first long wait
+    _RA_BACKOFF_MAX = 1 << 16  # ... and at most, after many
+    _RA_TRUST_AFTER = 1024  # takes without a long wait that forget the back-off
 
 # Slot states.
 cdef enum:
@@ -127,6 +140,16 @@ C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
 # the Python backend's pool draws (_pool.POOL_MIN_BLOCK_BYTES), where the hand-off is dearer.
 cdef size_t _ra_hint_min_bytes = 16384
 C_CONSTANTS["PREFETCH_MIN_STORED"] = _ra_hint_min_bytes
+# A wait for the worker is long (the cores are busy: see Back-off) past this many ns, plus 4 ns
+# per decoded byte (250 MB/s, slower than libzstd decodes on any core); -1: every take is
+# (tests), LLONG_MAX: none is.
+cdef long long _ra_slow_ns = 250000
+C_CONSTANTS["READ_AHEAD_SLOW_NS"] = _ra_slow_ns
+cdef Py_ssize_t _ra_backoff = 0  # blocks of the last back-off, 0: none in force
+cdef Py_ssize_t _ra_skip = 0  # blocks left to decode inline
+cdef Py_ssize_t _ra_trust = 0  # takes since the last long wait
+cdef unsigned long long _ra_backoffs = 0  # long waits seen
+cdef unsigned long long _ra_skipped = 0  # blocks not read ahead for them
 # A C global, not a module attribute: the final collection at interpreter exit may free a
 # reader (a dealloc cancels its jobs, under _ra.mu) after the module's dict was cleared.
 cdef list _ra_owners = [None] * _RA_SLOTS
@@ -283,7 +306,7 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
     cdef int stale = -1
     cdef bint queued = False
     cdef list dropped = []
-    if not _ra_ready():
+    if not _ra_ready() or (hint and _ra_backing_off()):
         return False
     declared = ZSTD_getFrameContentSize(src, src_size)
     if (declared == ZSTD_CONTENTSIZE_ERROR or declared == ZSTD_CONTENTSIZE_UNKNOWN
@@ -329,15 +352,22 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
     return queued  # ``dropped`` released here, the lock no longer held
 
 
-cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
+cdef inline long long _ra_now_ns() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return <long long>t.tv_sec * 1000000000 + t.tv_nsec
+
+
+cdef int _ra_wait_nogil(void* who, Py_ssize_t block, long long* waited) noexcept nogil:
     """Block ``block`` of ``who`` decoded: the index of its slot, now _RA_DRAINED, or -1 when
     it is not queued. Decodes it here if no decoder has started it, and other queued jobs
-    while the worker decodes it."""
+    while the worker decodes it; adds the ns spent waiting for the worker to ``waited``."""
     global _ra_by_caller, _ra_waits
     cdef int i
     cdef int mine
     cdef int other
     cdef ZSTD_DCtx* dctx
+    cdef long long t0
     pthread_mutex_lock(&_ra.mu)
     while True:
         mine = -1
@@ -361,7 +391,9 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
             other = _ra_oldest_lock_held()
             if other < 0:
                 _ra_waits += 1
+                t0 = _ra_now_ns()
                 pthread_cond_wait(&_ra.done, &_ra.mu)
+                waited[0] += _ra_now_ns() - t0
                 continue
         _ra_slots[other].state = _RA_BUSY
         pthread_mutex_unlock(&_ra.mu)
@@ -404,13 +436,15 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
     cdef _RASlot* slot
     cdef _RABuffer out = None
     cdef list dropped = []
+    cdef long long waited = 0
     if not _ra_ready():
         return None
     with nogil:
-        i = _ra_wait_nogil(who, block)
+        i = _ra_wait_nogil(who, block, &waited)
     if i < 0:
         return None
     slot = &_ra_slots[i]
+    _ra_judge(waited, slot.declared)
     # _RA_DRAINED: no decoder touches the slot, and no caller queues into it until emptied.
     if slot.ok:
         out = _RABuffer.__new__(_RABuffer)
@@ -425,6 +459,34 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
         _ra_taken += 1
     pthread_mutex_unlock(&_ra.mu)
     return out
+
+
+cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
+    """Back off after a long wait for the worker (see Back-off). GIL held."""
+    global _ra_backoff, _ra_skip, _ra_trust, _ra_backoffs
+    if _ra_skip > 0:
+        return  # backing off: a job queued before it, judged already
+    if _ra_slow_ns >= 0 and waited - 4 * <long long>declared <= _ra_slow_ns:
+        _ra_trust += 1
+        if _ra_trust >= _RA_TRUST_AFTER:
+            _ra_backoff = 0
+        return
+    _ra_backoffs += 1
+    _ra_trust = 0
+    _ra_backoff = min(max(2 * _ra_backoff, <Py_ssize_t>_RA_BACKOFF_MIN),
+                      <Py_ssize_t>_RA_BACKOFF_MAX)
+    _ra_skip = _ra_backoff
+
+
+cdef inline bint _ra_backing_off() noexcept:
+    """Whether the block a pass enters (or a hint names) is left to be decoded inline, the
+    cores being busy (see Back-off); counts it. GIL held."""
+    global _ra_skip, _ra_skipped
+    if _ra_skip <= 0:
+        return False
+    _ra_skip -= 1
+    _ra_skipped += 1
+    return True
 
 
 cdef void _ra_recycle(_RABuffer data) noexcept:
@@ -493,6 +555,7 @@ cdef int _ra_reset_in_child() except -1:
         _ra_slots[i].state = _RA_EMPTY
         _ra_slots[i].who = NULL
     _ra_held = 0
+    _ra_reset_backoff()  # the parent's cores were judged, the child's are not yet
     _ra = _ra_new_sync()  # the old one is abandoned, never freed
     _ra_generation = <long>_generation
     _ra_owners[:] = [None] * _RA_SLOTS
@@ -543,6 +606,21 @@ def _readahead_min_bytes(n):
     return old
 
 
+cdef void _ra_reset_backoff() noexcept:
+    global _ra_backoff, _ra_skip, _ra_trust
+    _ra_backoff = _ra_skip = _ra_trust = 0
+
+
+def _readahead_slow_ns(n):
+    """Set the wait that makes a caller back off (see Back-off): ns past which a wait is
+    long, -1 every take, None never (tests); forgets a back-off in force; the old value."""
+    global _ra_slow_ns
+    old = _ra_slow_ns
+    _ra_slow_ns = (1 << 63) - 1 if n is None else n
+    _ra_reset_backoff()
+    return None if old == (1 << 63) - 1 else old
+
+
 def _readahead_info():
     """The read-ahead's state, for tests: worker running, jobs held, buffers, counters."""
     cdef int i
@@ -551,6 +629,7 @@ def _readahead_info():
     cdef size_t held
     cdef bint running
     cdef unsigned long long counts[5]
+    cdef Py_ssize_t skip = _ra_skip
     if not _ra_ready():
         return None
     # Copied under the lock, reported after: building objects may run a collection, whose
@@ -578,6 +657,9 @@ def _readahead_info():
         "caller_waits": counts[3],
         "worker_waits": counts[4],
         "owners": sum(1 for o in _ra_owners if o is not None),
+        "backoffs": _ra_backoffs,
+        "skipped": _ra_skipped,
+        "skip": skip,
     }
 
 

@@ -35,6 +35,7 @@ from posix.fcntl cimport open as c_open
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
 from posix.stat cimport fstat, struct_stat
 from posix.stat cimport stat as c_stat
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport close as c_close
 
 cimport cython
@@ -852,7 +853,7 @@ cdef class ShardCore:
             return self._miss(b, j)
         if self._compressed:
             ahead = _ra_take(<void*>self, b)
-            if queue:
+            if queue and not _ra_backing_off():
                 self._queue_next(b)
         self._cache._misses += 1
         if ahead is not None:
@@ -1007,8 +1008,9 @@ def _read_in_order(pairs):
             examples = reader._held(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
-                for later, nb in ahead:
-                    later._queue_ahead(nb, False)
+                if not _ra_backing_off():
+                    for later, nb in ahead:
+                        later._queue_ahead(nb, False)
                 if data is None:
                     block = reader._decoded(b, True, True)
                     examples = reader._passed(block, b, _data_size(block))
