@@ -161,6 +161,34 @@ def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
     assert delta(before) == ({"backoffs": 0, "taken": ahead, "skipped": 0}, 0)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins a process to one CPU")
+def test_pinned_to_one_core_a_pass_in_order_backs_off(atlas, backend, root, expected):
+    """A process with one core (a forked child pinned to it, the back-off at its defaults):
+    the worker can only run by preempting the reading thread (or waiting for it), so the
+    reader backs off and decodes the blocks inline, every example exact."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def check():
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        reader._readahead_slow_ns(reader.C_CONSTANTS["READ_AHEAD_SLOW_NS"])  # not the suite's
+        before = info()
+        for _ in range(50):  # 60 blocks a pass; a preemption is likely, not certain, per block
+            ds = atlas.AtlasDataset(root)
+            if [ds[i] for i in range(N)] != expected:
+                return False
+            after = info()
+            if after["skipped"] - before["skipped"] >= 64:  # a back-off ran out
+                return after["backoffs"] > before["backoffs"]
+        raise AssertionError(f"no back-off in 3,000 blocks: {after}")
+
+    pid, read = fork_check(check)
+    assert child_report(pid, read) == b"ok"
+
+
 def test_in_order_interleaved_with_random_reads(atlas, root, expected):
     ds = atlas.AtlasDataset(root, cache_blocks=2)
     rng = random.Random(5)
