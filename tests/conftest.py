@@ -32,17 +32,18 @@ def atlas(backend):
 
 @pytest.fixture(scope="session", autouse=True)
 def read_ahead_never_backs_off():
-    """The compiled read-ahead backs off while the cores are busy (a long wait for its
-    thread): off for the suite, whose counts of blocks read ahead must not depend on the
-    machine's load. test_readahead.py turns it on where it is the subject."""
+    """The compiled read-ahead backs off while the cores are busy (the reading thread
+    preempted, or kept waiting, by its thread): off for the suite, whose counts of blocks
+    read ahead must not depend on the machine's load. test_readahead.py turns it on where it
+    is the subject, and runs passes, threads and close() with a back-off in force."""
     if atlas_fast.BACKEND != "cython":
         yield
         return
     from atlas_fast._core import _reader
 
-    old = _reader._readahead_slow_ns(None)
+    old = _reader._readahead_backoff(None, None)
     yield
-    _reader._readahead_slow_ns(old)
+    _reader._readahead_backoff(*old)
 
 
 @pytest.fixture(params=fixture_cases() or ["<no fixtures>"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -139,7 +140,7 @@ def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
     # ds[i] starts reading ahead at block 1 (a lone ds[0] reads nothing ahead), iter at 0;
     # ds[i] reads ahead within a shard (3 of 20 blocks), iter across them.
     first, ahead = (1, 60 - 4) if how == "ds[i]" else (0, 60 - 1)
-    old = reader._readahead_slow_ns(-1)
+    old = reader._readahead_backoff(-1, None)
     try:
         before = info()
         assert read() == expected
@@ -155,16 +156,46 @@ def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
         again = skipped - left
         assert delta(before) == ({"backoffs": 1, "taken": 6, "skipped": skipped}, 128 - again)
     finally:
-        reader._readahead_slow_ns(old)
+        reader._readahead_backoff(*old)
     before = info()
     assert read() == expected
     assert delta(before) == ({"backoffs": 0, "taken": ahead, "skipped": 0}, 0)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins a process to one CPU")
+def test_the_doubling_is_forgotten_after_1024_takes_without_a_sign(atlas, backend, root, expected):
+    """After a back-off has run out, 1,024 blocks taken from the read-ahead with no sign of
+    busy cores: the next sign backs off for 64 blocks again, not twice the last."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def read():  # 60 blocks, 59 read ahead
+        assert list(atlas.AtlasDataset(root)) == expected
+
+    old = reader._readahead_backoff(-1, None)
+    try:
+        read()
+        assert info()["skip"] == 64 - 59
+        reader._readahead_backoff(None, None, forget=False)  # no sign; the back-off stays
+        before = info()["taken"]
+        while info()["taken"] - before < 1024 + 6 + 5:  # 5 still skipped; 6 not judged
+            read()
+        reader._readahead_backoff(-1, None, forget=False)
+        read()
+        assert info()["skip"] == 64 - 59  # 128 - 59 had the doubling been kept
+    finally:
+        reader._readahead_backoff(*old)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not hasattr(resource, "RUSAGE_THREAD"),
+    reason="pins a process to one CPU; counts a thread's preemptions (Linux)",
+)
 def test_pinned_to_one_core_a_pass_in_order_backs_off(atlas, backend, root, expected):
     """A process with one core (a forked child pinned to it, the back-off at its defaults):
-    the worker can only run by preempting the reading thread (or waiting for it), so the
+    the worker can only run by preempting the reading thread (or making it wait), so the
     reader backs off and decodes the blocks inline, every example exact."""
     if backend != "cython":
         pytest.skip("the C read-ahead's back-off")
@@ -174,22 +205,39 @@ def test_pinned_to_one_core_a_pass_in_order_backs_off(atlas, backend, root, expe
 
     def check():
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        reader._readahead_slow_ns(reader.C_CONSTANTS["READ_AHEAD_SLOW_NS"])  # not the suite's
+        reader._readahead_backoff()  # the defaults, not the suite's
         before = info()
         for _ in range(50):  # 60 blocks a pass; a preemption is likely, not certain, per block
             ds = atlas.AtlasDataset(root)
             if [ds[i] for i in range(N)] != expected:
                 return False
-            after = info()
-            if after["skipped"] - before["skipped"] >= 64:  # a back-off ran out
-                return after["backoffs"] > before["backoffs"]
-        raise AssertionError(f"no back-off in 3,000 blocks: {after}")
+            if info()["backoffs"] > before["backoffs"]:
+                break
+        after = info()
+        if after["backoffs"] == before["backoffs"] or after["skipped"] == before["skipped"]:
+            raise AssertionError(f"no back-off in {50 * 60} blocks: {after}")
+        return True
 
     pid, read = fork_check(check)
     assert child_report(pid, read) == b"ok"
 
 
-def test_in_order_interleaved_with_random_reads(atlas, root, expected):
+@pytest.fixture(params=["idle", "busy"])
+def cores(request, backend):
+    """``busy``: every block taken from the C read-ahead is a sign of busy cores, so passes
+    run with a back-off in force most of the time, reading ahead between back-offs."""
+    if request.param == "idle":
+        yield request.param
+        return
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    old = reader._readahead_backoff(-1, None)
+    yield request.param
+    reader._readahead_backoff(*old)
+
+
+def test_in_order_interleaved_with_random_reads(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=2)
     rng = random.Random(5)
     for i in range(N):
@@ -205,7 +253,7 @@ def test_in_order_interleaved_with_random_reads(atlas, root, expected):
             assert ds[k] == expected[k]
 
 
-def test_two_passes_at_once(atlas, root, expected):
+def test_two_passes_at_once(atlas, root, expected, cores):
     first, second = atlas.AtlasDataset(root), atlas.AtlasDataset(root)
     assert [a for pair in zip(first, second, iter(first)) for a in pair] == [
         x for x in expected for _ in range(3)
@@ -213,7 +261,7 @@ def test_two_passes_at_once(atlas, root, expected):
     assert [(first[i], second[i]) for i in range(N)] == [(x, x) for x in expected]
 
 
-def test_threads_on_one_dataset(atlas, root, expected):
+def test_threads_on_one_dataset(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=3)
 
     def work(k):
@@ -233,7 +281,7 @@ def test_threads_on_one_dataset(atlas, root, expected):
     assert run_threads(work, 6) == []
 
 
-def test_close_during_read_ahead(atlas, backend, root, expected):
+def test_close_during_read_ahead(atlas, backend, root, expected, cores):
     ds = atlas.AtlasDataset(root)
     it = iter(ds)
     head = [next(it) for _ in range(25)]

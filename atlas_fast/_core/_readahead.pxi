@@ -44,15 +44,22 @@
 # (an involuntary context switch of the reader per block: the work is serial again, with the
 # hand-offs added: 0.88x inline, measured pinned to one core); or it waits for a core, and a
 # reader that reaches the block it is decoding waits for it to be scheduled again
-# (milliseconds, for a block decoded in tens of microseconds). So a reader preempted on
-# _RA_WINDOW_PREEMPTED of _RA_WINDOW takes (Linux counts a thread's involuntary switches;
-# elsewhere this signal is absent), or one that waited for the worker longer than decoding
-# the block could take (_ra_slow_ns), stops
-# reading ahead for the next _ra_skip blocks, a number that doubles while the waits stay long
-# (_RA_BACKOFF_MIN to _RA_BACKOFF_MAX) and is forgotten after _RA_TRUST_AFTER takes without
-# one. The jobs queued before a back-off are still taken, and not judged. Process-wide, as
-# the cores are; the blocks meanwhile are decoded inline, as without read-ahead. GIL held for
-# all of its state.
+# (milliseconds, for a block decoded in tens of microseconds). Two signs, judged as blocks
+# are taken from the read-ahead:
+# - preempted: the reading thread was switched out involuntarily _RA_WINDOW_PREEMPTED times
+#   or more over a window of _RA_WINDOW takes (Linux counts this per thread; elsewhere the
+#   sign is absent). A window that lasted longer than its blocks' bytes explain (a consumer
+#   doing other work between blocks, an idle gap) is not judged: preemptions by anything
+#   else then accumulate in it;
+# - a long wait: the reader waited for the worker longer than _ra_slow_ns plus 4 ns per
+#   decoded byte (250 MB/s; a 36 KB block decodes in ~35 us), unless the worker's decoding
+#   of that block faulted pages in from storage (a cold or network file: waiting for I/O,
+#   not for a core).
+# Either makes the process skip the next _ra_skip blocks that would be read ahead (entered by
+# a pass in order, or named by a hint) and decode them inline; _RA_BACKOFF_MIN the first
+# time, doubling on each sign after it, up to _RA_BACKOFF_MAX; the doubling is forgotten
+# after _RA_TRUST_AFTER takes without a sign. The jobs queued before a back-off are still
+# taken, and not judged. Process-wide, as the cores are; GIL held for all of its state.
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
@@ -86,26 +93,27 @@ cdef enum:
     _RA_SLOTS = 16  # jobs queued or done, all passes of the process together
     _RA_DEPTH = 6  # blocks queued ahead of the one a pass reads
     _RA_MAX_BYTES = 64 << 20  # declared sizes of the jobs held, together
-    _RA_BACKOFF_MIN = 64  # blocks decoded inline after the first long wait
+    _RA_BACKOFF_MIN = 64  # blocks decoded inline after the first sign of busy cores
     _RA_BACKOFF_MAX = 1 << 16  # ... and at most, after many
-    _RA_TRUST_AFTER = 1024  # takes without a long wait that forget the back-off
+    _RA_TRUST_AFTER = 1024  # takes without a sign that forget the doubling
     _RA_WINDOW = 16  # takes over which the reader's preemptions are counted
-    _RA_WINDOW_PREEMPTED = 4  # ... and how many of them back off
 
 cdef extern from *:
     """
     #include <sys/resource.h>
-    /* The calling thread's involuntary context switches so far, or -1 where they are not
-       counted per thread (RUSAGE_THREAD is Linux's; Python.h defines _GNU_SOURCE). */
-    static long long atlas_thread_preemptions(void) {
+    /* The calling thread's involuntary context switches (faults == 0) or page faults that
+       read storage (faults != 0) so far, or -1 where they are not counted per thread
+       (RUSAGE_THREAD is Linux's; Python.h defines _GNU_SOURCE). */
+    static long long atlas_thread_count(int faults) {
     #ifdef RUSAGE_THREAD
         struct rusage ru;
-        if (getrusage(RUSAGE_THREAD, &ru) == 0) return (long long)ru.ru_nivcsw;
+        if (getrusage(RUSAGE_THREAD, &ru) == 0)
+            return (long long)(faults ? ru.ru_majflt : ru.ru_nivcsw);
     #endif
         return -1;
     }
     """
-    long long atlas_thread_preemptions() nogil
+    long long atlas_thread_count(int faults) nogil
 
 # Slot states.
 cdef enum:
@@ -127,6 +135,7 @@ ctypedef struct _RASlot:
     const ZSTD_DDict* ddict
     ZSTD_DCtx** warm  # the dictionary's warm context slot, for a caller decoding it
     size_t declared
+    bint faulted  # _RA_READY: the worker's decoding read pages in from storage
     char* buf
     size_t cap
 
@@ -162,19 +171,23 @@ C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
 # the Python backend's pool draws (_pool.POOL_MIN_BLOCK_BYTES), where the hand-off is dearer.
 cdef size_t _ra_hint_min_bytes = 16384
 C_CONSTANTS["PREFETCH_MIN_STORED"] = _ra_hint_min_bytes
-# A wait for the worker is long (the cores are busy: see Back-off) past this many ns, plus 4 ns
-# per decoded byte (250 MB/s, slower than libzstd decodes on any core); -1: every take is
-# (tests).
+# The signs of busy cores (see Back-off). A wait for the worker is long past this many ns,
+# plus 4 ns per decoded byte (-1: every take is one; -2: none is). A window of takes is judged
+# when the reader was preempted this many times in it (-1: none is; 0: every one is), and it
+# lasted at most 1 ms plus 20 ns per decoded byte of its blocks.
 cdef long long _ra_slow_ns = 250000
 C_CONSTANTS["READ_AHEAD_SLOW_NS"] = _ra_slow_ns
-cdef bint _ra_backs_off = True  # False: never (tests)
+cdef long long _ra_preempted = 4
+C_CONSTANTS["READ_AHEAD_PREEMPTED"] = _ra_preempted
 cdef int _ra_window = 0  # takes judged in the current window
 cdef long long _ra_window_preempted = -1  # the reader's count at its start; -1: not started
+cdef long long _ra_window_start = 0  # its start, ns (CLOCK_MONOTONIC)
+cdef long long _ra_window_bytes = 0  # declared bytes of its takes
 cdef unsigned long _ra_window_thread = 0  # the reader (a window is one thread's)
 cdef Py_ssize_t _ra_backoff = 0  # blocks of the last back-off, 0: none in force
 cdef Py_ssize_t _ra_skip = 0  # blocks left to decode inline
-cdef Py_ssize_t _ra_trust = 0  # takes since the last long wait
-cdef unsigned long long _ra_backoffs = 0  # long waits seen
+cdef Py_ssize_t _ra_trust = 0  # takes since the last sign
+cdef unsigned long long _ra_backoffs = 0  # signs seen
 cdef unsigned long long _ra_skipped = 0  # blocks not read ahead for them
 # A C global, not a module attribute: the final collection at interpreter exit may free a
 # reader (a dealloc cancels its jobs, under _ra.mu) after the module's dict was cleared.
@@ -234,6 +247,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
     cdef _RASync* s = <_RASync*>arg
     cdef ZSTD_DCtx* dctx = ZSTD_createDCtx()  # this thread's own
     cdef int i
+    cdef long long faults
     pthread_mutex_lock(&s.mu)
     while not s.stop:
         i = _ra_oldest_lock_held()
@@ -243,7 +257,9 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
             continue
         _ra_slots[i].state = _RA_BUSY
         pthread_mutex_unlock(&s.mu)
+        faults = atlas_thread_count(1)
         _ra_decode(&_ra_slots[i], dctx)
+        _ra_slots[i].faulted = atlas_thread_count(1) > faults
         pthread_mutex_lock(&s.mu)
         _ra_slots[i].state = _RA_READY
         _ra_by_worker += 1
@@ -332,13 +348,15 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
     cdef int stale = -1
     cdef bint queued = False
     cdef list dropped = []
-    if not _ra_ready() or (hint and _ra_backing_off()):
+    if not _ra_ready():
         return False
     declared = ZSTD_getFrameContentSize(src, src_size)
     if (declared == ZSTD_CONTENTSIZE_ERROR or declared == ZSTD_CONTENTSIZE_UNKNOWN
             or declared == 0 or declared > _RA_MAX_BYTES or src_size < _ra_min_bytes
             or not _limits_allow(declared, src_size)):
         return False  # the caller's own path decodes it (and words any error)
+    if hint and _ra_skip_one():
+        return False
     pthread_mutex_lock(&_ra.mu)
     for i in range(_RA_SLOTS):
         st = _ra_slots[i].state
@@ -361,6 +379,7 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
         slot = &_ra_slots[free_slot]
         slot.state = _RA_QUEUED
         slot.ok = False
+        slot.faulted = False
         slot.who = who
         slot.block = block
         _ra_seq += 1
@@ -422,6 +441,7 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block, long long* waited) noexcept
                 waited[0] += _ra_now_ns() - t0
                 continue
         _ra_slots[other].state = _RA_BUSY
+        _ra_slots[other].faulted = False  # the caller did not wait for this one
         pthread_mutex_unlock(&_ra.mu)
         dctx = _dctx_take(_ra_slots[other].warm)
         _ra_decode(&_ra_slots[other], dctx)
@@ -470,7 +490,7 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
     if i < 0:
         return None
     slot = &_ra_slots[i]
-    _ra_judge(waited, slot.declared)
+    _ra_judge(0 if slot.faulted else waited, slot.declared)
     # _RA_DRAINED: no decoder touches the slot, and no caller queues into it until emptied.
     if slot.ok:
         out = _RABuffer.__new__(_RABuffer)
@@ -488,25 +508,34 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
 
 
 cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
-    """Back off after a long wait for the worker (see Back-off). GIL held."""
+    """Back off on a sign of busy cores (see Back-off): a take that waited ``waited`` ns for
+    the worker, of a block of ``declared`` bytes. GIL held."""
     global _ra_backoff, _ra_skip, _ra_trust, _ra_backoffs
-    global _ra_window, _ra_window_preempted, _ra_window_thread
+    global _ra_window, _ra_window_preempted, _ra_window_start, _ra_window_bytes
+    global _ra_window_thread
     cdef long long now
+    cdef long long count
     cdef unsigned long me
     cdef bint busy
-    if _ra_skip > 0 or not _ra_backs_off:
+    if _ra_skip > 0:
         return  # backing off: a job queued before it, judged already
-    busy = _ra_slow_ns < 0 or waited - 4 * <long long>declared > _ra_slow_ns
-    if not busy:
-        _ra_window += 1
-        if _ra_window >= _RA_WINDOW or _ra_window_preempted < 0:
-            now = atlas_thread_preemptions()
-            me = PyThread_get_thread_ident()
-            busy = (_ra_window_preempted >= 0 and now >= 0 and me == _ra_window_thread
-                    and now - _ra_window_preempted >= _RA_WINDOW_PREEMPTED)
-            _ra_window = 0
-            _ra_window_preempted = now
-            _ra_window_thread = me
+    busy = _ra_slow_ns == -1 or (_ra_slow_ns >= 0
+                                 and waited - 4 * <long long>declared > _ra_slow_ns)
+    _ra_window += 1
+    _ra_window_bytes += <long long>declared
+    if not busy and _ra_preempted >= 0 and (_ra_window >= _RA_WINDOW
+                                            or _ra_window_preempted < 0):
+        count = atlas_thread_count(0)
+        now = _ra_now_ns()
+        me = PyThread_get_thread_ident()
+        busy = (_ra_window_preempted >= 0 and count >= 0 and me == _ra_window_thread
+                and count - _ra_window_preempted >= _ra_preempted
+                and now - _ra_window_start <= 1000000 + 20 * _ra_window_bytes)
+        _ra_window = 0
+        _ra_window_bytes = 0
+        _ra_window_preempted = count
+        _ra_window_start = now
+        _ra_window_thread = me
     if not busy:
         _ra_trust += 1
         if _ra_trust >= _RA_TRUST_AFTER:
@@ -520,9 +549,10 @@ cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
     _ra_skip = _ra_backoff
 
 
-cdef inline bint _ra_backing_off() noexcept:
-    """Whether the block a pass enters (or a hint names) is left to be decoded inline, the
-    cores being busy (see Back-off); counts it. GIL held."""
+cdef inline bint _ra_skip_one() noexcept:
+    """Whether the block a pass enters (or a hint names), which would be read ahead, is to be
+    decoded inline instead, the cores being busy (see Back-off): one fewer to skip. GIL
+    held."""
     global _ra_skip, _ra_skipped
     if _ra_skip <= 0:
         return False
@@ -654,16 +684,18 @@ cdef void _ra_reset_backoff() noexcept:
     _ra_window_preempted = -1
 
 
-def _readahead_slow_ns(n):
-    """Set what backs off (see Back-off), for tests: ``n`` the ns past which a wait is long
-    (preemptions counted too), -1 every take, None nothing; forgets a back-off in force; the
-    old value."""
-    global _ra_slow_ns, _ra_backs_off
-    old = _ra_slow_ns if _ra_backs_off else None
-    _ra_backs_off = n is not None
-    if n is not None:
-        _ra_slow_ns = n
-    _ra_reset_backoff()
+def _readahead_backoff(slow_ns=250000, preempted=4, bint forget=True):
+    """Set the signs that back off (see Back-off), for tests: ``slow_ns`` the ns past which
+    a wait is long (-1: every take; None: none), ``preempted`` the preemptions of a window
+    that are a sign (0: every window's; None: none); forgets a back-off in force unless
+    ``forget`` is false. Returns the old pair."""
+    global _ra_slow_ns, _ra_preempted
+    old = (None if _ra_slow_ns == -2 else _ra_slow_ns,
+           None if _ra_preempted == -1 else _ra_preempted)
+    _ra_slow_ns = -2 if slow_ns is None else slow_ns
+    _ra_preempted = -1 if preempted is None else preempted
+    if forget:
+        _ra_reset_backoff()
     return old
 
 
@@ -675,9 +707,10 @@ def _readahead_info():
     cdef size_t held
     cdef bint running
     cdef unsigned long long counts[5]
-    cdef Py_ssize_t skip = _ra_skip
+    cdef Py_ssize_t skip
     if not _ra_ready():
         return None
+    skip = _ra_skip
     # Copied under the lock, reported after: building objects may run a collection, whose
     # finalizers may come back here.
     pthread_mutex_lock(&_ra.mu)

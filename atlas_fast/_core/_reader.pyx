@@ -854,7 +854,7 @@ cdef class ShardCore:
             return self._miss(b, j)
         if self._compressed:
             ahead = _ra_take(<void*>self, b)
-            if queue and not _ra_backing_off():
+            if queue and not (self._source is None and _ra_skip_one()):
                 self._queue_next(b)
         self._cache._misses += 1
         if ahead is not None:
@@ -1009,7 +1009,7 @@ def _read_in_order(pairs):
             examples = reader._held(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
-                if not _ra_backing_off():
+                if not (reader._compressed and reader._source is None and _ra_skip_one()):
                     for later, nb in ahead:
                         later._queue_ahead(nb, False)
                 if data is None:
