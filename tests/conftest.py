@@ -30,6 +30,22 @@ def atlas(backend):
     return _MODULES[backend]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def read_ahead_never_backs_off():
+    """The compiled read-ahead backs off while the cores are busy (the reading thread
+    preempted, or kept waiting, by its thread): off for the suite, whose counts of blocks
+    read ahead must not depend on the machine's load. test_readahead.py turns it on where it
+    is the subject, and runs passes, threads and close() with a back-off in force."""
+    if atlas_fast.BACKEND != "cython":
+        yield
+        return
+    from atlas_fast._core import _reader
+
+    old = _reader._readahead_backoff(None, None)
+    yield
+    _reader._readahead_backoff(*old)
+
+
 @pytest.fixture(params=fixture_cases() or ["<no fixtures>"])
 def reference_case(request) -> str:
     if request.param == "<no fixtures>":

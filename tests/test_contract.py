@@ -258,7 +258,9 @@ def test_c_constants_mirror_the_python_ones():
     assert c["MAX_ZSTD_RATIO"] == _format.MAX_ZSTD_RATIO
     assert c["DEFAULT_MAX_BLOCK_BYTES"] == _format._DEFAULT_MAX_BLOCK_BYTES
     assert c["STREAM_STEP"] == atlas_fast._core._reader_py.STREAM_STEP
-    assert c["READ_AHEAD_MIN_STORED"] == atlas_fast._core._pool.POOL_MIN_BLOCK_BYTES
+    assert c["PREFETCH_MIN_STORED"] == atlas_fast._core._pool.POOL_MIN_BLOCK_BYTES
+    # A pass in order reads ahead smaller frames on the C thread than the pool takes.
+    assert 0 < c["READ_AHEAD_MIN_STORED"] < c["PREFETCH_MIN_STORED"]
     from atlas_fast._core import _objsize
 
     assert c["MEASURE_FIRST"] == _objsize.MEASURE_FIRST

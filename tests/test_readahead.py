@@ -8,14 +8,16 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import resource
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import child_report, fork_check, run_threads
 from loader_helpers import example, write_dataset
 
 import atlas_fast
-from atlas_fast import AtlasFormatError, CompressionStrategy
+from atlas_fast import AtlasDatasetWriter, AtlasFormatError, CompressionStrategy
 
 N = 600  # 3 shards of 200, blocks of 10: 60 blocks
 
@@ -84,7 +86,158 @@ def test_read_ahead_is_used_on_compressed_blocks_only(atlas, backend, root, expe
         assert taken == 0
 
 
-def test_in_order_interleaved_with_random_reads(atlas, root, expected):
+def test_a_pass_in_order_reads_small_frames_ahead(atlas, backend, tmp_path):
+    """With the default lines: a pass in order reads ahead frames of a few KiB stored (the C
+    thread takes no GIL: decoding them there pays), while prefetch() hints are not taken for
+    a shard whose blocks are that small (the Python pool's line). Every example exact."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's counters")
+    reader = _reader_module()
+    c = reader.C_CONSTANTS
+    reader._readahead_min_bytes((c["READ_AHEAD_MIN_STORED"], c["PREFETCH_MIN_STORED"]))
+    rng = random.Random(3)
+    examples = [{"id": i, "blob": rng.randbytes(700)} for i in range(120)]  # incompressible
+    with AtlasDatasetWriter(
+        tmp_path / "ds", 60, 10, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION
+    ) as w:
+        for x in examples:
+            w.add_example(x)
+    ds = atlas.AtlasDataset(tmp_path / "ds")
+    offsets = [np.load(shard / "index.npy") for shard in sorted((tmp_path / "ds").glob("[0-9]"))]
+    sizes = [int(size) for o in offsets for size in np.diff(o)]
+    assert all(c["READ_AHEAD_MIN_STORED"] <= size < c["PREFETCH_MIN_STORED"] for size in sizes)
+    before = info()["taken"]
+    assert [ds[i] for i in range(len(ds))] == examples
+    assert info()["taken"] > before
+    ds.prefetch([0, 50])
+    assert [ds[i] for i in (0, 50, 119)] == [examples[i] for i in (0, 50, 119)]
+    assert ds.prefetch([10, 60]) is False  # the hints were found not worth it
+
+
+@pytest.mark.parametrize("how", ["ds[i]", "iter"])
+def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
+    atlas, backend, root, expected, how
+):
+    """The cores busy (every take made to count as a long wait): after the first block taken
+    from the read-ahead, the blocks not yet queued are decoded inline, every example exact;
+    the back-off (64 blocks the first time) runs out, reading ahead resumes, and the next
+    long wait backs off twice as long. Waits short again (the hook forgets the back-off):
+    read ahead throughout."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def read():  # 60 blocks of 10, on a fresh reader: nothing cached
+        ds = atlas.AtlasDataset(root)
+        return [ds[i] for i in range(N)] if how == "ds[i]" else list(ds)
+
+    def delta(before):
+        now = info()
+        return {k: now[k] - before[k] for k in ("backoffs", "taken", "skipped")}, now["skip"]
+
+    # ds[i] starts reading ahead at block 1 (a lone ds[0] reads nothing ahead), iter at 0;
+    # ds[i] reads ahead within a shard (3 of 20 blocks), iter across them.
+    first, ahead = (1, 60 - 4) if how == "ds[i]" else (0, 60 - 1)
+    old = reader._readahead_backoff(-1, None)
+    try:
+        before = info()
+        assert read() == expected
+        # Block `first` queues the 6 after it; the take of the first of them backs off for
+        # 64 blocks, counted from it to block 59; the other 5 queued are taken all the same.
+        skipped = 59 - first
+        assert delta(before) == ({"backoffs": 1, "taken": 6, "skipped": skipped}, 64 - skipped)
+        before = info()
+        assert read() == expected
+        # The 64 - skipped blocks left inline, the next queues 6 again, and the first of them
+        # backs off for 128 blocks.
+        left = 64 - skipped
+        again = skipped - left
+        assert delta(before) == ({"backoffs": 1, "taken": 6, "skipped": skipped}, 128 - again)
+    finally:
+        reader._readahead_backoff(*old)
+    before = info()
+    assert read() == expected
+    assert delta(before) == ({"backoffs": 0, "taken": ahead, "skipped": 0}, 0)
+
+
+def test_the_doubling_is_forgotten_after_1024_takes_without_a_sign(atlas, backend, root, expected):
+    """After a back-off has run out, 1,024 blocks taken from the read-ahead with no sign of
+    busy cores: the next sign backs off for 64 blocks again, not twice the last."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def read():  # 60 blocks, 59 read ahead
+        assert list(atlas.AtlasDataset(root)) == expected
+
+    old = reader._readahead_backoff(-1, None)
+    try:
+        read()
+        assert info()["skip"] == 64 - 59
+        reader._readahead_backoff(None, None, forget=False)  # no sign; the back-off stays
+        before = info()["taken"]
+        while info()["taken"] - before < 1024 + 6 + 5:  # 5 still skipped; 6 not judged
+            read()
+        reader._readahead_backoff(-1, None, forget=False)
+        read()
+        assert info()["skip"] == 64 - 59  # 128 - 59 had the doubling been kept
+    finally:
+        reader._readahead_backoff(*old)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not hasattr(resource, "RUSAGE_THREAD"),
+    reason="pins a process to one CPU; counts a thread's preemptions (Linux)",
+)
+def test_pinned_to_one_core_a_pass_in_order_backs_off(atlas, backend, root, expected):
+    """A process with one core (a forked child pinned to it, the back-off at its defaults):
+    the worker can only run by preempting the reading thread (or making it wait), so the
+    reader backs off and decodes the blocks inline, every example exact."""
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    if not atlas.AtlasDataset(root).shards[0]._compressed:
+        pytest.skip("uncompressed blocks are never read ahead")
+
+    def check():
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        reader._readahead_backoff()  # the defaults, not the suite's
+        before = info()
+        for _ in range(50):  # 60 blocks a pass; a preemption is likely, not certain, per block
+            ds = atlas.AtlasDataset(root)
+            if [ds[i] for i in range(N)] != expected:
+                return False
+            if info()["backoffs"] > before["backoffs"]:
+                break
+        after = info()
+        if after["backoffs"] == before["backoffs"] or after["skipped"] == before["skipped"]:
+            raise AssertionError(f"no back-off in {50 * 60} blocks: {after}")
+        return True
+
+    pid, read = fork_check(check)
+    assert child_report(pid, read) == b"ok"
+
+
+@pytest.fixture(params=["idle", "busy"])
+def cores(request, backend):
+    """``busy``: every block taken from the C read-ahead is a sign of busy cores, so passes
+    run with a back-off in force most of the time, reading ahead between back-offs."""
+    if request.param == "idle":
+        yield request.param
+        return
+    if backend != "cython":
+        pytest.skip("the C read-ahead's back-off")
+    reader = _reader_module()
+    old = reader._readahead_backoff(-1, None)
+    yield request.param
+    reader._readahead_backoff(*old)
+
+
+def test_in_order_interleaved_with_random_reads(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=2)
     rng = random.Random(5)
     for i in range(N):
@@ -100,7 +253,7 @@ def test_in_order_interleaved_with_random_reads(atlas, root, expected):
             assert ds[k] == expected[k]
 
 
-def test_two_passes_at_once(atlas, root, expected):
+def test_two_passes_at_once(atlas, root, expected, cores):
     first, second = atlas.AtlasDataset(root), atlas.AtlasDataset(root)
     assert [a for pair in zip(first, second, iter(first)) for a in pair] == [
         x for x in expected for _ in range(3)
@@ -108,7 +261,7 @@ def test_two_passes_at_once(atlas, root, expected):
     assert [(first[i], second[i]) for i in range(N)] == [(x, x) for x in expected]
 
 
-def test_threads_on_one_dataset(atlas, root, expected):
+def test_threads_on_one_dataset(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=3)
 
     def work(k):
@@ -128,7 +281,7 @@ def test_threads_on_one_dataset(atlas, root, expected):
     assert run_threads(work, 6) == []
 
 
-def test_close_during_read_ahead(atlas, backend, root, expected):
+def test_close_during_read_ahead(atlas, backend, root, expected, cores):
     ds = atlas.AtlasDataset(root)
     it = iter(ds)
     head = [next(it) for _ in range(25)]

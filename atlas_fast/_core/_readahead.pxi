@@ -38,6 +38,28 @@
 #   first use.
 # - Memory: at most _RA_SLOTS jobs, whose declared sizes together stay under _RA_MAX_BYTES;
 #   a pass queues _RA_DEPTH blocks ahead.
+#
+# Back-off: the worker pays only on an idle core. When every core is busy (DataLoader workers,
+# other jobs), the worker, woken for a job, is put on the reading thread's core and preempts it
+# (an involuntary context switch of the reader per block: the work is serial again, with the
+# hand-offs added: 0.88x inline, measured pinned to one core); or it waits for a core, and a
+# reader that reaches the block it is decoding waits for it to be scheduled again
+# (milliseconds, for a block decoded in tens of microseconds). Two signs, judged as blocks
+# are taken from the read-ahead:
+# - preempted: the reading thread was switched out involuntarily _RA_WINDOW_PREEMPTED times
+#   or more over a window of _RA_WINDOW takes (Linux counts this per thread; elsewhere the
+#   sign is absent). A window that lasted longer than its blocks' bytes explain (a consumer
+#   doing other work between blocks, an idle gap) is not judged: preemptions by anything
+#   else then accumulate in it;
+# - a long wait: the reader waited for the worker longer than _ra_slow_ns plus 4 ns per
+#   decoded byte (250 MB/s; a 36 KB block decodes in ~35 us), unless the worker's decoding
+#   of that block faulted pages in from storage (a cold or network file: waiting for I/O,
+#   not for a core).
+# Either makes the process skip the next _ra_skip blocks that would be read ahead (entered by
+# a pass in order, or named by a hint) and decode them inline; _RA_BACKOFF_MIN the first
+# time, doubling on each sign after it, up to _RA_BACKOFF_MAX; the doubling is forgotten
+# after _RA_TRUST_AFTER takes without a sign. The jobs queued before a back-off are still
+# taken, and not judged. Process-wide, as the cores are; GIL held for all of its state.
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
@@ -71,6 +93,27 @@ cdef enum:
     _RA_SLOTS = 16  # jobs queued or done, all passes of the process together
     _RA_DEPTH = 6  # blocks queued ahead of the one a pass reads
     _RA_MAX_BYTES = 64 << 20  # declared sizes of the jobs held, together
+    _RA_BACKOFF_MIN = 64  # blocks decoded inline after the first sign of busy cores
+    _RA_BACKOFF_MAX = 1 << 16  # ... and at most, after many
+    _RA_TRUST_AFTER = 1024  # takes without a sign that forget the doubling
+    _RA_WINDOW = 16  # takes over which the reader's preemptions are counted
+
+cdef extern from *:
+    """
+    #include <sys/resource.h>
+    /* The calling thread's involuntary context switches (faults == 0) or page faults that
+       read storage (faults != 0) so far, or -1 where they are not counted per thread
+       (RUSAGE_THREAD is Linux's; Python.h defines _GNU_SOURCE). */
+    static long long atlas_thread_count(int faults) {
+    #ifdef RUSAGE_THREAD
+        struct rusage ru;
+        if (getrusage(RUSAGE_THREAD, &ru) == 0)
+            return (long long)(faults ? ru.ru_majflt : ru.ru_nivcsw);
+    #endif
+        return -1;
+    }
+    """
+    long long atlas_thread_count(int faults) nogil
 
 # Slot states.
 cdef enum:
@@ -92,6 +135,7 @@ ctypedef struct _RASlot:
     const ZSTD_DDict* ddict
     ZSTD_DCtx** warm  # the dictionary's warm context slot, for a caller decoding it
     size_t declared
+    bint faulted  # _RA_READY: the worker's decoding read pages in from storage
     char* buf
     size_t cap
 
@@ -118,9 +162,33 @@ cdef unsigned long long _ra_waits = 0  # times a caller waited for the worker
 cdef unsigned long long _ra_idle = 0  # times the worker waited for a job
 # Frames of fewer stored bytes are decoded by the reading thread: a hand-off to the worker
 # (and the decoded bytes crossing to the reading thread's core) costs about what decoding them
-# does. The Python backend's pool draws the line at the same size (_pool.POOL_MIN_BLOCK_BYTES).
-cdef size_t _ra_min_bytes = 16384
+# does. A 16-document block of text (~9 KB stored, ~36 KB decoded) takes ~35 us to decode,
+# far more than a hand-off to this thread, which takes no GIL: ds[i] in order over such
+# blocks ran 1.1-1.2x the reference by the wall clock inline, 1.5-1.7x read ahead.
+cdef size_t _ra_min_bytes = 4096
 C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
+# prefetch() hints are taken for a shard whose blocks average this many stored bytes: the line
+# the Python backend's pool draws (_pool.POOL_MIN_BLOCK_BYTES), where the hand-off is dearer.
+cdef size_t _ra_hint_min_bytes = 16384
+C_CONSTANTS["PREFETCH_MIN_STORED"] = _ra_hint_min_bytes
+# The signs of busy cores (see Back-off). A wait for the worker is long past this many ns,
+# plus 4 ns per decoded byte (-1: every take is one; -2: none is). A window of takes is judged
+# when the reader was preempted this many times in it (-1: none is; 0: every one is), and it
+# lasted at most 1 ms plus 20 ns per decoded byte of its blocks.
+cdef long long _ra_slow_ns = 250000
+C_CONSTANTS["READ_AHEAD_SLOW_NS"] = _ra_slow_ns
+cdef long long _ra_preempted = 4
+C_CONSTANTS["READ_AHEAD_PREEMPTED"] = _ra_preempted
+cdef int _ra_window = 0  # takes judged in the current window
+cdef long long _ra_window_preempted = -1  # the reader's count at its start; -1: not started
+cdef long long _ra_window_start = 0  # its start, ns (CLOCK_MONOTONIC)
+cdef long long _ra_window_bytes = 0  # declared bytes of its takes
+cdef unsigned long _ra_window_thread = 0  # the reader (a window is one thread's)
+cdef Py_ssize_t _ra_backoff = 0  # blocks of the last back-off, 0: none in force
+cdef Py_ssize_t _ra_skip = 0  # blocks left to decode inline
+cdef Py_ssize_t _ra_trust = 0  # takes since the last sign
+cdef unsigned long long _ra_backoffs = 0  # signs seen
+cdef unsigned long long _ra_skipped = 0  # blocks not read ahead for them
 # A C global, not a module attribute: the final collection at interpreter exit may free a
 # reader (a dealloc cancels its jobs, under _ra.mu) after the module's dict was cleared.
 cdef list _ra_owners = [None] * _RA_SLOTS
@@ -179,6 +247,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
     cdef _RASync* s = <_RASync*>arg
     cdef ZSTD_DCtx* dctx = ZSTD_createDCtx()  # this thread's own
     cdef int i
+    cdef long long faults
     pthread_mutex_lock(&s.mu)
     while not s.stop:
         i = _ra_oldest_lock_held()
@@ -188,7 +257,9 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
             continue
         _ra_slots[i].state = _RA_BUSY
         pthread_mutex_unlock(&s.mu)
+        faults = atlas_thread_count(1)
         _ra_decode(&_ra_slots[i], dctx)
+        _ra_slots[i].faulted = atlas_thread_count(1) > faults
         pthread_mutex_lock(&s.mu)
         _ra_slots[i].state = _RA_READY
         _ra_by_worker += 1
@@ -284,6 +355,8 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
             or declared == 0 or declared > _RA_MAX_BYTES or src_size < _ra_min_bytes
             or not _limits_allow(declared, src_size)):
         return False  # the caller's own path decodes it (and words any error)
+    if hint and _ra_skip_one():
+        return False
     pthread_mutex_lock(&_ra.mu)
     for i in range(_RA_SLOTS):
         st = _ra_slots[i].state
@@ -306,6 +379,7 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
         slot = &_ra_slots[free_slot]
         slot.state = _RA_QUEUED
         slot.ok = False
+        slot.faulted = False
         slot.who = who
         slot.block = block
         _ra_seq += 1
@@ -323,15 +397,22 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
     return queued  # ``dropped`` released here, the lock no longer held
 
 
-cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
+cdef inline long long _ra_now_ns() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return <long long>t.tv_sec * 1000000000 + t.tv_nsec
+
+
+cdef int _ra_wait_nogil(void* who, Py_ssize_t block, long long* waited) noexcept nogil:
     """Block ``block`` of ``who`` decoded: the index of its slot, now _RA_DRAINED, or -1 when
     it is not queued. Decodes it here if no decoder has started it, and other queued jobs
-    while the worker decodes it."""
+    while the worker decodes it; adds the ns spent waiting for the worker to ``waited``."""
     global _ra_by_caller, _ra_waits
     cdef int i
     cdef int mine
     cdef int other
     cdef ZSTD_DCtx* dctx
+    cdef long long t0
     pthread_mutex_lock(&_ra.mu)
     while True:
         mine = -1
@@ -355,9 +436,12 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block) noexcept nogil:
             other = _ra_oldest_lock_held()
             if other < 0:
                 _ra_waits += 1
+                t0 = _ra_now_ns()
                 pthread_cond_wait(&_ra.done, &_ra.mu)
+                waited[0] += _ra_now_ns() - t0
                 continue
         _ra_slots[other].state = _RA_BUSY
+        _ra_slots[other].faulted = False  # the caller did not wait for this one
         pthread_mutex_unlock(&_ra.mu)
         dctx = _dctx_take(_ra_slots[other].warm)
         _ra_decode(&_ra_slots[other], dctx)
@@ -398,13 +482,15 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
     cdef _RASlot* slot
     cdef _RABuffer out = None
     cdef list dropped = []
+    cdef long long waited = 0
     if not _ra_ready():
         return None
     with nogil:
-        i = _ra_wait_nogil(who, block)
+        i = _ra_wait_nogil(who, block, &waited)
     if i < 0:
         return None
     slot = &_ra_slots[i]
+    _ra_judge(0 if slot.faulted else waited, slot.declared)
     # _RA_DRAINED: no decoder touches the slot, and no caller queues into it until emptied.
     if slot.ok:
         out = _RABuffer.__new__(_RABuffer)
@@ -419,6 +505,60 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
         _ra_taken += 1
     pthread_mutex_unlock(&_ra.mu)
     return out
+
+
+cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
+    """Back off on a sign of busy cores (see Back-off): a take that waited ``waited`` ns for
+    the worker, of a block of ``declared`` bytes. GIL held."""
+    global _ra_backoff, _ra_skip, _ra_trust, _ra_backoffs
+    global _ra_window, _ra_window_preempted, _ra_window_start, _ra_window_bytes
+    global _ra_window_thread
+    cdef long long now
+    cdef long long count
+    cdef unsigned long me
+    cdef bint busy
+    if _ra_skip > 0:
+        return  # backing off: a job queued before it, judged already
+    busy = _ra_slow_ns == -1 or (_ra_slow_ns >= 0
+                                 and waited - 4 * <long long>declared > _ra_slow_ns)
+    _ra_window += 1
+    _ra_window_bytes += <long long>declared
+    if not busy and _ra_preempted >= 0 and (_ra_window >= _RA_WINDOW
+                                            or _ra_window_preempted < 0):
+        count = atlas_thread_count(0)
+        now = _ra_now_ns()
+        me = PyThread_get_thread_ident()
+        busy = (_ra_window_preempted >= 0 and count >= 0 and me == _ra_window_thread
+                and count - _ra_window_preempted >= _ra_preempted
+                and now - _ra_window_start <= 1000000 + 20 * _ra_window_bytes)
+        _ra_window = 0
+        _ra_window_bytes = 0
+        _ra_window_preempted = count
+        _ra_window_start = now
+        _ra_window_thread = me
+    if not busy:
+        _ra_trust += 1
+        if _ra_trust >= _RA_TRUST_AFTER:
+            _ra_backoff = 0
+        return
+    _ra_backoffs += 1
+    _ra_trust = 0
+    _ra_window_preempted = -1  # a new window when reading ahead resumes
+    _ra_backoff = min(max(2 * _ra_backoff, <Py_ssize_t>_RA_BACKOFF_MIN),
+                      <Py_ssize_t>_RA_BACKOFF_MAX)
+    _ra_skip = _ra_backoff
+
+
+cdef inline bint _ra_skip_one() noexcept:
+    """Whether the block a pass enters (or a hint names), which would be read ahead, is to be
+    decoded inline instead, the cores being busy (see Back-off): one fewer to skip. GIL
+    held."""
+    global _ra_skip, _ra_skipped
+    if _ra_skip <= 0:
+        return False
+    _ra_skip -= 1
+    _ra_skipped += 1
+    return True
 
 
 cdef void _ra_recycle(_RABuffer data) noexcept:
@@ -487,6 +627,7 @@ cdef int _ra_reset_in_child() except -1:
         _ra_slots[i].state = _RA_EMPTY
         _ra_slots[i].who = NULL
     _ra_held = 0
+    _ra_reset_backoff()  # the parent's cores were judged, the child's are not yet
     _ra = _ra_new_sync()  # the old one is abandoned, never freed
     _ra_generation = <long>_generation
     _ra_owners[:] = [None] * _RA_SLOTS
@@ -524,11 +665,37 @@ def _readahead_shutdown():
     pthread_mutex_unlock(&_ra.mu)
 
 
-def _readahead_min_bytes(size_t n):
-    """Set the smallest stored block size that is read ahead (tests: 0); the old value."""
-    global _ra_min_bytes
-    old = _ra_min_bytes
-    _ra_min_bytes = n
+def _readahead_min_bytes(n):
+    """Set the smallest stored block size read ahead by a pass in order and the average one
+    hints are taken for (tests: 0 sets both); ``n`` an int for both, or the pair this
+    returns: the old values."""
+    global _ra_min_bytes, _ra_hint_min_bytes
+    old = (_ra_min_bytes, _ra_hint_min_bytes)
+    if isinstance(n, tuple):
+        _ra_min_bytes, _ra_hint_min_bytes = n
+    else:
+        _ra_min_bytes = _ra_hint_min_bytes = n
+    return old
+
+
+cdef void _ra_reset_backoff() noexcept:
+    global _ra_backoff, _ra_skip, _ra_trust, _ra_window, _ra_window_preempted
+    _ra_backoff = _ra_skip = _ra_trust = _ra_window = 0
+    _ra_window_preempted = -1
+
+
+def _readahead_backoff(slow_ns=250000, preempted=4, bint forget=True):
+    """Set the signs that back off (see Back-off), for tests: ``slow_ns`` the ns past which
+    a wait is long (-1: every take; None: none), ``preempted`` the preemptions of a window
+    that are a sign (0: every window's; None: none); forgets a back-off in force unless
+    ``forget`` is false. Returns the old pair."""
+    global _ra_slow_ns, _ra_preempted
+    old = (None if _ra_slow_ns == -2 else _ra_slow_ns,
+           None if _ra_preempted == -1 else _ra_preempted)
+    _ra_slow_ns = -2 if slow_ns is None else slow_ns
+    _ra_preempted = -1 if preempted is None else preempted
+    if forget:
+        _ra_reset_backoff()
     return old
 
 
@@ -540,8 +707,10 @@ def _readahead_info():
     cdef size_t held
     cdef bint running
     cdef unsigned long long counts[5]
+    cdef Py_ssize_t skip
     if not _ra_ready():
         return None
+    skip = _ra_skip
     # Copied under the lock, reported after: building objects may run a collection, whose
     # finalizers may come back here.
     pthread_mutex_lock(&_ra.mu)
@@ -567,6 +736,9 @@ def _readahead_info():
         "caller_waits": counts[3],
         "worker_waits": counts[4],
         "owners": sum(1 for o in _ra_owners if o is not None),
+        "backoffs": _ra_backoffs,
+        "skipped": _ra_skipped,
+        "skip": skip,
     }
 
 

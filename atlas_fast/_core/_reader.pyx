@@ -23,6 +23,7 @@ from cpython.pythread cimport (
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
+    PyThread_get_thread_ident,
     PyThread_release_lock,
     PyThread_type_lock,
 )
@@ -35,6 +36,7 @@ from posix.fcntl cimport open as c_open
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, mmap, munmap
 from posix.stat cimport fstat, struct_stat
 from posix.stat cimport stat as c_stat
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport close as c_close
 
 cimport cython
@@ -852,7 +854,7 @@ cdef class ShardCore:
             return self._miss(b, j)
         if self._compressed:
             ahead = _ra_take(<void*>self, b)
-            if queue:
+            if queue and not (self._source is None and _ra_skip_one()):
                 self._queue_next(b)
         self._cache._misses += 1
         if ahead is not None:
@@ -964,9 +966,9 @@ cdef class ShardCore:
         if <uint64_t>st.st_size < end:
             return 0
         if hint and self._hints_worth < 0:
-            # Stored bytes per block on average, against the smallest block read ahead.
+            # Stored bytes per block on average, against the line hints are worth it from.
             self._hints_worth = (self._offs[self._n_blocks]
-                                 >= <uint64_t>self._n_blocks * _ra_min_bytes)
+                                 >= <uint64_t>self._n_blocks * _ra_hint_min_bytes)
         if hint and not self._hints_worth:
             return 0
         return _ra_queue(<void*>self, b, (mapping, zdict), mapping.ptr + start,
@@ -1007,8 +1009,9 @@ def _read_in_order(pairs):
             examples = reader._held(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
-                for later, nb in ahead:
-                    later._queue_ahead(nb, False)
+                if not (reader._compressed and reader._source is None and _ra_skip_one()):
+                    for later, nb in ahead:
+                        later._queue_ahead(nb, False)
                 if data is None:
                     block = reader._decoded(b, True, True)
                     examples = reader._passed(block, b, _data_size(block))
