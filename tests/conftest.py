@@ -32,8 +32,8 @@ def atlas(backend):
 
 @pytest.fixture(scope="session", autouse=True)
 def read_ahead_never_backs_off():
-    """The compiled read-ahead backs off while the cores are busy (the reading thread
-    preempted, or kept waiting, by its thread): off for the suite, whose counts of blocks
+    """The compiled read-ahead backs off while the cores are busy (its thread sharing the
+    reading thread's core, or keeping it waiting): off for the suite, whose counts of blocks
     read ahead must not depend on the machine's load. test_readahead.py turns it on where it
     is the subject, and runs passes, threads and close() with a back-off in force."""
     if atlas_fast.BACKEND != "cython":

@@ -46,11 +46,12 @@
 # reader that reaches the block it is decoding waits for it to be scheduled again
 # (milliseconds, for a block decoded in tens of microseconds). Two signs, judged as blocks
 # are taken from the read-ahead:
-# - preempted: the reading thread was switched out involuntarily _RA_WINDOW_PREEMPTED times
-#   or more over a window of _RA_WINDOW takes (Linux counts this per thread; elsewhere the
-#   sign is absent). A window that lasted longer than its blocks' bytes explain (a consumer
-#   doing other work between blocks, an idle gap) is not judged: preemptions by anything
-#   else then accumulate in it;
+# - shared core: the worker decoded the block on the core the reader is on, and the reader
+#   was switched out involuntarily since its last take, on _ra_shared of _RA_WINDOW takes
+#   (Linux: sched_getcpu and the thread's own count; elsewhere the sign is absent). Either
+#   alone is no sign: the worker may use the reader's core while the reader sleeps (a GPU
+#   step), and the reader may be preempted by other work (on a core the worker is not on,
+#   the read-ahead still pays: niced jobs, say);
 # - a long wait: the reader waited for the worker longer than _ra_slow_ns plus 4 ns per
 #   decoded byte (250 MB/s; a 36 KB block decodes in ~35 us), unless the worker's decoding
 #   of that block faulted pages in from storage (a cold or network file: waiting for I/O,
@@ -112,8 +113,16 @@ cdef extern from *:
     #endif
         return -1;
     }
+    /* The core the calling thread runs on, or -1 where that is not known. */
+    #if defined(__linux__)
+    #include <sched.h>
+    static int atlas_cpu(void) { return sched_getcpu(); }
+    #else
+    static int atlas_cpu(void) { return -1; }
+    #endif
     """
     long long atlas_thread_count(int faults) nogil
+    int atlas_cpu() nogil
 
 # Slot states.
 cdef enum:
@@ -136,6 +145,7 @@ ctypedef struct _RASlot:
     ZSTD_DCtx** warm  # the dictionary's warm context slot, for a caller decoding it
     size_t declared
     bint faulted  # _RA_READY: the worker's decoding read pages in from storage
+    int cpu  # _RA_READY: the core the worker decoded it on, -1: a caller did (or unknown)
     char* buf
     size_t cap
 
@@ -172,18 +182,16 @@ C_CONSTANTS["READ_AHEAD_MIN_STORED"] = _ra_min_bytes
 cdef size_t _ra_hint_min_bytes = 16384
 C_CONSTANTS["PREFETCH_MIN_STORED"] = _ra_hint_min_bytes
 # The signs of busy cores (see Back-off). A wait for the worker is long past this many ns,
-# plus 4 ns per decoded byte (-1: every take is one; -2: none is). A window of takes is judged
-# when the reader was preempted this many times in it (-1: none is; 0: every one is), and it
-# lasted at most 1 ms plus 20 ns per decoded byte of its blocks.
+# plus 4 ns per decoded byte (-1: every take is one; -2: none is). A window of _RA_WINDOW
+# takes is one when this many of them shared the reader's core (-1: none is; 0: every one).
 cdef long long _ra_slow_ns = 250000
 C_CONSTANTS["READ_AHEAD_SLOW_NS"] = _ra_slow_ns
-cdef long long _ra_preempted = 4
-C_CONSTANTS["READ_AHEAD_PREEMPTED"] = _ra_preempted
+cdef int _ra_shared = 4
+C_CONSTANTS["READ_AHEAD_SHARED"] = _ra_shared
 cdef int _ra_window = 0  # takes judged in the current window
-cdef long long _ra_window_preempted = -1  # the reader's count at its start; -1: not started
-cdef long long _ra_window_start = 0  # its start, ns (CLOCK_MONOTONIC)
-cdef long long _ra_window_bytes = 0  # declared bytes of its takes
-cdef unsigned long _ra_window_thread = 0  # the reader (a window is one thread's)
+cdef int _ra_window_shared = 0  # ... that shared the reader's core
+cdef long long _ra_preempted = -1  # the reader's count at its last take; -1: not known
+cdef unsigned long _ra_reader = 0  # that reader (a window is one thread's)
 cdef Py_ssize_t _ra_backoff = 0  # blocks of the last back-off, 0: none in force
 cdef Py_ssize_t _ra_skip = 0  # blocks left to decode inline
 cdef Py_ssize_t _ra_trust = 0  # takes since the last sign
@@ -258,6 +266,7 @@ cdef void* _ra_worker(void* arg) noexcept nogil:
         _ra_slots[i].state = _RA_BUSY
         pthread_mutex_unlock(&s.mu)
         faults = atlas_thread_count(1)
+        _ra_slots[i].cpu = atlas_cpu()
         _ra_decode(&_ra_slots[i], dctx)
         _ra_slots[i].faulted = atlas_thread_count(1) > faults
         pthread_mutex_lock(&s.mu)
@@ -380,6 +389,7 @@ cdef int _ra_queue(void* who, Py_ssize_t block, object owner, const char* src, s
         slot.state = _RA_QUEUED
         slot.ok = False
         slot.faulted = False
+        slot.cpu = -1
         slot.who = who
         slot.block = block
         _ra_seq += 1
@@ -442,6 +452,7 @@ cdef int _ra_wait_nogil(void* who, Py_ssize_t block, long long* waited) noexcept
                 continue
         _ra_slots[other].state = _RA_BUSY
         _ra_slots[other].faulted = False  # the caller did not wait for this one
+        _ra_slots[other].cpu = -1
         pthread_mutex_unlock(&_ra.mu)
         dctx = _dctx_take(_ra_slots[other].warm)
         _ra_decode(&_ra_slots[other], dctx)
@@ -490,7 +501,7 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
     if i < 0:
         return None
     slot = &_ra_slots[i]
-    _ra_judge(0 if slot.faulted else waited, slot.declared)
+    _ra_judge(0 if slot.faulted else waited, slot.declared, slot.cpu)
     # _RA_DRAINED: no decoder touches the slot, and no caller queues into it until emptied.
     if slot.ok:
         out = _RABuffer.__new__(_RABuffer)
@@ -507,13 +518,12 @@ cdef _RABuffer _ra_take(void* who, Py_ssize_t block):
     return out
 
 
-cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
+cdef inline void _ra_judge(long long waited, size_t declared, int cpu) noexcept:
     """Back off on a sign of busy cores (see Back-off): a take that waited ``waited`` ns for
-    the worker, of a block of ``declared`` bytes. GIL held."""
+    the worker, of a block of ``declared`` bytes the worker decoded on core ``cpu`` (-1: a
+    caller did). GIL held."""
     global _ra_backoff, _ra_skip, _ra_trust, _ra_backoffs
-    global _ra_window, _ra_window_preempted, _ra_window_start, _ra_window_bytes
-    global _ra_window_thread
-    cdef long long now
+    global _ra_window, _ra_window_shared, _ra_preempted, _ra_reader
     cdef long long count
     cdef unsigned long me
     cdef bint busy
@@ -521,21 +531,18 @@ cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
         return  # backing off: a job queued before it, judged already
     busy = _ra_slow_ns == -1 or (_ra_slow_ns >= 0
                                  and waited - 4 * <long long>declared > _ra_slow_ns)
-    _ra_window += 1
-    _ra_window_bytes += <long long>declared
-    if not busy and _ra_preempted >= 0 and (_ra_window >= _RA_WINDOW
-                                            or _ra_window_preempted < 0):
+    if not busy and _ra_shared >= 0:
         count = atlas_thread_count(0)
-        now = _ra_now_ns()
         me = PyThread_get_thread_ident()
-        busy = (_ra_window_preempted >= 0 and count >= 0 and me == _ra_window_thread
-                and count - _ra_window_preempted >= _ra_preempted
-                and now - _ra_window_start <= 1000000 + 20 * _ra_window_bytes)
-        _ra_window = 0
-        _ra_window_bytes = 0
-        _ra_window_preempted = count
-        _ra_window_start = now
-        _ra_window_thread = me
+        if (cpu >= 0 and cpu == atlas_cpu() and _ra_preempted >= 0 and me == _ra_reader
+                and count > _ra_preempted):
+            _ra_window_shared += 1
+        _ra_preempted = count
+        _ra_reader = me
+        _ra_window += 1
+        if _ra_window >= _RA_WINDOW:
+            busy = _ra_window_shared >= _ra_shared
+            _ra_window = _ra_window_shared = 0
     if not busy:
         _ra_trust += 1
         if _ra_trust >= _RA_TRUST_AFTER:
@@ -543,7 +550,8 @@ cdef inline void _ra_judge(long long waited, size_t declared) noexcept:
         return
     _ra_backoffs += 1
     _ra_trust = 0
-    _ra_window_preempted = -1  # a new window when reading ahead resumes
+    _ra_window = _ra_window_shared = 0  # a new window when reading ahead resumes
+    _ra_preempted = -1
     _ra_backoff = min(max(2 * _ra_backoff, <Py_ssize_t>_RA_BACKOFF_MIN),
                       <Py_ssize_t>_RA_BACKOFF_MAX)
     _ra_skip = _ra_backoff
@@ -679,21 +687,21 @@ def _readahead_min_bytes(n):
 
 
 cdef void _ra_reset_backoff() noexcept:
-    global _ra_backoff, _ra_skip, _ra_trust, _ra_window, _ra_window_preempted
-    _ra_backoff = _ra_skip = _ra_trust = _ra_window = 0
-    _ra_window_preempted = -1
+    global _ra_backoff, _ra_skip, _ra_trust, _ra_window, _ra_window_shared, _ra_preempted
+    _ra_backoff = _ra_skip = _ra_trust = _ra_window = _ra_window_shared = 0
+    _ra_preempted = -1
 
 
-def _readahead_backoff(slow_ns=250000, preempted=4, bint forget=True):
+def _readahead_backoff(slow_ns=250000, shared=4, bint forget=True):
     """Set the signs that back off (see Back-off), for tests: ``slow_ns`` the ns past which
-    a wait is long (-1: every take; None: none), ``preempted`` the preemptions of a window
-    that are a sign (0: every window's; None: none); forgets a back-off in force unless
-    ``forget`` is false. Returns the old pair."""
-    global _ra_slow_ns, _ra_preempted
+    a wait is long (-1: every take; None: none), ``shared`` the takes of a window that
+    shared the reader's core that are a sign (0: every window; None: none); forgets a
+    back-off in force unless ``forget`` is false. Returns the old pair."""
+    global _ra_slow_ns, _ra_shared
     old = (None if _ra_slow_ns == -2 else _ra_slow_ns,
-           None if _ra_preempted == -1 else _ra_preempted)
+           None if _ra_shared == -1 else _ra_shared)
     _ra_slow_ns = -2 if slow_ns is None else slow_ns
-    _ra_preempted = -1 if preempted is None else preempted
+    _ra_shared = -1 if shared is None else shared
     if forget:
         _ra_reset_backoff()
     return old
