@@ -166,7 +166,8 @@ class AtlasDatasink(Datasink):
     or attempt uses, and reports the shards it finished. ``on_write_complete`` (on the
     driver) moves the reported shards into ``path`` as ``0..N-1`` in task order, removes the
     staging area and writes the root meta.json last, atomically; ``on_write_failed`` removes
-    the staging area and writes no meta.json. Strategy 2 needs ``compression_dict``, the
+    the staging area and writes no meta.json, once the job's other tasks have stopped
+    (``on_write_failed``). Strategy 2 needs ``compression_dict``, the
     bytes of the dictionary every task compresses with (``write_atlas`` trains it). Each
     task receives at least ``shard_size`` rows where the dataset has them
     (``min_rows_per_write``), so tasks write mostly whole shards.
