@@ -84,8 +84,10 @@ def _assert_running(name: str, sid: int) -> None:
 
 HOLD = """
 import json
+import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, {here!r})
@@ -94,35 +96,46 @@ from servers import FakeGcsServer, MotoProcess, NginxServer
 
 def test_hold(tmp_path):
     server = {make}
-    Path({ready!r}).write_text(json.dumps({{"sid": server._proc.pid, "url": server.url}}))
+    forked = None
+    if {fork!r}:  # a child forked without exec: it holds every descriptor of this process
+        forked = os.fork()
+        if forked == 0:
+            time.sleep(300)
+            os._exit(0)
+    info = {{"sid": server._proc.pid, "url": server.url, "forked": forked}}
+    Path({ready!r} + ".part").write_text(json.dumps(info))
+    os.replace({ready!r} + ".part", {ready!r})
     threading.Event().wait(300)  # killed long before
     server.close()
 """
 
 
-@pytest.mark.parametrize("name", SERVERS)
-def test_server_dies_with_killed_pytest(tmp_path, name):
+@pytest.mark.parametrize("name, fork", [*((name, False) for name in SERVERS), ("nginx", True)])
+def test_server_dies_with_killed_pytest(tmp_path, name, fork):
     """A pytest session starts a server through servers.py, then is killed with SIGKILL (no
-    teardown runs): every process of the server's session goes, within a deadline."""
+    teardown runs): every process of the server's session goes, within a deadline. Also
+    when a child the session forked (holding its end of the watchdog's pipe) lives on."""
     ready = tmp_path / "ready.json"
     script = tmp_path / "test_hold.py"
-    script.write_text(HOLD.format(here=str(HERE), make=SERVERS[name][0], ready=str(ready)))
+    script.write_text(
+        HOLD.format(here=str(HERE), make=SERVERS[name][0], ready=str(ready), fork=fork)
+    )
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    sid = None
+    sid = forked = None
     try:
         deadline = time.monotonic() + 60
-        while not ready.exists() or not ready.read_text():
+        while not ready.exists():
             if child.poll() is not None:
                 pytest.fail(f"the inner pytest exited ({child.returncode}): {child.stdout.read()}")
             assert time.monotonic() < deadline, "the inner pytest never started its server"
             time.sleep(0.05)
         info = json.loads(ready.read_text())
-        sid = info["sid"]
+        sid, forked = info["sid"], info["forked"]
         requests.get(info["url"], timeout=10)  # it answers (any HTTP status)
         _assert_running(name, sid)
 
@@ -135,6 +148,11 @@ def test_server_dies_with_killed_pytest(tmp_path, name):
             child.kill()
             child.wait()
         child.stdout.close()
+        if forked is not None:
+            try:
+                os.kill(forked, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if sid is not None:  # a failing run leaves nothing behind either
             try:
                 os.killpg(sid, signal.SIGKILL)
