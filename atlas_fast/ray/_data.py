@@ -166,8 +166,8 @@ class AtlasDatasink(Datasink):
     or attempt uses, and reports the shards it finished. ``on_write_complete`` (on the
     driver) moves the reported shards into ``path`` as ``0..N-1`` in task order, removes the
     staging area and writes the root meta.json last, atomically; ``on_write_failed`` removes
-    the staging area and writes no meta.json, once the job's other tasks have stopped
-    (``on_write_failed``). Strategy 2 needs ``compression_dict``, the
+    the staging area and writes no meta.json, once the job's other tasks have stopped (it
+    waits for them). Strategy 2 needs ``compression_dict``, the
     bytes of the dictionary every task compresses with (``write_atlas`` trains it). Each
     task receives at least ``shard_size`` rows where the dataset has them
     (``min_rows_per_write``), so tasks write mostly whole shards.
@@ -272,18 +272,18 @@ class AtlasDatasink(Datasink):
         if self.remote is not None:
             return self._write_remote(blocks, ctx)
         attempt = self.staging / f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
-        running = self._register_local(attempt.name)
+        running = self.staging / RUNNING / attempt.name
         try:
+            self._register_local(running)
             return self._write_local(blocks, ctx, attempt)
         finally:
             running.unlink(missing_ok=True)  # the driver waits for this after a failure
 
-    def _register_local(self, name: str) -> Path:
-        """Mark attempt ``name`` as running (``staging/running/<name>``), then stop if the
-        job has failed (``staging/failed``): the driver either sees the mark or this attempt
-        sees the job failed. The mark, for the caller to remove when the attempt ends."""
+    def _register_local(self, running: Path) -> None:
+        """Mark the attempt as running (the file ``running``, in ``staging/running/``), then
+        stop if the job has failed (``staging/failed``): the driver either sees the mark or
+        this attempt sees the job failed. The caller removes the mark when the attempt ends."""
         failed = RuntimeError(f"{self.staging}: the write job has failed")
-        running = self.staging / RUNNING / name
         try:
             # Not with parents: a staging area removed by a failed job is not made again.
             running.parent.mkdir(exist_ok=True)
@@ -291,9 +291,7 @@ class AtlasDatasink(Datasink):
         except FileNotFoundError:
             raise failed from None
         if (self.staging / FAILED).exists():
-            running.unlink(missing_ok=True)
             raise failed
-        return running
 
     def _write_local(self, blocks, ctx, attempt: Path) -> dict:
         zdict = None
@@ -340,8 +338,8 @@ class AtlasDatasink(Datasink):
         dest = self.remote
         # Marked as running, then stopped if the job has failed (as _register_local).
         running = f"{self.job}/{RUNNING}/{name}"
-        dest.put_bytes(running, b"")
         try:
+            dest.put_bytes(running, b"")
             if dest.names(f"{self.job}/{FAILED}", limit=1):
                 raise RuntimeError(f"{self.path}: the write job has failed")
             return self._upload_shards(blocks, ctx, attempt)
