@@ -288,3 +288,50 @@ BAD_WRITER_OPTIONS = [
         "workers must be a positive integer or None, not 1.0",
     ),
 ]
+
+
+def straggling_datasink(signals: Path, heed_failure: bool = True, **kwargs):
+    """An AtlasDatasink (``kwargs``) of two write tasks, for a job that fails while a task
+    is still busy. Task 0 is the straggler: about to write its shard (local: to make its
+    directory; to a URL: to write, then upload it under its final name), it stalls, and no
+    cancellation reaches it (as a task busy in C or Rust code, or a retry that raced the
+    failure). Task 1 fails (``injected failure``) once task 0 has stalled.
+
+    Task 0 goes on when its job is marked failed in the staging area (unless not
+    ``heed_failure``: a task that outlives the job's wait), or once ``signals/release``
+    exists (or after 60 s), and makes ``signals/done`` when it ends.
+    ``signals`` is a directory every Ray worker sees (the local cluster's disk).
+    """
+    from atlas_fast.ray import AtlasDatasink
+    from atlas_fast.ray._data import FAILED
+
+    def wait_for(path: Path, until) -> None:
+        deadline = time.monotonic() + 60
+        while not until() and not path.exists() and time.monotonic() < deadline:
+            try:
+                time.sleep(0.05)
+            except BaseException:  # a cancellation: this task does not see it
+                pass
+
+    class StragglingDatasink(AtlasDatasink):  # local: pickled by value to the workers
+        def write(self, blocks, ctx):
+            if ctx.task_idx == 1:
+                wait_for(signals / "stalled", lambda: False)
+                raise RuntimeError("injected failure")
+            try:
+                return super().write(blocks, ctx)
+            finally:
+                if ctx.task_idx == 0:
+                    (signals / "done").touch()
+
+        def _shard_writer(self, path, zdict, threads):
+            (signals / "stalled").touch()
+            wait_for(signals / "release", self._job_failed if heed_failure else lambda: False)
+            return super()._shard_writer(path, zdict, threads)
+
+        def _job_failed(self) -> bool:
+            if self.remote is None:
+                return (self.staging / FAILED).exists()
+            return bool(self.remote.names(f"{self.job}/{FAILED}", limit=1))
+
+    return StragglingDatasink(**kwargs)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -415,9 +416,8 @@ def test_a_task_that_raises_mid_write_leaves_no_dataset(ray, tmp_path):
         None, 1, path=tmp_path / "ds", shard_size=10_000, block_size=100, compression_strategy=1
     )
     with pytest.raises(Exception, match=r"injected failure with [1-9][0-9]* staged shard"):
-        # One task at a time: no other task is still writing when the job is declared failed
-        # (Ray cancels those without waiting; docs/ray.md says what such a task can leave).
-        ds.write_datasink(sink, concurrency=1)
+        # Tasks run side by side: those still writing when the job fails are waited for.
+        ds.write_datasink(sink)
     assert not (tmp_path / "ds").exists()  # no meta.json, no staging, not even the folder
 
 
@@ -457,3 +457,76 @@ def test_dicts_that_cannot_be_columns_are_read_under_the_item_column(ray, tmp_pa
             w.add_example(example)
     rows = read_atlas(atlas.AtlasDataset(tmp_path / "ds")).take_all()
     assert [dict(r) for r in rows] == [{"item": e} for e in examples]
+
+
+def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(ray, tmp_path):
+    # Task 0 is still about to write its shard when task 1 fails the job. write_atlas must
+    # not return before task 0 has stopped: a second write to the same path, started at
+    # once, must be a clean dataset of its own examples, with nothing of the first inside.
+    from helpers import straggling_datasink
+
+    from atlas_fast.ray import write_atlas
+
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    root = tmp_path / "ds"
+    options = {"shard_size": 200, "block_size": 50, "compression_strategy": 1}
+    first = ray.data.from_items(dict_examples(400), override_num_blocks=2)
+    sink = straggling_datasink(signals, path=root, **options)
+    try:
+        with pytest.raises(Exception, match="injected failure"):
+            first.write_datasink(sink, concurrency=2)
+        stopped = (signals / "done").exists()  # before the failure was raised
+        left = sorted(os.listdir(root)) if root.exists() else None
+
+        second = [{"id": -i, "text": f"second {i}"} for i in range(400)]
+        meta = write_atlas(ray.data.from_items(second), root, **options)
+    finally:
+        (signals / "release").touch()
+    deadline = time.monotonic() + 60
+    while not (signals / "done").exists():  # the straggler, when released only now
+        assert time.monotonic() < deadline, "the straggling task never ended"
+        time.sleep(0.05)
+    assert meta.shard_sizes == [200, 200]
+    assert sorted(os.listdir(root)) == ["0", "1", "meta.json"]  # no staging of the first
+    assert_reads_back(root, second)
+    assert left is None  # the failed write left nothing, not even the folder
+    assert stopped, "write_datasink raised while a write task of the job was still running"
+
+
+def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(ray, tmp_path, monkeypatch):
+    # A task that has not stopped when the failed job's wait ends (STOP_WAIT, made short
+    # here) may still write: the job warns and keeps its staging area, and a new write there
+    # refuses, naming the path, what is left and what to do.
+    import re
+
+    from helpers import straggling_datasink
+
+    import atlas_fast.ray._data as ray_data
+    from atlas_fast.ray import write_atlas
+
+    monkeypatch.setattr(ray_data, "STOP_WAIT", 0.5)
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    root = tmp_path / "ds"
+    options = {"shard_size": 200, "block_size": 50, "compression_strategy": 1}
+    first = ray.data.from_items(dict_examples(400), override_num_blocks=2)
+    sink = straggling_datasink(signals, heed_failure=False, path=root, **options)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"1 of its tasks had not stopped after 0.5 s"):
+            with pytest.raises(Exception, match="injected failure"):
+                first.write_datasink(sink, concurrency=2)
+        assert os.listdir(root) == [sink.job]
+        refused = (
+            f"{re.escape(str(root))}: already exists and holds {re.escape(sink.job)}, left by "
+            "a failed Ray Data write whose tasks may still be running"
+        )
+        with pytest.raises(FileExistsError, match=refused):
+            write_atlas(ray.data.range(3), root, shard_size=2, block_size=1)
+    finally:
+        (signals / "release").touch()
+    deadline = time.monotonic() + 60
+    while not (signals / "done").exists():
+        assert time.monotonic() < deadline, "the straggling task never ended"
+        time.sleep(0.05)
+    assert os.listdir(root) == [sink.job]  # what it wrote stayed in the staging area

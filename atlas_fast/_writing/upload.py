@@ -28,6 +28,7 @@ from ..storage._upload import Destination
 
 __all__ = [
     "DEFAULT_STAGING_BYTES",
+    "STAGING_PREFIX",
     "ShardUploads",
     "commit_uploaded",
     "is_remote",
@@ -41,6 +42,9 @@ __all__ = [
 # Finished shards waiting on local disk for their upload hold at most this many bytes (one
 # shard larger than that waits alone); the shards being written add their own.
 DEFAULT_STAGING_BYTES = 2 << 30
+# The staging area of a Ray Data write (AtlasDatasink): a folder (or prefix) of the dataset's
+# root named ``STAGING_PREFIX + <job>``, gone once the job has committed or failed.
+STAGING_PREFIX = ".atlas-staging-"
 # Shards uploaded at once (each a multipart upload of parallel parts): the next shard's upload
 # starts while the last parts of one are in flight.
 UPLOAD_THREADS = 2
@@ -66,11 +70,13 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
     if found:
         if not overwrite:
             how = "overwrite=True" + (", or --overwrite," if who == "convert" else "")
-            raise destination_exists(
-                dest.location.url,
-                who,
-                state=f" and holds objects (pass {how} to replace them)",
-            )
+            state = f" and holds objects (pass {how} to replace them)"
+            if found[0].startswith(STAGING_PREFIX):  # listed first: "." sorts before digits
+                state = (
+                    f" and holds {found[0]}, left by a failed Ray Data write whose tasks may "
+                    f"still be running (once they have stopped, pass {how} to replace it)"
+                )
+            raise destination_exists(dest.location.url, who, state=state)
         dest.delete([META_FILE])
         remove_objects(dest, dest.names())
     return dest

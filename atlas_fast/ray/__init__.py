@@ -113,7 +113,12 @@ def write_atlas(
     ``Dataset.write_datasink``.
 
     Nothing is a dataset until the end: the root meta.json is written last, atomically, once
-    every task has succeeded. A failed write leaves no meta.json and no staging directory.
+    every task has succeeded. A failed write leaves no meta.json and no staging directory,
+    and raises only once its tasks have stopped (those Ray cancelled are waited for, up to
+    2 minutes: ``docs/ray.md``), so nothing of it appears later under ``path`` or inside a
+    new write there. A task still running after that keeps the staging area in place (a
+    ``RuntimeWarning`` names it) and a new write to ``path`` refuses (``FileExistsError``)
+    until it is removed (``overwrite=True`` for a URL).
 
     ``path`` may be a URL (``s3://bucket/path``, ``gs://``, ``az://``): for a cluster without
     a shared disk. Each task writes its shard on its node's local disk, uploads it

@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import math
 import shutil
+import time
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from .._format import (
 from .._writing.commit import commit_staged_shards
 from .._writing.options import WriterOptions
 from .._writing.upload import (
+    STAGING_PREFIX,
     commit_uploaded,
     is_remote,
     open_destination,
@@ -48,7 +51,16 @@ __all__ = [
     "train_shared_dictionary",
 ]
 
-STAGING_PREFIX = ".atlas-staging-"
+# Under the job's staging area (a folder of path, or a prefix of the URL): RUNNING/<attempt>
+# exists while a task attempt runs, FAILED once the driver has given the job up. An attempt
+# registers itself, then looks for FAILED (stopping if it is there); the driver puts FAILED,
+# then waits for the registered attempts to end: so no attempt writes anything after the
+# driver has cleaned up and write_atlas has raised.
+RUNNING = "running"
+FAILED = "failed"
+# How long a failed job waits for its cancelled tasks to stop (seconds) before it cleans up
+# what it can and leaves the staging area (with the markers of the attempts still running).
+STOP_WAIT = 120.0
 # A dictionary sample of one shard, at most this many blocks: the driver holds it in memory.
 MAX_SAMPLE_BLOCKS = 256
 # Examples per Ray block a read task yields (whole Atlas blocks, at least one).
@@ -58,7 +70,14 @@ ROWS_PER_RAY_BLOCK = 4096
 def check_destination(path: Path) -> None:
     """Refuse a destination that is not absent or an empty directory."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise destination_exists(path, "write_atlas", empty_dir_ok=True)
+        state = None  # looked up
+        staging = sorted(path.glob(STAGING_PREFIX + "*")) if path.is_dir() else []
+        if staging:
+            state = (
+                f" and holds {staging[0].name}, left by a failed Ray Data write whose tasks "
+                "may still be running (once they have stopped, remove it)"
+            )
+        raise destination_exists(path, "write_atlas", empty_dir_ok=True, state=state)
 
 
 def known_count(dataset) -> int | None:
@@ -147,7 +166,8 @@ class AtlasDatasink(Datasink):
     or attempt uses, and reports the shards it finished. ``on_write_complete`` (on the
     driver) moves the reported shards into ``path`` as ``0..N-1`` in task order, removes the
     staging area and writes the root meta.json last, atomically; ``on_write_failed`` removes
-    the staging area and writes no meta.json. Strategy 2 needs ``compression_dict``, the
+    the staging area and writes no meta.json, once the job's other tasks have stopped (it
+    waits for them). Strategy 2 needs ``compression_dict``, the
     bytes of the dictionary every task compresses with (``write_atlas`` trains it). Each
     task receives at least ``shard_size`` rows where the dataset has them
     (``min_rows_per_write``), so tasks write mostly whole shards.
@@ -252,6 +272,28 @@ class AtlasDatasink(Datasink):
         if self.remote is not None:
             return self._write_remote(blocks, ctx)
         attempt = self.staging / f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
+        running = self.staging / RUNNING / attempt.name
+        try:
+            self._register_local(running)
+            return self._write_local(blocks, ctx, attempt)
+        finally:
+            running.unlink(missing_ok=True)  # the driver waits for this after a failure
+
+    def _register_local(self, running: Path) -> None:
+        """Mark the attempt as running (the file ``running``, in ``staging/running/``), then
+        stop if the job has failed (``staging/failed``): the driver either sees the mark or
+        this attempt sees the job failed. The caller removes the mark when the attempt ends."""
+        failed = RuntimeError(f"{self.staging}: the write job has failed")
+        try:
+            # Not with parents: a staging area removed by a failed job is not made again.
+            running.parent.mkdir(exist_ok=True)
+            running.touch(exist_ok=False)
+        except FileNotFoundError:
+            raise failed from None
+        if (self.staging / FAILED).exists():
+            raise failed
+
+    def _write_local(self, blocks, ctx, attempt: Path) -> dict:
         zdict = None
         if self.compression_dict is not None:
             zdict = zstandard.ZstdCompressionDict(self.compression_dict)
@@ -264,8 +306,8 @@ class AtlasDatasink(Datasink):
             for block in blocks:
                 for row in block_rows(block):
                     if writer is None:
-                        if not attempt.is_dir():
-                            raise RuntimeError(f"{attempt}: removed (the write job has failed)")
+                        if not attempt.is_dir() or (self.staging / FAILED).exists():
+                            raise RuntimeError(f"{attempt}: the write job has failed")
                         shards.append(str(len(shards)))
                         writer = self._shard_writer(attempt / shards[-1], zdict, threads)
                     writer.add_example(row_to_example(row, self.item_column))
@@ -291,10 +333,26 @@ class AtlasDatasink(Datasink):
         uploads it under its final name (``final_name``): it holds its finished shard until
         it knows no second one follows. A task with more shards uploads them under
         ``<job>/<task>-<attempt>/<n>``. A failed attempt deletes what it uploaded."""
+        name = f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
+        attempt = f"{self.job}/{name}"
+        dest = self.remote
+        # Marked as running, then stopped if the job has failed (as _register_local).
+        running = f"{self.job}/{RUNNING}/{name}"
+        try:
+            dest.put_bytes(running, b"")
+            if dest.names(f"{self.job}/{FAILED}", limit=1):
+                raise RuntimeError(f"{self.path}: the write job has failed")
+            return self._upload_shards(blocks, ctx, attempt)
+        finally:
+            try:
+                dest.delete([running])  # the driver waits for this after a failure
+            except Exception:
+                pass  # swept with the staging prefix (the driver waits STOP_WAIT for it)
+
+    def _upload_shards(self, blocks, ctx, attempt: str) -> dict:
         import tempfile
         from concurrent.futures import ThreadPoolExecutor
 
-        attempt = f"{self.job}/{ctx.task_idx:06d}-{uuid.uuid4().hex}"
         local = Path(tempfile.mkdtemp(prefix="atlas-fast-task-"))
         zdict = None
         if self.compression_dict is not None:
@@ -418,17 +476,30 @@ class AtlasDatasink(Datasink):
         self.metadata = AtlasDatasetMetadata(**fields)
 
     def on_write_failed(self, error: Exception) -> None:
-        """Remove the staging area (and what a failed commit moved); write no meta.json."""
+        """Stop the job's tasks and wait for them (``STOP_WAIT``), then remove the staging
+        area (and what a failed commit moved); write no meta.json.
+
+        Ray cancels the tasks still running without waiting for them, and a task caught in
+        an upload (or a file operation) finishes it first: cleaning up at once would let it
+        put an object after the cleanup, into the destination a new write may be using.
+        So the job is marked failed (an attempt starting from now on stops at once), and
+        the attempts marked running are waited for. Those still running after STOP_WAIT
+        keep the staging area (and their marks) in place, with a warning: the destination
+        is not empty, so a new write there refuses until they have stopped."""
         if self.remote is not None:
-            dest = self.remote
+            self._remote_failed()
+            return
+        left = []
+        if self.staging.is_dir():
             try:
-                names = dest.names()
-                if META_FILE not in names:
-                    # The destination held nothing: all under it is this job's.
-                    remove_objects(dest, names)
-                    dest.abort_uploads()
-            except Exception:
+                (self.staging / FAILED).touch()
+            except OSError:
                 pass
+            running = self.staging / RUNNING
+            left = self._wait_stopped(
+                lambda: sorted(p.name for p in running.iterdir()) if running.is_dir() else []
+            )
+        if left:
             return
         shutil.rmtree(self.staging, ignore_errors=True)
         if (self.path / META_FILE).exists():
@@ -441,6 +512,51 @@ class AtlasDatasink(Datasink):
                 self.path.rmdir()  # only if empty: never anything but what this job made
             except OSError:
                 pass
+
+    def _remote_failed(self) -> None:
+        dest = self.remote
+        try:
+            dest.put_bytes(f"{self.job}/{FAILED}/{FAILED}", b"")
+        except Exception:
+            pass
+        left = self._wait_stopped(lambda: dest.names(f"{self.job}/{RUNNING}"))
+        try:
+            names = dest.names()
+            if META_FILE not in names:
+                # The destination held nothing: all under it is this job's. Its staging
+                # prefix stays while some of its tasks may still be running.
+                keep = f"{self.job}/" if left else None
+                remove_objects(dest, [n for n in names if not (keep and n.startswith(keep))])
+                dest.abort_uploads()
+        except Exception:
+            pass
+
+    def _wait_stopped(self, running) -> list:
+        """Wait until ``running()`` (the attempts marked running) is empty, at most
+        STOP_WAIT seconds: those still running then (a warning names them), or []."""
+        deadline = time.monotonic() + STOP_WAIT
+        pause = 0.05
+        while True:
+            try:
+                left = running()
+            except Exception:  # the marks cannot be listed: clean up as far as possible
+                return []
+            if not left:
+                return []
+            if time.monotonic() > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        where = self.path / self.job if self.remote is None else f"{self.path}/{self.job}"
+        warnings.warn(
+            f"{self.path}: the write failed and {len(left)} of its tasks had not stopped "
+            f"after {STOP_WAIT:g} s ({', '.join(map(str, left[:3]))}): their staging area "
+            f"{where} is left in place; once they have stopped (or their workers are gone), "
+            "delete the destination before writing there again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return left
 
 
 def _read_ranges(shards, ranges, item_column):

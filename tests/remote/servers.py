@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,8 +106,6 @@ class MotoProcess(MotoServer):
     client's), on a free port."""
 
     def __init__(self) -> None:
-        import sys
-
         self.port = free_port()
         self._proc = _spawn(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
@@ -116,7 +115,7 @@ class MotoProcess(MotoServer):
         _wait_http(self.url + "/moto-api/")
 
     def close(self) -> None:
-        _stop(self._proc, signal.SIGTERM)
+        _stop(self._proc)
 
 
 def upload_tree(client, bucket: str, local: Path, prefix: str) -> int:
@@ -178,7 +177,8 @@ http {{
 }}
 """
         )
-        self._proc = _spawn([binary, "-c", str(conf), "-p", str(self._dir)])
+        # SIGQUIT: nginx's graceful shutdown, the master taking its workers with it
+        self._proc = _spawn([binary, "-c", str(conf), "-p", str(self._dir)], signal.SIGQUIT)
         self.url = f"http://127.0.0.1:{self.port}"
         try:
             _wait_port(self.port, self._proc)
@@ -187,7 +187,7 @@ http {{
             raise
 
     def close(self) -> None:
-        _stop(self._proc, signal.SIGQUIT)  # nginx's graceful shutdown
+        _stop(self._proc)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -294,25 +294,51 @@ class FakeGcsServer:
         return count
 
     def close(self) -> None:
-        _stop(self._proc, signal.SIGTERM)
+        _stop(self._proc)
 
 
-def _spawn(args: list, stderr=subprocess.PIPE) -> subprocess.Popen:
-    """A server process in a session of its own (a signal to the test's process group does
-    not reach it); its stderr piped by default, for _wait_port's error."""
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+_WATCHDOG = Path(__file__).with_name("_watchdog.py")
 
 
-def _stop(proc: subprocess.Popen, sig: int) -> None:
-    """``sig`` to a server still running, then SIGKILL if it has not exited within 10 s."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
+def _spawn(args: list, stop: int = signal.SIGTERM, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """A server process that lives no longer than this process, however this one ends.
+
+    The Popen returned is a watchdog (_watchdog.py) that runs ``args`` as its child, in a
+    session of its own (a signal to the test's process group does not reach either), and
+    stops it with ``stop`` when this process closes the watchdog's stdin (``_stop``) or dies
+    (killed with SIGKILL, a cancelled CI job: the kernel closes the pipe). The server's stderr
+    is piped by default, for _wait_port's error; the watchdog exits with the server's status.
+    """
+    return subprocess.Popen(
+        [sys.executable, str(_WATCHDOG), signal.Signals(stop).name, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a server started by _spawn: its stop signal, then SIGKILL to its whole process
+    group (the watchdog, the server and the server's children) if it has not exited within
+    15 s (the watchdog's own grace is 10 s)."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        proc.stdin.close()
     try:
-        proc.wait(10)
+        proc.wait(15)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _kill_session(proc.pid)
         proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def _kill_session(leader: int) -> None:
+    """SIGKILL to the process group ``leader`` leads (a session started by _spawn)."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _wait_port(port: int, proc=None, timeout: float = 15.0) -> None:

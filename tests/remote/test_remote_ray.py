@@ -85,8 +85,16 @@ def test_the_commit_is_a_few_small_requests(ray, s3, tmp_path):
         assert meta == local
         assert stats["copies"] == copies, name
         assert stored(s3, name.replace(" ", "-")) == local_files(tmp_path / "local"), name
-        if not copies:  # a PUT per shard file, the dictionary, meta.json; 3 listings
-            assert stats["methods"] == {"GET": 3, "PUT": 40 * 3 + 2}, name
+        if not copies:
+            # A PUT per shard file, the dictionary, meta.json; 3 listings. Each task also
+            # marks itself running (a PUT), looks for the job's failure mark (a listing)
+            # and removes its mark (a DeleteObjects POST): 3 small requests per task.
+            tasks = 40
+            assert stats["methods"] == {
+                "GET": 3 + tasks,
+                "PUT": 40 * 3 + 2 + tasks,
+                "POST": tasks,
+            }, name
 
 
 def flaky(marker: Path, task: int, *, after: int | None = None, **kwargs):
@@ -227,7 +235,7 @@ def test_a_failed_job_leaves_nothing(ray, s3, tmp_path, repartitioned):
         expected_examples=20_000,
     )
     with pytest.raises(Exception, match="injected failure"):
-        ds.write_datasink(sink, concurrency=1)
+        ds.write_datasink(sink)  # tasks side by side: those still writing are waited for
     assert stored(s3, "failed") == {}
     assert open_uploads(s3) == []
     with pytest.raises(AtlasFormatError, match="incomplete"):
@@ -284,3 +292,113 @@ def test_convert_on_ray_names_shards_finally_when_the_source_counts(ray, s3, tmp
     assert objects == local_files(tmp_path / "local") and "12/meta.json" in objects
     renamed = [name for name in objects if name[:2] in {f"0{k}" for k in range(10)}]
     assert s3.proxy.stats()["copies"] == (0 if fmt == "parquet" else len(renamed))
+
+
+def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(ray, s3, tmp_path):
+    # Task 0 is about to write and upload its shard under its final name ("0/...") when
+    # task 1 fails the job. write_atlas must not return before task 0 has stopped: a second
+    # write to the same URL, started at once, must store exactly a clean write of its own
+    # examples, none of the first's (its shard 0 has the same names and sizes).
+    import time
+
+    from helpers import straggling_datasink
+
+    from atlas_fast.ray import write_atlas
+
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    options = {"shard_size": 200, "block_size": 50, "compression_strategy": 1}
+    first = ray.data.from_items(examples(400), override_num_blocks=2)
+    second = [
+        {"id": -i, "text": f"second {i} " * (i % 5 + 1), "tokens": np.arange(i % 7)}
+        for i in range(400)
+    ]
+    local = write_atlas(ray.data.from_items(second), tmp_path / "local", **options)
+    sink = straggling_datasink(
+        signals,
+        path=s3.url("again"),
+        storage_options=task_options(s3),
+        expected_examples=400,
+        **options,
+    )
+    try:
+        with pytest.raises(Exception, match="injected failure"):
+            first.write_datasink(sink, concurrency=2)
+        stopped = (signals / "done").exists()  # before the failure was raised
+        left = stored(s3, "again")
+        meta = write_atlas(
+            ray.data.from_items(second),
+            s3.url("again"),
+            storage_options=task_options(s3),
+            **options,
+        )
+    finally:
+        (signals / "release").touch()
+    deadline = time.monotonic() + 60
+    while not (signals / "done").exists():  # the straggler, when released only now
+        assert time.monotonic() < deadline, "the straggling task never ended"
+        time.sleep(0.05)
+    assert meta == local
+    assert stored(s3, "again") == local_files(tmp_path / "local")
+    assert open_uploads(s3) == []
+    assert left == {}  # the failed write left no object
+    assert stopped, "write_datasink raised while a write task of the job was still uploading"
+
+
+def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(
+    ray, s3, tmp_path, monkeypatch
+):
+    # A task that has not stopped when the failed job's wait ends (STOP_WAIT, made short
+    # here) may still upload: the job warns, keeps its staging prefix, and a new write there
+    # refuses, naming the URL, what is left and what to do; once the task has stopped,
+    # overwrite=True writes a clean dataset.
+    import re
+    import time
+
+    from helpers import straggling_datasink
+
+    import atlas_fast.ray._data as ray_data
+    from atlas_fast.ray import write_atlas
+
+    monkeypatch.setattr(ray_data, "STOP_WAIT", 0.5)
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    options = {"shard_size": 200, "block_size": 50, "compression_strategy": 1}
+    first = ray.data.from_items(examples(400), override_num_blocks=2)
+    second = ray.data.from_items([{"id": -i} for i in range(400)])
+    local = write_atlas(second, tmp_path / "local", **options)
+    url = s3.url("late")
+    task_options_ = task_options(s3)
+    sink = straggling_datasink(
+        signals,
+        heed_failure=False,
+        path=url,
+        storage_options=task_options_,
+        expected_examples=400,
+        **options,
+    )
+    try:
+        with pytest.warns(RuntimeWarning, match=r"1 of its tasks had not stopped after 0.5 s"):
+            with pytest.raises(Exception, match="injected failure"):
+                first.write_datasink(sink, concurrency=2)
+        left = sorted(stored(s3, "late"))
+        assert left and all(name.startswith(sink.job + "/") for name in left), left
+        refused = (
+            f"{re.escape(url)}: already exists and holds {re.escape(sink.job)}/.*"
+            "left by a failed Ray Data write .*overwrite=True"
+        )
+        with pytest.raises(FileExistsError, match=refused):
+            write_atlas(second, url, storage_options=task_options_, **options)
+    finally:
+        (signals / "release").touch()
+    deadline = time.monotonic() + 60
+    while not (signals / "done").exists():
+        assert time.monotonic() < deadline, "the straggling task never ended"
+        time.sleep(0.05)
+    assert "0/data.bin" in stored(s3, "late")  # it did upload after the job gave up
+    with pytest.raises(FileExistsError, match=refused):
+        write_atlas(second, url, storage_options=task_options_, **options)
+    meta = write_atlas(second, url, storage_options=task_options_, overwrite=True, **options)
+    assert meta == local
+    assert stored(s3, "late") == local_files(tmp_path / "local")
+    assert open_uploads(s3) == []
