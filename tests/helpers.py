@@ -297,13 +297,13 @@ def straggling_datasink(signals: Path, heed_failure: bool = True, **kwargs):
     cancellation reaches it (as a task busy in C or Rust code, or a retry that raced the
     failure). Task 1 fails (``injected failure``) once task 0 has stalled.
 
-    Task 0 goes on when its job is marked failed in the staging area (unless not
+    Task 0 goes on when its job's live mark is gone from the staging area (unless not
     ``heed_failure``: a task that outlives the job's wait), or once ``signals/release``
     exists (or after 60 s), and makes ``signals/done`` when it ends.
     ``signals`` is a directory every Ray worker sees (the local cluster's disk).
     """
     from atlas_fast.ray import AtlasDatasink
-    from atlas_fast.ray._data import FAILED
+    from atlas_fast.ray._data import LIVE
 
     def wait_for(path: Path, until) -> None:
         deadline = time.monotonic() + 60
@@ -331,7 +331,7 @@ def straggling_datasink(signals: Path, heed_failure: bool = True, **kwargs):
 
         def _job_failed(self) -> bool:
             if self.remote is None:
-                return (self.staging / FAILED).exists()
-            return bool(self.remote.names(f"{self.job}/{FAILED}", limit=1))
+                return not (self.staging / LIVE).exists()
+            return not self.remote.names(f"{self.job}/{LIVE}", limit=1)
 
     return StragglingDatasink(**kwargs)

@@ -530,3 +530,23 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(ray, tmp_p
         assert time.monotonic() < deadline, "the straggling task never ended"
         time.sleep(0.05)
     assert os.listdir(root) == [sink.job]  # what it wrote stayed in the staging area
+
+
+def test_an_attempt_started_after_a_failed_job_cleaned_up_writes_nothing(tmp_path):
+    """A task attempt Ray starts once the failed job has cleaned up (a retry that raced the
+    failure) stops before writing, whether the job made the root or found it empty: nothing
+    is left under it, no staging folder remade."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
+    from atlas_fast.ray import AtlasDatasink
+
+    for root, made in ((tmp_path / "new", True), (tmp_path / "empty", False)):
+        if not made:
+            root.mkdir()
+        sink = AtlasDatasink(root, shard_size=10, block_size=5, compression_strategy=1)
+        sink.on_write_start()
+        sink.on_write_failed(RuntimeError("a task failed"))
+        with pytest.raises(RuntimeError, match="the write job has failed"):
+            sink.write([{"item": list(range(10))}], SimpleNamespace(task_idx=0))
+        assert (not root.exists()) if made else list(root.iterdir()) == []

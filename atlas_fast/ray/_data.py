@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import shutil
 import time
 import uuid
@@ -51,13 +52,16 @@ __all__ = [
     "train_shared_dictionary",
 ]
 
-# Under the job's staging area (a folder of path, or a prefix of the URL): RUNNING/<attempt>
-# exists while a task attempt runs, FAILED once the driver has given the job up. An attempt
-# registers itself, then looks for FAILED (stopping if it is there); the driver puts FAILED,
-# then waits for the registered attempts to end: so no attempt writes anything after the
-# driver has cleaned up and write_atlas has raised.
+# Under the job's staging area (a folder of path, or a prefix of the URL): LIVE exists from
+# the job's start (on_write_start, on the driver) until the driver gives the job up, and
+# RUNNING/<attempt> while a task attempt runs. An attempt registers itself, then looks for
+# LIVE (stopping if it is gone); a failed job removes LIVE, then waits for the registered
+# attempts to end: either the driver sees an attempt's mark and waits for it, or the attempt
+# sees LIVE gone, also an attempt that Ray starts after the cleanup (a retry), which a mark
+# of failure would not stop once the cleanup had removed it. So no attempt writes anything
+# after the driver has cleaned up and write_atlas has raised.
 RUNNING = "running"
-FAILED = "failed"
+LIVE = "live"
 # How long a failed job waits for its cancelled tasks to stop (seconds) before it cleans up
 # what it can and leaves the staging area (with the markers of the attempts still running).
 STOP_WAIT = 120.0
@@ -245,9 +249,12 @@ class AtlasDatasink(Datasink):
 
     def on_write_start(self, schema=None) -> None:
         if self.remote is not None:
+            self.remote.put_bytes(f"{self.job}/{LIVE}/{LIVE}", b"")  # names() lists folders
             return
         self._make_root()
         self.staging.mkdir(exist_ok=True)
+        (self.staging / RUNNING).mkdir(exist_ok=True)
+        (self.staging / LIVE).touch()
 
     def _make_root(self) -> None:
         if not self.path.exists():
@@ -281,16 +288,15 @@ class AtlasDatasink(Datasink):
 
     def _register_local(self, running: Path) -> None:
         """Mark the attempt as running (the file ``running``, in ``staging/running/``), then
-        stop if the job has failed (``staging/failed``): the driver either sees the mark or
-        this attempt sees the job failed. The caller removes the mark when the attempt ends."""
+        stop unless the job is live (``staging/live``): the driver either sees the mark or
+        this attempt sees the job given up. The caller removes the mark when the attempt
+        ends."""
         failed = RuntimeError(f"{self.staging}: the write job has failed")
         try:
-            # Not with parents: a staging area removed by a failed job is not made again.
-            running.parent.mkdir(exist_ok=True)
-            running.touch(exist_ok=False)
+            running.touch(exist_ok=False)  # no folder made: a removed staging area stays so
         except FileNotFoundError:
             raise failed from None
-        if (self.staging / FAILED).exists():
+        if not (self.staging / LIVE).exists():
             raise failed
 
     def _write_local(self, blocks, ctx, attempt: Path) -> dict:
@@ -306,7 +312,7 @@ class AtlasDatasink(Datasink):
             for block in blocks:
                 for row in block_rows(block):
                     if writer is None:
-                        if not attempt.is_dir() or (self.staging / FAILED).exists():
+                        if not attempt.is_dir() or not (self.staging / LIVE).exists():
                             raise RuntimeError(f"{attempt}: the write job has failed")
                         shards.append(str(len(shards)))
                         writer = self._shard_writer(attempt / shards[-1], zdict, threads)
@@ -336,11 +342,11 @@ class AtlasDatasink(Datasink):
         name = f"{ctx.task_idx:06d}-{uuid.uuid4().hex}"
         attempt = f"{self.job}/{name}"
         dest = self.remote
-        # Marked as running, then stopped if the job has failed (as _register_local).
+        # Marked as running, then stopped unless the job is live (as _register_local).
         running = f"{self.job}/{RUNNING}/{name}"
         try:
             dest.put_bytes(running, b"")
-            if dest.names(f"{self.job}/{FAILED}", limit=1):
+            if not dest.names(f"{self.job}/{LIVE}", limit=1):
                 raise RuntimeError(f"{self.path}: the write job has failed")
             return self._upload_shards(blocks, ctx, attempt)
         finally:
@@ -482,8 +488,8 @@ class AtlasDatasink(Datasink):
         Ray cancels the tasks still running without waiting for them, and a task caught in
         an upload (or a file operation) finishes it first: cleaning up at once would let it
         put an object after the cleanup, into the destination a new write may be using.
-        So the job is marked failed (an attempt starting from now on stops at once), and
-        the attempts marked running are waited for. Those still running after STOP_WAIT
+        So the job's live mark is removed (an attempt starting from now on stops at once),
+        and the attempts marked running are waited for. Those still running after STOP_WAIT
         keep the staging area (and their marks) in place, with a warning: the destination
         is not empty, so a new write there refuses until they have stopped."""
         if self.remote is not None:
@@ -491,17 +497,25 @@ class AtlasDatasink(Datasink):
             return
         left = []
         if self.staging.is_dir():
-            try:
-                (self.staging / FAILED).touch()
-            except OSError:
-                pass
             running = self.staging / RUNNING
-            left = self._wait_stopped(
-                lambda: sorted(p.name for p in running.iterdir()) if running.is_dir() else []
-            )
+            try:
+                (self.staging / LIVE).unlink(missing_ok=True)
+            except OSError as exc:  # the tasks cannot be told: none can be waited for
+                left = self._not_stopped(f"the live mark stays ({exc})")
+            else:
+                left = self._wait_stopped(
+                    lambda: sorted(p.name for p in running.iterdir()) if running.is_dir() else []
+                )
         if left:
             return
-        shutil.rmtree(self.staging, ignore_errors=True)
+        # Renamed first: an attempt registering now finds no folder to put its mark in, so
+        # nothing lands in the staging area while it is being removed.
+        removing = self.staging.with_name(self.staging.name + "-removed")
+        try:
+            os.replace(self.staging, removing)
+        except OSError:
+            removing = self.staging
+        shutil.rmtree(removing, ignore_errors=True)
         if (self.path / META_FILE).exists():
             return
         for shard in self._moved:
@@ -516,10 +530,17 @@ class AtlasDatasink(Datasink):
     def _remote_failed(self) -> None:
         dest = self.remote
         try:
-            dest.put_bytes(f"{self.job}/{FAILED}/{FAILED}", b"")
-        except Exception:
-            pass
-        left = self._wait_stopped(lambda: dest.names(f"{self.job}/{RUNNING}"))
+            dest.delete([f"{self.job}/{LIVE}/{LIVE}"])
+        except Exception as exc:  # the tasks cannot be told: none can be waited for
+            left = self._not_stopped(f"the live mark stays ({exc})")
+        else:
+            left = self._wait_stopped(lambda: dest.names(f"{self.job}/{RUNNING}"))
+        if left:
+            try:  # the staging prefix stays, named in the error of a new write, after the
+                # tasks still running have ended (and removed their marks)
+                dest.put_bytes(f"{self.job}/failed/failed", b"")
+            except Exception:
+                pass
         try:
             names = dest.names()
             if META_FILE not in names:
@@ -539,24 +560,33 @@ class AtlasDatasink(Datasink):
         while True:
             try:
                 left = running()
-            except Exception:  # the marks cannot be listed: clean up as far as possible
-                return []
+            except Exception as exc:  # the marks cannot be listed: none can be waited for
+                return self._not_stopped(f"its tasks' marks cannot be listed ({exc})")
             if not left:
                 return []
             if time.monotonic() > deadline:
                 break
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
-        where = self.path / self.job if self.remote is None else f"{self.path}/{self.job}"
-        warnings.warn(
-            f"{self.path}: the write failed and {len(left)} of its tasks had not stopped "
-            f"after {STOP_WAIT:g} s ({', '.join(map(str, left[:3]))}): their staging area "
-            f"{where} is left in place; once they have stopped (or their workers are gone), "
-            "delete the destination before writing there again",
-            RuntimeWarning,
-            stacklevel=2,
+        return self._not_stopped(
+            f"{len(left)} of its tasks had not stopped after {STOP_WAIT:g} s "
+            f"({', '.join(map(str, left[:3]))})"
         )
-        return left
+
+    def _not_stopped(self, why: str) -> list:
+        """Warn that the staging area is left in place (its tasks may still be writing:
+        ``why``); the reason, as the attempts not known to have stopped."""
+        if self.remote is None:
+            where, how = self.path / self.job, "remove the destination"
+        else:
+            where, how = f"{self.path}/{self.job}", "write there with overwrite=True"
+        warnings.warn(
+            f"{self.path}: the write failed and {why}: its staging area {where} is left in "
+            f"place; once its tasks have stopped (or their workers are gone), {how}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return [why]
 
 
 def _read_ranges(shards, ranges, item_column):

@@ -7,7 +7,8 @@ SIGNAME, then SIGKILL to the whole process group after 10 s) as soon as either
   servers._stop), or died, whatever killed it (SIGKILL, a cancelled CI job): the kernel
   closes a dead process's descriptors; or
 - its parent changed: the starting process died while a child it forked (without exec)
-  still holds a copy of the pipe's write end.
+  still holds a copy of the pipe's write end; or
+- it receives SIGTERM, SIGINT or SIGHUP (a CI runner stopping every process of a job).
 
 A parent-death signal (Linux's prctl PR_SET_PDEATHSIG) would need no extra process, but it
 fires when the *thread* that forked exits, not the process (a server started from a fixture
@@ -43,7 +44,7 @@ def _watch_stdin(closed: threading.Event) -> None:
 
 
 def _kill_group(server: subprocess.Popen) -> None:
-    if hasattr(os, "killpg"):
+    if hasattr(os, "killpg") and os.getpgrp() == os.getpid():  # a group of its own (_spawn)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # the server, its children, and this process
     server.kill()
 
@@ -53,6 +54,9 @@ def main(argv: list) -> int:
     parent = os.getppid()
     server = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL)
     closed = threading.Event()
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        if hasattr(signal, name):  # stop the server, not just this process
+            signal.signal(getattr(signal, name), lambda *_: closed.set())
     threading.Thread(target=_watch_stdin, args=(closed,), daemon=True).start()
     deadline = None
     while True:
@@ -70,4 +74,9 @@ def main(argv: list) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: the interpreter's shutdown would wait on the stdin reader's lock, which
+    # the daemon thread holds while blocked in read (a pipe still open: stopped by a signal).
+    os._exit(status)

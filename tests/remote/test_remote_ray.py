@@ -86,14 +86,15 @@ def test_the_commit_is_a_few_small_requests(ray, s3, tmp_path):
         assert stats["copies"] == copies, name
         assert stored(s3, name.replace(" ", "-")) == local_files(tmp_path / "local"), name
         if not copies:
-            # A PUT per shard file, the dictionary, meta.json; 3 listings. Each task also
-            # marks itself running (a PUT), looks for the job's failure mark (a listing)
-            # and removes its mark (a DeleteObjects POST): 3 small requests per task.
+            # A PUT per shard file, the dictionary, meta.json; 3 listings. The job puts its
+            # live mark (a PUT) and the commit removes it (a DeleteObjects POST); each task
+            # marks itself running (a PUT), looks for the live mark (a listing) and removes
+            # its mark (a POST): 3 small requests per task.
             tasks = 40
             assert stats["methods"] == {
                 "GET": 3 + tasks,
-                "PUT": 40 * 3 + 2 + tasks,
-                "POST": tasks,
+                "PUT": 40 * 3 + 2 + 1 + tasks,
+                "POST": 1 + tasks,
             }, name
 
 
@@ -402,3 +403,28 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(
     assert meta == local
     assert stored(s3, "late") == local_files(tmp_path / "local")
     assert open_uploads(s3) == []
+
+
+def test_an_attempt_started_after_a_failed_job_cleaned_up_writes_nothing(s3):
+    """A task attempt Ray starts once the failed job has cleaned up (a retry that raced the
+    failure) finds the job's live mark gone and stops before writing: the destination stays
+    empty. A mark of failure, removed by the cleanup, would let it write its shard."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("ray", reason="the atlas-fast[ray] extra is not installed")
+    from atlas_fast.ray import AtlasDatasink
+
+    sink = AtlasDatasink(
+        s3.url("late"),
+        storage_options=task_options(s3),
+        shard_size=10,
+        block_size=5,
+        compression_strategy=1,
+    )
+    sink.on_write_start()
+    assert stored(s3, "late") != {}  # the live mark, under the job's staging prefix
+    sink.on_write_failed(RuntimeError("a task failed"))
+    assert stored(s3, "late") == {}
+    with pytest.raises(RuntimeError, match="the write job has failed"):
+        sink.write([{"item": list(range(10))}], SimpleNamespace(task_idx=0))
+    assert stored(s3, "late") == {}
