@@ -335,3 +335,12 @@ def straggling_datasink(signals: Path, heed_failure: bool = True, **kwargs):
             return not self.remote.names(f"{self.job}/{LIVE}", limit=1)
 
     return StragglingDatasink(**kwargs)
+
+
+def wait_for_straggler(signals: Path, timeout: float = 60.0) -> None:
+    """Wait until the straggler of ``straggling_datasink(signals)`` has ended (fail the test
+    if it has not within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not (signals / "done").exists():
+        assert time.monotonic() < deadline, "the straggling task never ended"
+        time.sleep(0.05)

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -463,7 +462,7 @@ def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(
     # Task 0 is still about to write its shard when task 1 fails the job. write_atlas must
     # not return before task 0 has stopped: a second write to the same path, started at
     # once, must be a clean dataset of its own examples, with nothing of the first inside.
-    from helpers import straggling_datasink
+    from helpers import straggling_datasink, wait_for_straggler
 
     from atlas_fast.ray import write_atlas
 
@@ -483,10 +482,7 @@ def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(
         meta = write_atlas(ray.data.from_items(second), root, **options)
     finally:
         (signals / "release").touch()
-    deadline = time.monotonic() + 60
-    while not (signals / "done").exists():  # the straggler, when released only now
-        assert time.monotonic() < deadline, "the straggling task never ended"
-        time.sleep(0.05)
+    wait_for_straggler(signals)
     assert meta.shard_sizes == [200, 200]
     assert sorted(os.listdir(root)) == ["0", "1", "meta.json"]  # no staging of the first
     assert_reads_back(root, second)
@@ -500,7 +496,7 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(ray, tmp_p
     # refuses, naming the path, what is left and what to do.
     import re
 
-    from helpers import straggling_datasink
+    from helpers import straggling_datasink, wait_for_straggler
 
     import atlas_fast.ray._data as ray_data
     from atlas_fast.ray import write_atlas
@@ -525,10 +521,7 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(ray, tmp_p
             write_atlas(ray.data.range(3), root, shard_size=2, block_size=1)
     finally:
         (signals / "release").touch()
-    deadline = time.monotonic() + 60
-    while not (signals / "done").exists():
-        assert time.monotonic() < deadline, "the straggling task never ended"
-        time.sleep(0.05)
+    wait_for_straggler(signals)
     assert os.listdir(root) == [sink.job]  # what it wrote stayed in the staging area
 
 

@@ -98,6 +98,8 @@ cdef enum:
     _RA_BACKOFF_MAX = 1 << 16  # ... and at most, after many
     _RA_TRUST_AFTER = 1024  # takes without a sign that forget the doubling
     _RA_WINDOW = 16  # takes over which the reader's preemptions are counted
+    _RA_SLOW_NS = 250000  # _ra_slow_ns by default
+    _RA_SHARED = 4  # _ra_shared by default
 
 cdef extern from *:
     """
@@ -184,10 +186,8 @@ C_CONSTANTS["PREFETCH_MIN_STORED"] = _ra_hint_min_bytes
 # The signs of busy cores (see Back-off). A wait for the worker is long past this many ns,
 # plus 4 ns per decoded byte (-1: every take is one; -2: none is). A window of _RA_WINDOW
 # takes is one when this many of them shared the reader's core (-1: none is; 0: every one).
-cdef long long _ra_slow_ns = 250000
-C_CONSTANTS["READ_AHEAD_SLOW_NS"] = _ra_slow_ns
-cdef int _ra_shared = 4
-C_CONSTANTS["READ_AHEAD_SHARED"] = _ra_shared
+cdef long long _ra_slow_ns = _RA_SLOW_NS
+cdef int _ra_shared = _RA_SHARED
 cdef int _ra_window = 0  # takes judged in the current window
 cdef int _ra_window_shared = 0  # ... that shared the reader's core
 cdef long long _ra_preempted = -1  # the reader's count at its last take; -1: not known
@@ -692,7 +692,7 @@ cdef void _ra_reset_backoff() noexcept:
     _ra_preempted = -1
 
 
-def _readahead_backoff(slow_ns=250000, shared=4, bint forget=True):
+def _readahead_backoff(slow_ns=_RA_SLOW_NS, shared=_RA_SHARED, bint forget=True):
     """Set the signs that back off (see Back-off), for tests: ``slow_ns`` the ns past which
     a wait is long (-1: every take; None: none), ``shared`` the takes of a window that
     shared the reader's core that are a sign (0: every window; None: none); forgets a

@@ -35,6 +35,7 @@ __all__ = [
     "open_destination",
     "remove_objects",
     "shard_names",
+    "staging_left",
     "upload_dataset",
     "upload_shard",
 ]
@@ -61,6 +62,15 @@ def shard_names(count: int) -> list:
     return [str(k).zfill(width) for k in range(count)]
 
 
+def staging_left(name: str, what_to_do: str) -> str:
+    """The state a destination holding ``name``, the staging area of a failed Ray Data write,
+    is refused in (for destination_exists), with ``what_to_do`` once its tasks stopped."""
+    return (
+        f" and holds {name}, left by a failed Ray Data write whose tasks may still be running "
+        f"(once they have stopped, {what_to_do})"
+    )
+
+
 def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Destination:
     """The destination of a new dataset at ``url``: refused (``FileExistsError``, worded as
     for a local path) when objects are there already, unless ``overwrite``, which deletes
@@ -72,10 +82,7 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
             how = "overwrite=True" + (", or --overwrite," if who == "convert" else "")
             state = f" and holds objects (pass {how} to replace them)"
             if found[0].startswith(STAGING_PREFIX):  # listed first: "." sorts before digits
-                state = (
-                    f" and holds {found[0]}, left by a failed Ray Data write whose tasks may "
-                    f"still be running (once they have stopped, pass {how} to replace it)"
-                )
+                state = staging_left(found[0], f"pass {how} to replace it")
             raise destination_exists(dest.location.url, who, state=state)
         dest.delete([META_FILE])
         remove_objects(dest, dest.names())

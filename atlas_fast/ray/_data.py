@@ -36,6 +36,7 @@ from .._writing.upload import (
     is_remote,
     open_destination,
     remove_objects,
+    staging_left,
     upload_shard,
 )
 from ..atlas import AtlasDataset
@@ -77,10 +78,7 @@ def check_destination(path: Path) -> None:
         state = None  # looked up
         staging = sorted(path.glob(STAGING_PREFIX + "*")) if path.is_dir() else []
         if staging:
-            state = (
-                f" and holds {staging[0].name}, left by a failed Ray Data write whose tasks "
-                "may still be running (once they have stopped, remove it)"
-            )
+            state = staging_left(staging[0].name, "remove it")
         raise destination_exists(path, "write_atlas", empty_dir_ok=True, state=state)
 
 

@@ -300,9 +300,8 @@ def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(
     # task 1 fails the job. write_atlas must not return before task 0 has stopped: a second
     # write to the same URL, started at once, must store exactly a clean write of its own
     # examples, none of the first's (its shard 0 has the same names and sizes).
-    import time
 
-    from helpers import straggling_datasink
+    from helpers import straggling_datasink, wait_for_straggler
 
     from atlas_fast.ray import write_atlas
 
@@ -335,10 +334,7 @@ def test_a_failed_write_waits_for_its_straggler_and_leaves_nothing_for_the_next(
         )
     finally:
         (signals / "release").touch()
-    deadline = time.monotonic() + 60
-    while not (signals / "done").exists():  # the straggler, when released only now
-        assert time.monotonic() < deadline, "the straggling task never ended"
-        time.sleep(0.05)
+    wait_for_straggler(signals)
     assert meta == local
     assert stored(s3, "again") == local_files(tmp_path / "local")
     assert open_uploads(s3) == []
@@ -354,9 +350,8 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(
     # refuses, naming the URL, what is left and what to do; once the task has stopped,
     # overwrite=True writes a clean dataset.
     import re
-    import time
 
-    from helpers import straggling_datasink
+    from helpers import straggling_datasink, wait_for_straggler
 
     import atlas_fast.ray._data as ray_data
     from atlas_fast.ray import write_atlas
@@ -392,10 +387,7 @@ def test_a_straggler_outliving_the_wait_keeps_the_destination_refused(
             write_atlas(second, url, storage_options=task_options_, **options)
     finally:
         (signals / "release").touch()
-    deadline = time.monotonic() + 60
-    while not (signals / "done").exists():
-        assert time.monotonic() < deadline, "the straggling task never ended"
-        time.sleep(0.05)
+    wait_for_straggler(signals)
     assert "0/data.bin" in stored(s3, "late")  # it did upload after the job gave up
     with pytest.raises(FileExistsError, match=refused):
         write_atlas(second, url, storage_options=task_options_, **options)
