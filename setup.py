@@ -17,7 +17,10 @@ import sys
 from setuptools import Extension, setup
 from setuptools.dist import Distribution
 
-_CORE = "atlas_fast/_core"  # the compiled core's sources, beside their pure-Python twins
+# The compiled sources: src/NAME.pyx builds atlas_fast._core.NAME, whose pure-Python twin (if
+# any) is atlas_fast/_core/NAME_py.py. The scanner's C API is src/atlas_fast._core._pickle_scan.pxd:
+# Cython looks a cimported module's .pxd up by its dotted name in the include path.
+_SRC = "src"
 
 
 def _env_flag(name: str) -> bool:
@@ -40,9 +43,13 @@ def _extensions() -> list:
     }
     reader = Extension(
         "atlas_fast._core._reader",
-        [f"{_CORE}/_reader.pyx"],
+        [f"{_SRC}/_reader.pyx"],
         # Its units, included textually (see _reader.pyx): a change to one rebuilds it.
-        depends=[*sorted(glob.glob(f"{_CORE}/*.pxi")), f"{_CORE}/zstd.pxd"],
+        depends=[
+            *sorted(glob.glob(f"{_SRC}/*.pxi")),
+            f"{_SRC}/zstd.pxd",
+            f"{_SRC}/atlas_fast._core._pickle_scan.pxd",
+        ],
         libraries=["dl"] if sys.platform.startswith("linux") else [],
         extra_compile_args=["-O0", "-g"] if debug else [],
         extra_link_args=["-g"] if debug else [],
@@ -52,7 +59,7 @@ def _extensions() -> list:
     # The pickle scanner: its own module, whose C API (_pickle_scan.pxd) the reader cimports.
     scanner = Extension(
         "atlas_fast._core._pickle_scan",
-        [f"{_CORE}/_pickle_scan.pyx"],
+        [f"{_SRC}/_pickle_scan.pyx"],
         extra_compile_args=reader.extra_compile_args,
         extra_link_args=reader.extra_link_args,
         optional=reader.optional,
@@ -61,15 +68,15 @@ def _extensions() -> list:
     # which it binds for itself from the same library).
     compressor = Extension(
         "atlas_fast._core._compress",
-        [f"{_CORE}/_compress.pyx"],
-        depends=[f"{_CORE}/_libzstd.pxi", f"{_CORE}/zstd.pxd"],
+        [f"{_SRC}/_compress.pyx"],
+        depends=[f"{_SRC}/_libzstd.pxi", f"{_SRC}/zstd.pxd"],
         libraries=reader.libraries,
         extra_compile_args=reader.extra_compile_args,
         extra_link_args=reader.extra_link_args,
         optional=reader.optional,
     )
     return cythonize(
-        [reader, scanner, compressor], compiler_directives=directives, include_path=[_CORE]
+        [reader, scanner, compressor], compiler_directives=directives, include_path=[_SRC]
     )
 
 

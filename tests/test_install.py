@@ -104,10 +104,29 @@ def test_installed_metadata_carries_the_package_version():
 _SOURCE_TREE = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(
+_NEEDS_SOURCE_TREE = pytest.mark.skipif(
     not (_SOURCE_TREE / "setup.py").is_file() or not (_SOURCE_TREE / "atlas_fast").is_dir(),
     reason="no source tree beside the tests (the suite copied out of an sdist)",
 )
+
+
+def _copy_of_the_source_tree(into: Path) -> Path:
+    """What a build reads of the checkout (no tests, docs or build leftovers), in ``into``."""
+    import shutil
+
+    source = into / "tree"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGELOG.md",
+                 "LICENSE"):  # fmt: skip
+        if (_SOURCE_TREE / name).exists():
+            shutil.copy2(_SOURCE_TREE / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.pyd", "*.html")
+    shutil.copytree(_SOURCE_TREE / "atlas_fast", source / "atlas_fast", ignore=ignore)
+    shutil.copytree(_SOURCE_TREE / "src", source / "src", ignore=ignore)
+    return source
+
+
+@_NEEDS_SOURCE_TREE
 def test_a_built_wheel_carries_every_module_of_the_source_tree(tmp_path):
     """The wheel a user installs holds every module of atlas_fast/, subpackages included.
 
@@ -115,16 +134,9 @@ def test_a_built_wheel_carries_every_module_of_the_source_tree(tmp_path):
     left out of the build configuration would pass every other test and break every install.
     The wheel is built without the compiled core (its modules are checked by the wheel builds).
     """
-    import shutil
     import zipfile
 
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
-        if (_SOURCE_TREE / name).exists():
-            shutil.copy2(_SOURCE_TREE / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.pyd")
-    shutil.copytree(_SOURCE_TREE / "atlas_fast", source / "atlas_fast", ignore=ignore)
+    source = _copy_of_the_source_tree(tmp_path)
     modules = {
         path.relative_to(source).as_posix() for path in (source / "atlas_fast").rglob("*.py")
     }
@@ -141,3 +153,28 @@ def test_a_built_wheel_carries_every_module_of_the_source_tree(tmp_path):
     missing = modules - names
     assert not missing, f"{wheel.name} lacks {sorted(missing)}"
     assert "atlas_fast/py.typed" in names
+
+
+@_NEEDS_SOURCE_TREE
+def test_the_sdist_carries_the_compiled_sources_in_src(tmp_path):
+    """Wheels are built from the sdist: every .pyx/.pxi/.pxd of src/ must be in it, and no
+    generated C (each build cythonizes again)."""
+    import tarfile
+
+    source = _copy_of_the_source_tree(tmp_path)
+    compiled = {p.name for p in source.joinpath("src").iterdir() if p.suffix != ".c"}
+    assert {"_reader.pyx", "_pickle_scan.pyx", "_compress.pyx", "zstd.pxd"} <= compiled
+    build = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=source,
+        env=dict(os.environ, ATLAS_FAST_NO_EXTENSIONS="1"), check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (sdist,) = (tmp_path / "out").glob("atlas_fast-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        shipped = {Path(name).relative_to(Path(name).parts[0]) for name in archive.getnames()}
+    in_src = {p.name for p in shipped if p.parent == Path("src")}
+    assert compiled <= in_src, f"{sdist.name} lacks {sorted(compiled - in_src)} of src/"
+    assert not {n for n in in_src if n.endswith(".c")}

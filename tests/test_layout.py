@@ -15,6 +15,13 @@ import pytest
 import atlas_fast
 
 PACKAGE = Path(atlas_fast.__file__).parent
+# The compiled sources: each src/NAME.pyx builds the module atlas_fast._core.NAME (setup.py)
+SOURCES = PACKAGE.parent / "src"
+
+pytestmark = pytest.mark.skipif(
+    not (PACKAGE.parent / "setup.py").is_file(),
+    reason="atlas_fast is imported from an install, not a source tree: no layout to read",
+)
 # A Python import statement in Cython source (a ``cimport`` is C-level, not an import)
 _PYTHON_IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import[ \t]+(?:\([^)]*\)|[^\n]*)|import[ \t]+[^\n]*)$",
@@ -23,13 +30,15 @@ _PYTHON_IMPORT = re.compile(
 
 
 def _modules() -> dict:
-    """``{dotted module name: source path}`` of every .py and .pyx under the package."""
+    """``{dotted module name: source path}`` of every .py under the package and .pyx in src/."""
     found = {}
-    for path in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyx")]):
+    for path in sorted(PACKAGE.rglob("*.py")):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         found[".".join(parts)] = path
+    for path in sorted(SOURCES.glob("*.pyx")):
+        found[f"atlas_fast._core.{path.stem}"] = path
     return found
 
 
@@ -142,3 +151,21 @@ def test_imports_run_downward(lower, upper):
         if name == lower or name.startswith(lower + "."):
             above = {m for m in imported if m == upper or m.startswith(upper + ".")}
             assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_the_compiled_sources_live_in_src_beside_no_twin():
+    """The layout the design card names: .pyx/.pxi/.pxd under src/, each compiled module's
+    pure-Python twin in the package under the module's name with ``_py`` (when it has one)."""
+    in_package = sorted(
+        p.relative_to(PACKAGE.parent).as_posix()
+        for suffix in ("*.pyx", "*.pxi", "*.pxd")
+        for p in PACKAGE.rglob(suffix)
+    )
+    assert not in_package, f"compiled sources outside src/: {in_package}"
+    compiled = {p.stem for p in SOURCES.glob("*.pyx")}
+    assert compiled == {"_reader", "_pickle_scan", "_compress"}
+    for twin in ("_reader", "_compress"):
+        assert (PACKAGE / "_core" / f"{twin}_py.py").is_file()
+    setup = (PACKAGE.parent / "setup.py").read_text()
+    for name in compiled:
+        assert f'"atlas_fast._core.{name}"' in setup, f"setup.py builds no module from {name}.pyx"

@@ -1,7 +1,7 @@
 """Passes in order (iter(ds), ds[i] for i in order) with blocks decoded ahead: every example
 exact whatever else happens meanwhile (random reads, threads, close, fork), and a damaged
 block reported when it is reached, as without read-ahead. The compiled backend's read-ahead
-is a C thread (_core/_readahead.pxi); the Python backend's is the pool (_core/_pool.py)."""
+is a C thread (src/_readahead.pxi); the Python backend's is the pool (_core/_pool.py)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && command -v apt-g
 fi
 ruff check .
 ruff format --check .
-cython-lint atlas_fast/_core/
+cython-lint src/
 
 venv=${ATLAS_FAST_MDS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/mds-venv}
 mds_started=$(date +%s)
