@@ -16,9 +16,11 @@ from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingSharedDictionary,
+    NotTokensError,
     ObjectChangedError,
     ObjectNotFoundError,
     StorageError,
+    TokenIndexError,
     UnsafePickleError,
 )
 from ._version import __version__
@@ -31,6 +33,7 @@ from .atlas import (
 )
 from .mix import MixtureDataset, MixtureSampler
 from .sampler import BlockShuffleSampler
+from .tokens import TokenSequences
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
@@ -44,11 +47,14 @@ __all__ = [
     "BlockShuffleSampler",
     "MixtureDataset",
     "MixtureSampler",
+    "TokenSequences",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
+    "NotTokensError",
+    "TokenIndexError",
     "StorageError",
     "ObjectChangedError",
     "ObjectNotFoundError",

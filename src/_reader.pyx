@@ -1210,3 +1210,9 @@ cdef class DatasetCore:
         for reader in self._readers:
             if reader is not None:
                 reader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Token sequences (atlas_fast.tokens): for now the numpy twin's, over this core's readers
+
+from ._tokens_py import block_token_stats, gather_tokens  # no-cython-lint
