@@ -114,7 +114,7 @@ cdef extern from *:
 
 # What CoreModule (atlas_fast._contract) declares, and how libzstd was bound
 __all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
-__all__ += ["zstd_available", "zstd_load_error"]
+__all__ += ["zstd_available", "zstd_load_error", "block_token_stats", "gather_tokens"]
 
 BACKEND = "cython"
 
@@ -1212,7 +1212,4 @@ cdef class DatasetCore:
                 reader.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# Token sequences (atlas_fast.tokens): for now the numpy twin's, over this core's readers
-
-from ._tokens_py import block_token_stats, gather_tokens  # no-cython-lint
+include "_tokens.pxi"
