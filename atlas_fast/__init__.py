@@ -33,6 +33,7 @@ from .atlas import (
 )
 from .mix import MixtureDataset, MixtureSampler
 from .sampler import BlockShuffleSampler
+from .token_sampler import TokenShuffleSampler
 from .tokens import TokenSequences
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
@@ -48,6 +49,7 @@ __all__ = [
     "MixtureDataset",
     "MixtureSampler",
     "TokenSequences",
+    "TokenShuffleSampler",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",

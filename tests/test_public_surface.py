@@ -35,6 +35,7 @@ PACKAGE = {
     "NotTokensError",
     "TokenIndexError",
     "TokenSequences",
+    "TokenShuffleSampler",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
@@ -122,6 +123,20 @@ TOKEN_SEQUENCES = {
     "num_tokens",
     "index_path",
 }
+TOKEN_SAMPLER = {"set_epoch", "set_step", "state_dict", "load_state_dict", "batches", "steps"} | {
+    "batch_size",
+    "seed",
+    "epoch",
+    "lanes",
+    "lane_tokens",
+    "num_workers",
+    "piece_tokens",
+    "group_pieces",
+    "schedule",
+    "num_replicas",
+    "rank",
+    "num_tokens",
+}
 
 
 def _public(obj) -> set:
@@ -150,6 +165,7 @@ def test_the_package_exports_exactly_its_names():
         "storage",
         "mix",
         "tokens",
+        "token_sampler",
     }
 
 
@@ -198,3 +214,6 @@ def test_token_sequences_show_their_declared_names_only(atlas, tmp_path):
     ts = atlas_fast.TokenSequences(atlas.AtlasDataset(root), 4)
     assert ts[3]["targets"].shape == (4,)
     assert _public(ts) == TOKEN_SEQUENCES
+    sampler = atlas_fast.TokenShuffleSampler(ts, batch_size=2)
+    assert len(list(sampler)) == len(sampler)
+    assert _public(sampler) == TOKEN_SAMPLER
