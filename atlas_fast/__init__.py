@@ -16,9 +16,11 @@ from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingSharedDictionary,
+    NotTokensError,
     ObjectChangedError,
     ObjectNotFoundError,
     StorageError,
+    TokenIndexError,
     UnsafePickleError,
 )
 from ._version import __version__
@@ -31,6 +33,8 @@ from .atlas import (
 )
 from .mix import MixtureDataset, MixtureSampler
 from .sampler import BlockShuffleSampler
+from .token_sampler import TokenShuffleSampler
+from .tokens import TokenSequences
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
@@ -44,11 +48,15 @@ __all__ = [
     "BlockShuffleSampler",
     "MixtureDataset",
     "MixtureSampler",
+    "TokenSequences",
+    "TokenShuffleSampler",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
+    "NotTokensError",
+    "TokenIndexError",
     "StorageError",
     "ObjectChangedError",
     "ObjectNotFoundError",

@@ -13,9 +13,11 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
+    "NotTokensError",
     "ObjectChangedError",
     "ObjectNotFoundError",
     "StorageError",
+    "TokenIndexError",
     "UnsafePickleError",
     "destination_exists",
 ]
@@ -35,6 +37,17 @@ class MissingSharedDictionary(AtlasFormatError):
     def __init__(self, message: str, shard_root) -> None:
         super().__init__(message)
         self.shard_root = shard_root
+
+
+class NotTokensError(AtlasFormatError):
+    """An example read as a token sequence (``TokenSequences``, a token index) is not one: not
+    a 1-D integer array or list of ints, or a mapping without the field asked for. The message
+    names the shard, the example and what was found."""
+
+
+class TokenIndexError(AtlasFormatError):
+    """A token index does not match its dataset (a shard rewritten, its sizes changed) or is
+    malformed: the message names the file, the shard and what differs."""
 
 
 class UnsafePickleError(pickle.UnpicklingError):

@@ -37,7 +37,7 @@ from pathlib import Path
 import zstandard
 
 from ._checks import check_int
-from ._errors import InvalidArgumentError, destination_exists
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError, destination_exists
 from ._format import (
     DICT_FILE,
     META_FILE,
@@ -469,6 +469,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         staging_dir=None,
         staging_bytes=None,
         expected_examples=None,
+        token_index=None,
+        token_field=None,
     ):
         options = WriterOptions.from_arguments(locals())
         # A URL: the dataset is written into a local staging directory, shard by shard, each
@@ -502,6 +504,9 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         # close() here or on the pool): what abandoning the dataset aborts.
         self._filling = False
         self._own = False  # whether current_shard's writer is this module's class
+        self._tokens = _token_tally(
+            token_index, token_field, options.shard_size, options.block_size, self._uploads
+        )
         try:
             _create_directory(self.path, "AtlasDatasetWriter", "dataset")
             self.current_shard = self._new_shard()
@@ -549,6 +554,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._finish_shard()
             shard = self.current_shard = self._new_shard()
             self._filling = True
+        tally = self._tokens
+        if tally is not None:
+            tally.add(example)
+            if not tally.active:
+                self._tokens = None
         shard.add_example(example)
 
     def _finish_shard(self, last: bool = False) -> None:
@@ -638,7 +648,21 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             name = str(number)
             if len(name) < width:
                 (self.path / name).rename(self.path / name.zfill(width))
+        if self._tokens is not None:
+            self._write_token_index(width)
         dump_meta_atomic(self.path / META_FILE, metadata._asdict())
+
+    def _write_token_index(self, width: int) -> None:
+        """The token index of the shards written (before the root meta.json: a dataset that
+        has one has its index). Shard writers that are not ours (a test double) may have
+        written other files: then there is none."""
+        from ._token_index import index_name, write_index
+
+        dirs = [self.path / str(k).zfill(width) for k in range(len(self.shard_sizes))]
+        if not all((d / "index.npy").is_file() for d in dirs):
+            return
+        entries = self._tokens.entries(dirs, self.shard_sizes)
+        write_index(self.path / index_name(self._tokens.field), self._tokens.field, entries)
 
     def abort(self) -> None:
         """Stop without finishing: the shard being written is abandoned (when its writer has
@@ -688,6 +712,30 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             + (", ".join(parts) or "none")
             + "; remove the directory before writing there again."
         )
+
+
+def _token_tally(token_index, token_field, shard_size, block_size, uploads):
+    """The ``_token_index.Tally`` of a dataset writer's ``token_index`` (None: automatic,
+    when the examples are token sequences; True: they must be; False: never) and
+    ``token_field``, or None: no index."""
+    if token_index is not None and not isinstance(token_index, bool):
+        raise InvalidArgumentTypeError(
+            f"token_index must be True, False or None (automatic), not {token_index!r}"
+        )
+    if token_field is not None and not isinstance(token_field, str):
+        raise InvalidArgumentTypeError(f"token_field must be a str or None, not {token_field!r}")
+    if token_index is False:
+        return None
+    if uploads is not None:  # a dataset written to a URL: no index yet (built on first use)
+        if token_index:
+            raise InvalidArgumentError(
+                "token_index=True: the token index is written for local datasets only"
+            )
+        return None
+    from ._token_index import Tally
+
+    required = token_index is True or token_field is not None
+    return Tally(shard_size, block_size, token_field, required)
 
 
 def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, who):

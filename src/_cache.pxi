@@ -16,7 +16,8 @@ cdef class _Entry:
     """A cached block: its examples, or only its pickle (after partial decoding).
 
     ``examples`` the unpickled list (or None), ``data`` its decoded pickle bytes (or None);
-    ``nbytes`` what it counts against the budget.
+    ``tokens`` where its documents' tokens are in ``data`` (a ``_TokenBlock``, or None: see
+    _tokens.pxi); ``nbytes`` what it counts against the budget.
     ``live``: the cache holds it (it is then in the dict and the list); a reader's last entry
     may outlive it, emptied. ``for_pass``: held only for the pass in order reading it, until
     the pass moves on (``BlockCache._forget``).
@@ -26,6 +27,7 @@ cdef class _Entry:
     cdef Py_ssize_t block
     cdef list examples
     cdef object data
+    cdef object tokens
     cdef Py_ssize_t nbytes
     cdef bint live
     cdef bint for_pass
@@ -311,7 +313,7 @@ cdef class BlockCache:
 
     cdef int _drop(self, _Entry e, list dropped) except -1:
         """Unlink ``e``; what it held goes to ``dropped``, released by the caller's return."""
-        dropped.append((e, e.examples, e.data))
+        dropped.append((e, e.examples, e.data, e.tokens))
         self._unlink(e)
         del self._entries[e.key]
         self._count -= 1
@@ -321,6 +323,7 @@ cdef class BlockCache:
         e.live = False
         e.examples = None
         e.data = None
+        e.tokens = None
         return 0
 
 

@@ -114,7 +114,7 @@ cdef extern from *:
 
 # What CoreModule (atlas_fast._contract) declares, and how libzstd was bound
 __all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
-__all__ += ["zstd_available", "zstd_load_error"]
+__all__ += ["zstd_available", "zstd_load_error", "block_token_stats", "gather_tokens"]
 
 BACKEND = "cython"
 
@@ -1210,3 +1210,6 @@ cdef class DatasetCore:
         for reader in self._readers:
             if reader is not None:
                 reader.close()
+
+
+include "_tokens.pxi"

@@ -32,6 +32,10 @@ PACKAGE = {
     "ObjectNotFoundError",
     "StorageError",
     "UnsafePickleError",
+    "NotTokensError",
+    "TokenIndexError",
+    "TokenSequences",
+    "TokenShuffleSampler",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
@@ -105,6 +109,34 @@ MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"
     "num_replicas",
 }
 MIX_MODULE = {"MixtureDataset", "MixtureSampler", "from_config"}
+TOKENS_MODULE = {"TokenSequences", "collate"}
+TOKEN_SEQUENCES = {
+    "dataset",
+    "seq_len",
+    "packed",
+    "field",
+    "start_input",
+    "vocab_size",
+    "dtype",
+    "pad_value",
+    "varlen",
+    "num_tokens",
+    "index_path",
+}
+TOKEN_SAMPLER = {"set_epoch", "set_step", "state_dict", "load_state_dict", "batches", "steps"} | {
+    "batch_size",
+    "seed",
+    "epoch",
+    "lanes",
+    "lane_tokens",
+    "num_workers",
+    "piece_tokens",
+    "group_pieces",
+    "schedule",
+    "num_replicas",
+    "rank",
+    "num_tokens",
+}
 
 
 def _public(obj) -> set:
@@ -126,7 +158,15 @@ def test_the_package_exports_exactly_its_names():
     # process: a submodule another test imported becomes an attribute of the package)
     code = "import atlas_fast; print(' '.join(n for n in dir(atlas_fast) if n[0] != '_'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) - PACKAGE == {"atlas", "writer", "sampler", "storage", "mix"}
+    assert set(out.stdout.split()) - PACKAGE == {
+        "atlas",
+        "writer",
+        "sampler",
+        "storage",
+        "mix",
+        "tokens",
+        "token_sampler",
+    }
 
 
 def test_readers_show_their_declared_names_only(atlas, tmp_path):
@@ -161,3 +201,19 @@ def test_the_mixture_shows_its_declared_names_only(atlas, tmp_path):
     assert mixture[list(sampler)[-1]] in range(120)  # iterated: lazily made attributes too
     assert _public(mixture) == MIXTURE
     assert _public(sampler) == MIXTURE_SAMPLER
+
+
+def test_token_sequences_show_their_declared_names_only(atlas, tmp_path):
+    from atlas_fast import tokens
+
+    assert set(tokens.__all__) == TOKENS_MODULE
+    root = tmp_path / "t"
+    with atlas_fast.AtlasDatasetWriter(root, shard_size=50, block_size=10) as writer:
+        for i in range(20):
+            writer.add_example(list(range(i)))
+    ts = atlas_fast.TokenSequences(atlas.AtlasDataset(root), 4)
+    assert ts[3]["targets"].shape == (4,)
+    assert _public(ts) == TOKEN_SEQUENCES
+    sampler = atlas_fast.TokenShuffleSampler(ts, batch_size=2)
+    assert len(list(sampler)) == len(sampler)
+    assert _public(sampler) == TOKEN_SAMPLER

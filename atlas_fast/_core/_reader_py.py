@@ -54,9 +54,11 @@ from .._format import (
 from ._objsize import ChargeMeter
 from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
+from ._tokens_py import block_token_stats, gather_tokens
 
 # What CoreModule (atlas_fast._contract) declares
 __all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
+__all__ += ["block_token_stats", "gather_tokens"]
 
 BACKEND = "python"
 

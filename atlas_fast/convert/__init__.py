@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from pathlib import Path
 
 from .._checks import check_int
 from .._writing.options import WriterOptions
@@ -148,7 +149,7 @@ def convert(
             raise ValueError(
                 f"ray=True and workers={workers} exclude each other (Ray decides the parallelism)"
             )
-    return run_conversion(
+    summary = run_conversion(
         lambda: module.sources(src, **format_options),
         dst,
         fmt=fmt,
@@ -164,6 +165,16 @@ def convert(
             None if staging_bytes is None else check_int("staging_bytes", staging_bytes, minimum=1)
         ),
     )
+    if fmt == "flat-tokens" and "://" not in str(dst):
+        # Token sequences: each dataset written gets its token index (TokenSequences).
+        from .._token_index import index_dataset
+
+        dst = Path(dst)
+        split = [] if (dst / "meta.json").is_file() else sorted(dst.iterdir())
+        for root in [dst] if not split else split:
+            if (root / "meta.json").is_file():
+                index_dataset(root, progress=progress)
+    return summary
 
 
 def _for_format(fmt: str):

@@ -159,3 +159,24 @@ def test_missing_source_and_missing_arrays(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(SourceError, match=r"plain: not a zarr group"):
         sources(tmp_path / "plain")
+
+
+def test_convert_writes_the_token_index_of_each_split(tmp_path):
+    from atlas_fast import TokenSequences
+    from atlas_fast.convert import convert
+
+    g = zarr.open_group(str(tmp_path / "ft"), mode="w")
+    written = {"train": _seqs(150, 300, 4), "validation": _seqs(20, 300, 5)}
+    for split, seqs in written.items():
+        _write(g.create_group(split), seqs, 300)
+    convert(
+        tmp_path / "ft", tmp_path / "out", "flat-tokens", shard_size=40, block_size=8, workers=2
+    )
+    for split, seqs in written.items():
+        root = tmp_path / "out" / split
+        assert (root / "tokens.idx").is_file(), split
+        ts = TokenSequences(root, 5, index="require")
+        flat = np.concatenate(seqs)
+        assert ts.num_tokens == len(flat)
+        rows = ts.__getitems__(list(range(len(ts))))["targets"]
+        assert np.array_equal(rows.ravel(), flat[: len(ts) * 5])

@@ -1,0 +1,173 @@
+"""Token sequences out of blocks, with numpy: the pure-Python twin of ``src/_tokens.pxi``.
+
+Both cores offer the same three functions (``atlas_fast._contract.TokenCore``), which
+``atlas_fast.tokens`` calls:
+
+- ``block_token_stats(reader, first, stop, field)``: each block's token count and the
+  smallest and largest id, for the token index;
+- ``gather_tokens(dataset, shards, blocks, expected, pieces, targets, inputs, positions,
+  start_input, field, docs)``: a batch of windows (or of documents) copied into the output
+  rows, each block decoded once;
+- ``as_tokens(example, field, where)``: one example as a 1-D integer array, or
+  ``NotTokensError`` (shared: the compiled core's fallback for blocks its scanner does not
+  read uses it too).
+
+A *piece* is a row of ``pieces`` (int64, 4 columns): ``(slot, start, count, out)``: copy
+``count`` tokens of block ``slot`` (of ``shards``/``blocks``) from token ``start`` of the
+block (``docs``: from the start of its document ``start``, at most ``count`` of them) to flat
+position ``out`` of the outputs. ``targets`` gets the tokens; ``inputs`` (if not None) at each
+position the token before it in its document, or ``start_input`` where a document starts;
+``positions`` (if not None) each token's index in its document. ``expected[slot]`` is the
+block's token count by the token index (-1: not known): a block that holds another count is a
+``TokenIndexError`` (the index does not describe this dataset), never other tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._errors import NotTokensError, TokenIndexError
+
+__all__ = ["as_tokens", "block_tokens", "block_token_stats", "gather_tokens", "index_mismatch"]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _found(x) -> str:
+    """What an example that is not a token sequence is, for the message."""
+    if isinstance(x, np.ndarray):
+        return f"a numpy array of dtype {x.dtype} and shape {x.shape}"
+    if isinstance(x, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in x if type(v) is not int})
+        return f"a {type(x).__name__} holding {', '.join(kinds[:3])}"
+    text = repr(x)
+    return f"a {type(x).__name__} ({text[:40] + '...' if len(text) > 40 else text})"
+
+
+def as_tokens(x, field, where: str) -> np.ndarray:
+    """``x`` (an example; ``field``: its value under that key) as a 1-D integer array, or
+    ``NotTokensError`` naming ``where`` (the shard and the example) and what was found."""
+    if field is not None:
+        if not isinstance(x, Mapping):
+            raise NotTokensError(f"{where}: {_found(x)}, not a mapping with the field {field!r}")
+        try:
+            x = x[field]
+        except KeyError:
+            keys = ", ".join(repr(k) for k in list(x)[:5])
+            raise NotTokensError(
+                f"{where}: a mapping without the field {field!r} (its keys: {keys})"
+            ) from None
+    if isinstance(x, np.ndarray):
+        if x.ndim == 1 and x.dtype.kind in "iu":
+            return x
+    elif type(x) in (list, tuple):
+        if all(type(v) is int for v in x):
+            try:
+                return np.array(x, dtype=np.int64) if x else _EMPTY
+            except OverflowError:
+                raise NotTokensError(
+                    f"{where}: a {type(x).__name__} of ints beyond int64"
+                ) from None
+    what = "the field " + repr(field) + " holds " if field is not None else ""
+    raise NotTokensError(
+        f"{where}: {what}{_found(x)}, not a token sequence (a 1-D integer numpy array or a "
+        "list of ints)"
+    )
+
+
+def _where(reader, b: int, j: int) -> str:
+    return f"{reader._root}: example {b * reader._block_size + j} (block {b})"
+
+
+def block_tokens(reader, b: int, field) -> tuple:
+    """``(tokens, lengths)`` of block ``b`` of shard core ``reader``: its documents' tokens
+    concatenated (one array, of their common dtype; int64 when they differ) and each one's
+    length (int64)."""
+    examples = reader.read_block(b)
+    arrays = [as_tokens(x, field, _where(reader, b, j)) for j, x in enumerate(examples)]
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    if not arrays:
+        return _EMPTY, lengths
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1 or arrays[0].dtype.byteorder not in "=|":
+        for j, a in enumerate(arrays):
+            if a.dtype == np.uint64 and len(a) and int(a.max()) > np.iinfo(np.int64).max:
+                raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+        arrays = [a.astype(np.int64) for a in arrays]
+    return np.concatenate(arrays), lengths
+
+
+def block_token_stats(reader, first: int, stop: int, field) -> tuple:
+    """``(counts, low, high)``: the token count of each block ``first <= b < stop`` of shard
+    core ``reader`` (int64 array), and the smallest and largest id among them (None, None:
+    no token)."""
+    counts = np.zeros(max(stop - first, 0), dtype=np.int64)
+    low = high = None
+    for b in range(first, stop):
+        tokens, _ = block_tokens(reader, b, field)
+        counts[b - first] = len(tokens)
+        if len(tokens):
+            lo, hi = int(tokens.min()), int(tokens.max())
+            low = lo if low is None else min(low, lo)
+            high = hi if high is None else max(high, hi)
+    return counts, low, high
+
+
+def index_mismatch(reader, b: int, found: int, expected: int) -> TokenIndexError:
+    """The error for block ``b`` of ``reader`` holding ``found`` tokens where the token index
+    says ``expected`` (one wording, both cores)."""
+    return TokenIndexError(
+        f"{reader._root}: block {b} holds {found} tokens but the token index says {expected}: "
+        "the index does not describe this shard (rewritten since?); rebuild it with "
+        "TokenSequences(..., index='rebuild')"
+    )
+
+
+def gather_tokens(
+    dataset,
+    shards,
+    blocks,
+    expected,
+    pieces,
+    targets,
+    inputs,
+    positions,
+    start_input: int,
+    field,
+    docs: bool,
+):
+    """Copy the pieces (see the module's doc) into the flat outputs; with ``docs`` return how
+    many tokens each piece copied (int64), else None."""
+    copied = np.zeros(len(pieces), dtype=np.int64) if docs else None
+    order = np.argsort(pieces[:, 0], kind="stable")
+    bounds = np.searchsorted(pieces[order, 0], np.arange(len(shards) + 1))
+    for slot in range(len(shards)):
+        mine = order[bounds[slot] : bounds[slot + 1]]
+        if not len(mine):
+            continue
+        reader = dataset._reader(int(shards[slot]))
+        b = int(blocks[slot])
+        tokens, lengths = block_tokens(reader, b, field)
+        if expected[slot] >= 0 and len(tokens) != expected[slot]:
+            raise index_mismatch(reader, b, len(tokens), int(expected[slot]))
+        starts = np.cumsum(lengths) - lengths
+        if positions is not None or inputs is not None or docs:
+            within = np.arange(len(tokens), dtype=np.int64) - np.repeat(starts, lengths)
+        for p in mine:
+            _, start, count, out = (int(v) for v in pieces[p])
+            if docs:
+                start, count = int(starts[start]), min(count, int(lengths[start]))
+                copied[p] = count
+            stop = start + count
+            targets[out : out + count] = tokens[start:stop]
+            if positions is not None:
+                positions[out : out + count] = within[start:stop]
+            if inputs is not None and count:
+                if start:
+                    inputs[out : out + count] = tokens[start - 1 : stop - 1]
+                else:
+                    inputs[out + 1 : out + count] = tokens[start : stop - 1]
+                inputs[out : out + count][within[start:stop] == 0] = start_input
+    return copied

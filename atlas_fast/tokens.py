@@ -1,0 +1,540 @@
+"""Token sequences for language-model training: ``TokenSequences`` over an Atlas dataset of
+token arrays, with the sequence length, packing and batch size chosen at training time.
+
+The guide is docs/tokens.md; the order that goes with it, ``TokenShuffleSampler``, is in
+``atlas_fast.token_sampler``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import _token_index as _ti
+from ._checks import check_int
+from ._compat import torch_data_bases
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError, TokenIndexError
+
+__all__ = ["TokenSequences", "collate"]
+
+_INDEX_MODES = ("auto", "rebuild", "require")
+
+
+def collate(batch: dict) -> dict:
+    """A ``DataLoader``'s ``collate_fn`` for ``TokenSequences``: the batch's arrays as torch
+    tensors, without a copy (``torch.from_numpy``); other values as they are."""
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def _shard_numbers(dataset) -> list:
+    """Each shard's number (its folder's name as an integer; its position if not digits)."""
+    out = []
+    for k, d in enumerate(dataset._shard_dirs):
+        name = os.path.basename(str(d).rstrip("/"))
+        out.append(int(name) if name.isascii() and name.isdigit() else k)
+    return out
+
+
+class _Located:
+    """The index as the dataset's shards see it: ``cum`` (each block's first token in the
+    concatenation of the dataset's shards, then the total), ``first`` (each shard's first
+    block, then the block count), the shards' records, and the file they came from."""
+
+    def __init__(self, path, cum, first, records) -> None:
+        self.path = path
+        self.cum = cum
+        self.first = first
+        self.records = records
+        self.total = int(cum[-1])
+
+
+class TokenSequences(*torch_data_bases("Dataset")):
+    """The token sequences of an Atlas dataset, as fixed-length rows for training.
+
+    ``dataset``: an ``AtlasDataset`` or a path or URL to open one (``open_kwargs`` passed to
+    it). Its examples are documents: 1-D integer numpy arrays (any integer dtype), lists of
+    ints, or mappings holding one under ``field``. Documents are concatenated in dataset order;
+    empty ones contribute nothing.
+
+    **Packed** (default): ``len(ts)`` is ``num_tokens // seq_len``, and ``ts[k]`` covers tokens
+    ``[k * seq_len, (k + 1) * seq_len)`` of the concatenation: a dict of 1-D arrays of length
+    ``seq_len``: ``targets`` (those tokens), ``inputs`` (at each position the token before it
+    in its document, or ``start_input`` where a document starts: every token is a target
+    exactly once and nothing needs masking) and ``positions`` (each token's index in its
+    document; a window starting inside a document continues the count).
+
+    **Not packed** (``packed=False``): ``ts[k]`` is document ``k``, truncated to ``seq_len``
+    and padded with ``pad_value``: ``targets``, ``inputs``, ``positions`` and ``mask`` (True
+    where a position holds a token of the document).
+
+    ``ts.__getitems__(keys)`` gives one dict of 2-D arrays ``[len(keys), seq_len]`` whose rows
+    are ``ts[k]``; with ``varlen=True`` (packed) also ``cu_seqlens`` (int32: where each
+    document, or its part in a row, starts in the flattened batch, then its length) and
+    ``max_seqlen`` (an int), what FlashAttention's variable-length kernels take. A key is a
+    window number, or (packed) a window described by ``TokenShuffleSampler``: a tuple
+    ``(start, count, start, count, ...)`` of ranges of the concatenation, whose lengths add up
+    to the row length (all keys of a batch alike).
+
+    ``dtype`` (default int64, what torch's embedding and cross-entropy take) is the dtype of
+    ``targets`` and ``inputs``; ``positions`` are int64 (int32 if ``dtype`` is int32).
+    ``vocab_size``: every id must be below it (checked at open from the token index).
+
+    The token index (a file at the dataset root, ``tokens.idx``; see docs/tokens.md) locates
+    windows with 8 bytes per block, memory-mapped. Datasets written by atlas_fast carry it;
+    for others it is built on first use by a parallel pass over the blocks (a progress bar
+    when stderr is a terminal, or ``progress=True``), saved at the root when writable, else in
+    ``$XDG_CACHE_HOME/atlas-fast/tokens``. ``index="rebuild"`` builds it afresh,
+    ``index="require"`` refuses to build one. A shard rewritten since its entry was made is a
+    ``TokenIndexError`` at its first read, never other tokens.
+
+    Use with a DataLoader: ``DataLoader(ts, batch_size=B, sampler=TokenShuffleSampler(ts,
+    batch_size=B, ...), collate_fn=atlas_fast.tokens.collate, num_workers=N,
+    pin_memory=True)``: each batch is one ``__getitems__`` call and one array per field.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        seq_len,
+        *,
+        packed=True,
+        field=None,
+        start_input=0,
+        vocab_size=None,
+        dtype=np.int64,
+        pad_value=0,
+        varlen=False,
+        index="auto",
+        progress=None,
+        _index_path=None,
+        **open_kwargs,
+    ):
+        self.seq_len = check_int("seq_len", seq_len, minimum=1)
+        if not isinstance(packed, bool):
+            raise InvalidArgumentTypeError(f"packed must be True or False, not {packed!r}")
+        if field is not None and not isinstance(field, str):
+            raise InvalidArgumentTypeError(f"field must be a str or None, not {field!r}")
+        if index not in _INDEX_MODES:
+            raise InvalidArgumentError(f"index must be one of {_INDEX_MODES}, not {index!r}")
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise InvalidArgumentTypeError(
+                f"dtype must be a numpy integer dtype, not {dtype!r}"
+            ) from None
+        if self.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"dtype must be an integer dtype, not {self.dtype}")
+        info = np.iinfo(self.dtype)
+        self.start_input = check_int("start_input", start_input)
+        if not info.min <= self.start_input <= info.max:
+            raise InvalidArgumentError(
+                f"start_input {self.start_input} is outside dtype {self.dtype} "
+                f"[{info.min}, {info.max}]"
+            )
+        self.pad_value = check_int("pad_value", pad_value)
+        if not info.min <= self.pad_value <= info.max:
+            raise InvalidArgumentError(
+                f"pad_value {self.pad_value} is outside dtype {self.dtype} [{info.min}, {info.max}]"
+            )
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=1, none=True)
+        if varlen and not packed:
+            raise InvalidArgumentError("varlen=True is for packed rows (packed=True)")
+        self.packed = packed
+        self.field = field
+        self.varlen = bool(varlen)
+        self._positions_dtype = np.dtype(np.int32) if self.dtype == np.int32 else np.dtype(np.int64)
+        self._index_path = _index_path
+        if isinstance(dataset, (str, os.PathLike)):
+            from .atlas import AtlasDataset
+
+            dataset = AtlasDataset(dataset, **open_kwargs)
+        elif open_kwargs:
+            raise InvalidArgumentError(
+                f"{', '.join(open_kwargs)}: options for opening a dataset, given with one "
+                "already open"
+            )
+        if not hasattr(dataset, "_shard_dirs"):
+            raise InvalidArgumentTypeError(
+                f"dataset must be an AtlasDataset, a path or a URL, not {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self._core = dataset._backend
+        self._verified: set = set()  # shards checked against their entry in this process
+        self._index = self._open_index(index, progress)
+        self._check_ids(info)
+        if packed:
+            self._len = self._index.total // self.seq_len
+        else:
+            self._len = len(dataset)
+        if self._len == 0:
+            what = f"{self._index.total} tokens" if packed else "no documents"
+            warnings.warn(
+                f"{dataset.root}: {what}, fewer than one sequence of {self.seq_len}: "
+                "TokenSequences has length 0",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    # -- the index -------------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the concatenation of the documents."""
+        return self._index.total
+
+    @property
+    def index_path(self):
+        """The token index file in use (None: held in memory only)."""
+        return self._index.path
+
+    def _open_index(self, mode: str, progress) -> _Located:
+        ds = self.dataset
+        sizes = list(ds.actual_shard_sizes)
+        numbers = _shard_numbers(ds)
+        name = _ti.index_name(self.field)
+        if self._index_path is not None:  # a pickled copy: the file its original used
+            found = _ti.TokenIndex(self._index_path)
+            return self._located(found, numbers, sizes)
+        remote = getattr(ds, "_remote", None) is not None
+        root_file = None if remote else Path(ds.root) / name
+        cache_file = _ti.cache_folder(ds.root) / name
+        best, best_reused = None, -1
+        if mode != "rebuild":
+            for path in (root_file, cache_file):
+                if path is None or not path.is_file():
+                    continue
+                try:
+                    found = _ti.TokenIndex(path)
+                except TokenIndexError as exc:
+                    if mode == "require":
+                        raise
+                    warnings.warn(f"{exc}; building it again", RuntimeWarning, stacklevel=4)
+                    continue
+                if found.field != self.field:
+                    continue
+                reused = sum(
+                    1
+                    for n, size in zip(numbers, sizes)
+                    if n < len(found.shards) and int(found.shards[n]["examples"]) == size
+                )
+                if reused > best_reused:
+                    best, best_reused = found, reused
+                if reused == len(sizes) and len(found.shards) == len(sizes):
+                    break
+        complete = numbers == list(range(len(sizes)))
+        if (
+            best is not None
+            and best_reused == len(sizes)
+            and (not complete or len(best.shards) == len(sizes))
+        ):
+            return self._located(best, numbers, sizes)
+        if mode == "require":
+            raise TokenIndexError(
+                f"{ds.root}: no token index {name} covering every shard "
+                f"(looked at {root_file or '-'} and {cache_file})"
+            )
+        keep = {}
+        if best is not None:
+            for k, (n, size) in enumerate(zip(numbers, sizes)):
+                if n < len(best.shards) and int(best.shards[n]["examples"]) == size:
+                    keep[k] = best.entry(n)
+        todo = [k for k in range(len(sizes)) if k not in keep]
+        built = _ti.build_entries(ds, todo, self.field, self._core, progress) if todo else {}
+        entries = {**keep, **built}
+        if not complete:  # some shards only (a node holding a few): kept in memory
+            return self._in_memory(entries, len(sizes))
+        for path in (root_file, cache_file):
+            if path is None:
+                continue
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not _ti.writable_dir(path.parent):
+                    continue
+                _ti.write_index(path, self.field, [entries[k] for k in range(len(sizes))])
+            except OSError:
+                continue
+            return self._located(_ti.TokenIndex(path), numbers, sizes)
+        warnings.warn(
+            f"{ds.root}: the token index could be saved neither there nor in {cache_file.parent}: "
+            "kept in memory, built again next time",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return self._in_memory(entries, len(sizes))
+
+    def _in_memory(self, entries: dict, n: int) -> _Located:
+        counts = [np.asarray(entries[k].counts, dtype=np.int64) for k in range(n)]
+        blocks = np.array([len(c) for c in counts], dtype=np.int64)
+        first = np.concatenate(([0], np.cumsum(blocks)))
+        cum = np.zeros(int(first[-1]) + 1, dtype=np.uint64)
+        if first[-1]:
+            np.cumsum(np.concatenate(counts), out=cum[1:])
+        records = np.zeros(n, dtype=_ti.SHARD_DTYPE)
+        for k in range(n):
+            e = entries[k]
+            low, high = _ti._NO_ID if e.low is None else (e.low, e.high)
+            records[k] = (
+                e.examples,
+                len(counts[k]),
+                e.data_bytes,
+                e.digest,
+                int(counts[k].sum()),
+                low,
+                high,
+                first[k],
+            )
+        return _Located(None, cum, first, records)
+
+    def _located(self, found, numbers, sizes) -> _Located:
+        records = found.shards
+        if numbers == list(range(len(records))):  # the common case: the mapped table itself
+            first = np.concatenate((records["first_block"].astype(np.int64), [len(found.cum) - 1]))
+            return _Located(found.path, found.cum, first, records)
+        picked = records[numbers]
+        entries = {k: found.entry(n) for k, n in enumerate(numbers)}
+        located = self._in_memory(entries, len(numbers))
+        located.records = picked
+        located.path = found.path
+        return located
+
+    def _check_ids(self, info) -> None:
+        records = self._index.records
+        has = records["tokens"] > 0
+        if not has.any():
+            return
+        low = int(records["low"][has].min())
+        high = int(records["high"][has].max())
+        if self.vocab_size is not None and (high >= self.vocab_size or low < 0):
+            bad = high if high >= self.vocab_size else low
+            raise InvalidArgumentError(
+                f"{self.dataset.root}: token id {bad} is outside vocab_size {self.vocab_size} "
+                f"(ids from {low} to {high})"
+            )
+        if low < info.min or high > info.max:
+            raise InvalidArgumentError(
+                f"{self.dataset.root}: token ids from {low} to {high} do not fit dtype {self.dtype}"
+            )
+
+    # -- items -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, k) -> dict:
+        batch = self.__getitems__([k])
+        return {
+            key: (v[0] if isinstance(v, np.ndarray) and v.ndim == 2 else v)
+            for key, v in batch.items()
+        }
+
+    def __getitems__(self, keys) -> dict:
+        keys = list(keys)
+        if self.packed:
+            return self._packed(keys)
+        return self._documents(keys)
+
+    def _window_number(self, k) -> int:
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise InvalidArgumentTypeError(
+                f"a window key must be an int or a tuple of ranges, not {k!r}"
+            )
+        k = int(k)
+        if k < 0:
+            k += self._len
+        if not 0 <= k < self._len:
+            raise IndexError(f"window {k} out of range for {self._len} windows")
+        return k
+
+    def _segments(self, keys: list) -> tuple:
+        """``(length, starts, counts)`` of the keys: their row length and each range, in
+        order."""
+        starts, counts = [], []
+        length = None
+        total = self._index.total
+        for k in keys:
+            if isinstance(k, tuple):
+                if len(k) < 2 or len(k) % 2:
+                    raise InvalidArgumentError(
+                        f"a window key is (start, count, ...) pairs, not {k!r}"
+                    )
+                row_len = 0
+                for j in range(0, len(k), 2):
+                    s, c = int(k[j]), int(k[j + 1])
+                    if s < 0 or c < 0 or s + c > total:
+                        raise IndexError(f"tokens [{s}, {s + c}) out of range for {total} tokens")
+                    starts.append(s)
+                    counts.append(c)
+                    row_len += c
+            else:
+                w = self._window_number(k)
+                starts.append(w * self.seq_len)
+                counts.append(self.seq_len)
+                row_len = self.seq_len
+            if length is None:
+                length = row_len
+            elif row_len != length:
+                raise InvalidArgumentError(
+                    f"the keys of a batch must make rows of one length: {length} and {row_len}"
+                )
+        return (
+            length or 0,
+            np.array(starts, dtype=np.int64),
+            np.array(counts, dtype=np.int64),
+        )
+
+    def _check_shards(self, shards) -> None:
+        index = self._index
+        for s in np.unique(shards).tolist():
+            if s in self._verified:
+                continue
+            reader = self.dataset._reader(s)
+            _ti.check_shard(
+                index.path or "the token index",
+                index.records[s],
+                s,
+                reader._root,
+                reader._block_offsets(),
+            )
+            self._verified.add(s)
+
+    def _blocks(self, g: np.ndarray) -> tuple:
+        """``(shards, blocks in them, expected token counts)`` of global blocks ``g``."""
+        first = self._index.first
+        shards = np.searchsorted(first, g, side="right") - 1
+        cum = self._index.cum
+        expected = cum[g + 1].astype(np.int64) - cum[g].astype(np.int64)
+        self._check_shards(shards)
+        return shards, g - first[shards], expected
+
+    def _outputs(self, n: int, length: int, fill: int) -> tuple:
+        shape = (n, length)
+        targets = np.full(shape, fill, dtype=self.dtype) if fill else np.zeros(shape, self.dtype)
+        inputs = np.full(shape, fill, dtype=self.dtype) if fill else np.zeros(shape, self.dtype)
+        positions = np.zeros(shape, dtype=self._positions_dtype)
+        return targets, inputs, positions
+
+    def _packed(self, keys: list) -> dict:
+        length, starts, counts = self._segments(keys)
+        targets, inputs, positions = self._outputs(len(keys), length, 0)
+        out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
+        cum = self._index.cum
+        live = counts > 0
+        starts, counts, out = starts[live], counts[live], out[live]
+        pieces = np.zeros((0, 4), dtype=np.int64)
+        if len(starts):
+            g0 = np.searchsorted(cum, starts, side="right") - 1
+            g1 = np.searchsorted(cum, starts + counts - 1, side="right") - 1
+            n = g1 - g0 + 1
+            seg = np.repeat(np.arange(len(starts)), n)
+            g = g0[seg] + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+            lo = np.maximum(starts[seg], cum[g].astype(np.int64))
+            hi = np.minimum(starts[seg] + counts[seg], cum[g + 1].astype(np.int64))
+            keep = hi > lo
+            g, lo, hi, seg = g[keep], lo[keep], hi[keep], seg[keep]
+            unique, slot = np.unique(g, return_inverse=True)
+            pieces = np.stack(
+                (slot, lo - cum[g].astype(np.int64), hi - lo, out[seg] + (lo - starts[seg])), axis=1
+            ).astype(np.int64)
+            shards, blocks, expected = self._blocks(unique)
+            self._core.gather_tokens(
+                self.dataset,
+                shards,
+                blocks,
+                expected,
+                pieces,
+                targets.reshape(-1),
+                inputs.reshape(-1),
+                positions.reshape(-1),
+                self.start_input,
+                self.field,
+                False,
+            )
+        batch = {"inputs": inputs, "targets": targets, "positions": positions}
+        if self.varlen:
+            batch.update(self._varlen(positions, pieces[:, 3] if len(pieces) else pieces[:, 0]))
+        return batch
+
+    @staticmethod
+    def _varlen(positions: np.ndarray, piece_starts: np.ndarray) -> dict:
+        """``cu_seqlens`` and ``max_seqlen``: a sequence starts at each document start
+        (position 0), at each row start, and where a range of a key starts."""
+        n, length = positions.shape
+        flat = positions.reshape(-1)
+        starts = np.zeros(flat.shape[0] + 1, dtype=bool)
+        starts[:-1] = flat == 0
+        starts[0 : n * length : length] = True
+        starts[piece_starts] = True
+        starts[-1] = True
+        cu = np.flatnonzero(starts).astype(np.int32)
+        return {"cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0}
+
+    def _documents(self, keys: list) -> dict:
+        n = len(keys)
+        length = self.seq_len
+        targets, inputs, positions = self._outputs(n, length, self.pad_value)
+        ds = self.dataset
+        ends = ds.cumulative_shard_sizes
+        docs = np.array([self._window_number(k) for k in keys], dtype=np.int64)
+        mask = np.zeros((n, length), dtype=bool)
+        if n:
+            shards = np.searchsorted(ends, docs, side="right")
+            local = docs - (
+                ends[shards] - np.asarray(ds.actual_shard_sizes, dtype=np.int64)[shards]
+            )
+            sizes = np.array([ds._reader(s)._block_size for s in shards.tolist()], dtype=np.int64)
+            b = local // sizes
+            first = self._index.first
+            g = first[shards] + b
+            unique, slot = np.unique(g, return_inverse=True)
+            pieces = np.stack(
+                (slot, local - b * sizes, np.full(n, length), np.arange(n) * length), axis=1
+            ).astype(np.int64)
+            shards_u, blocks_u, expected = self._blocks(unique)
+            copied = self._core.gather_tokens(
+                ds,
+                shards_u,
+                blocks_u,
+                expected,
+                pieces,
+                targets.reshape(-1),
+                inputs.reshape(-1),
+                positions.reshape(-1),
+                self.start_input,
+                self.field,
+                True,
+            )
+            mask = np.arange(length) < copied[:, None]
+            positions[~mask] = 0
+        return {"inputs": inputs, "targets": targets, "positions": positions, "mask": mask}
+
+    # -- pickling --------------------------------------------------------------------------
+
+    def __reduce__(self):
+        kwargs = {
+            "packed": self.packed,
+            "field": self.field,
+            "start_input": self.start_input,
+            "vocab_size": self.vocab_size,
+            "dtype": self.dtype.str,
+            "pad_value": self.pad_value,
+            "varlen": self.varlen,
+        }
+        if self._index.path is not None:
+            kwargs["_index_path"] = str(self._index.path)
+        return (_rebuild, (self.dataset, self.seq_len, kwargs))
+
+    def __repr__(self) -> str:
+        kind = "packed" if self.packed else "documents"
+        return (
+            f"TokenSequences({str(self.dataset.root)!r}, seq_len={self.seq_len}, {kind}, "
+            f"tokens={self._index.total}, sequences={self._len})"
+        )
+
+
+def _rebuild(dataset, seq_len, kwargs):
+    return TokenSequences(dataset, seq_len, **kwargs)
