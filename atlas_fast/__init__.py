@@ -21,6 +21,7 @@ from ._errors import (
     StorageError,
     UnsafePickleError,
 )
+from ._merge import merge
 from ._version import __version__
 from .atlas import (
     AtlasDataset,
@@ -44,6 +45,7 @@ __all__ = [
     "BlockShuffleSampler",
     "MixtureDataset",
     "MixtureSampler",
+    "merge",
     "AtlasFormatError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",

@@ -686,7 +686,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             self._say_incomplete(f"closing it raised {type(exc).__name__}", problems, exc)
             raise
         self._finisher.stop()
-        if self._append is not None or (self._uploads is not None and self._first):
+        if self._append is not None or (self._uploads is not None and self._uploads.grown):
             self._commit_append()
             return
         metadata = AtlasDatasetMetadata(

@@ -318,13 +318,15 @@ def _link_or_copy(src: str, dst: str) -> bool:
     return False
 
 
-def link_tree(src, dst) -> int:
-    """Make ``dst`` a tree of hard links to the files of the tree ``src``; the files copied
-    (where no hard link could be made)."""
+def link_tree(src, dst, skip=()) -> int:
+    """Make ``dst`` a tree of hard links to the files of the tree ``src`` (but the entries
+    of ``src`` named in ``skip``); the files copied (where no hard link could be made)."""
     os.mkdir(dst)
     copied = 0
     with os.scandir(src) as entries:
         for entry in entries:
+            if entry.name in skip:
+                continue
             target = os.path.join(dst, entry.name)
             if entry.is_dir(follow_symlinks=False):
                 copied += link_tree(entry.path, target)

@@ -167,6 +167,7 @@ class ShardUploads:
         # The shard count the dataset is expected to reach (the writer's expected_examples):
         # names take its width from the start.
         self.expected = 0
+        self.grown = None  # an append's grow_remote.RemoteGrowth (the dataset grown)
 
     def add(self, number: int, started: int) -> None:
         """Upload finished shard ``number`` (see the class)."""
@@ -255,6 +256,23 @@ class ShardUploads:
             self.dest.put_bytes(DICT_FILE, dict_bytes)
             with self._lock:
                 self.objects.append(DICT_FILE)
+
+    def commit_append(self, sizes: list, strategy: int):
+        """An append's commit (``grown``: the ``grow_remote.RemoteGrowth`` of the dataset):
+        wait for every new shard, then ``grow_remote.commit_remote_append``; the grown
+        dataset's metadata."""
+        from .grow_remote import commit_remote_append
+
+        for _number, future in self._futures:
+            future.result()
+        self.check()
+        new = []
+        for number in sorted(self.names)[: len(sizes)]:
+            prefix = f"{self.names[number]}/"
+            new.append((self.names[number], [o for o in self.objects if o.startswith(prefix)]))
+        metadata = commit_remote_append(self.grown, new, sizes, strategy)
+        self.close()
+        return metadata
 
     def put_meta(self, fields: dict) -> None:
         """The root meta.json, the dataset's last object (after ``seal``)."""
