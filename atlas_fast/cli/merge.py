@@ -36,7 +36,8 @@ def run(args) -> int:
     try:
         metadata = merge(sources, dst)
     except (AtlasFormatError, StorageError, FileExistsError, ValueError) as exc:
-        print(f"atlas-fast merge: {exc}", file=sys.stderr)
+        message = exc.strerror if type(exc) is FileExistsError else exc
+        print(f"atlas-fast merge: {message}", file=sys.stderr)
         return 1
     if args.json:
         print_json({"path": str(dst), **metadata._asdict()})
