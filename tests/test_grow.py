@@ -58,6 +58,10 @@ def append(root, examples, **options) -> None:
 
 
 def siblings(root: Path) -> list:
+    """What is next to ``root``, once the old trees of this process's appends are removed
+    (a private name: close() returns before their removal, which the interpreter's exit
+    waits for)."""
+    grow.wait_for_removals()
     return sorted(p.name for p in root.parent.iterdir() if p != root)
 
 
@@ -277,6 +281,7 @@ def _child(root: Path, examples: list, kill_at: int | None, fallback: bool, repo
 
     grow.exchange = swap
     append(root, examples, shard_size=20, block_size=4)
+    grow.wait_for_removals()  # as the exit of a process that os._exit skips
     if report is not None:
         Path(report).write_text(str(count[0]))
 

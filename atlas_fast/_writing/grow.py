@@ -16,7 +16,10 @@ with the root in one step:
   tree set aside first as ``.<name>.atlas-grow-<id>.old``: between them the path is absent,
   and a kill there is undone by the next ``remove_leftovers`` (the old tree renamed back);
 - the aside path then holds the old tree, which is removed (its files live on as links in
-  the new one: nothing is copied, nothing the old dataset's readers hold is freed).
+  the new one: nothing is copied, nothing the old dataset's readers hold is freed) on a
+  thread of its own, ``atlas-fast-old-tree``, so that ``close()`` returns once the grown
+  dataset is in place: ``wait_for_removals`` joins those threads, and so does the
+  interpreter's exit (a kill before leaves the old tree to ``remove_leftovers``).
 
 The appending process holds an ``flock`` on its aside folder while it builds it and an
 ``flock`` on the dataset's root folder for the whole append, so a second append to the same
@@ -31,6 +34,7 @@ themselves against the shards they describe) is carried over unchanged.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -38,6 +42,7 @@ import errno
 import os
 import shutil
 import sys
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +80,7 @@ __all__ = [
     "lock_dataset",
     "open_existing",
     "remove_leftovers",
+    "wait_for_removals",
 ]
 
 # Folders next to a dataset ``<name>`` named ``.<name>` + GROW_MARK + ...`` are an append's
@@ -302,6 +308,36 @@ def remove_leftovers(root) -> list:
     return removed
 
 
+# Threads removing old trees (see the module), joined by ``wait_for_removals`` and at exit.
+_removals: list = []
+_removals_lock = threading.Lock()
+
+
+def _remove_later(path: Path) -> None:
+    thread = threading.Thread(
+        target=shutil.rmtree,
+        args=(path,),
+        kwargs={"ignore_errors": True},
+        name="atlas-fast-old-tree",
+        daemon=True,
+    )
+    with _removals_lock:
+        _removals[:] = [t for t in _removals if t.is_alive()]
+        _removals.append(thread)
+    thread.start()
+
+
+def wait_for_removals() -> None:
+    """Wait until the old trees of this process's appends are removed."""
+    with _removals_lock:
+        threads = list(_removals)
+    for thread in threads:
+        thread.join()
+
+
+atexit.register(wait_for_removals)
+
+
 # -- linking --------------------------------------------------------------------------------
 
 
@@ -483,7 +519,7 @@ class Aside:
         exchange(self.dir, self.root)
         self._unlock()
         _fsync_dir(self.root.parent)
-        shutil.rmtree(self.dir, ignore_errors=True)  # the old tree: its files live on in root
+        _remove_later(self.dir)  # the old tree: its files live on in root
 
     def commit_new(self, fields: dict) -> None:
         """The aside folder (shards placed, root files written) becomes the new dataset at
@@ -532,6 +568,10 @@ class LocalAppend:
             self._release()
             raise
         self.first = self.existing.count
+
+    def release(self) -> None:
+        """Let the dataset go (its lock), leaving the aside folder: a leftover."""
+        self._release()
 
     def _release(self) -> None:
         if self._lock is not None:
