@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import append_dataset as append
 from helpers import make_examples, reference_examples, same, write_dataset
 
 import atlas_fast
@@ -47,14 +48,6 @@ def read_all(atlas, root) -> list:
 def check_reads(atlas, root, examples) -> None:
     assert same(read_all(atlas, root), examples)
     assert same(reference_examples(root), examples)
-
-
-def append(root, examples, **options) -> None:
-    options.setdefault("shard_size", 20)
-    options.setdefault("block_size", 4)
-    with AtlasDatasetWriter(root, append=True, **options) as writer:
-        for example in examples:
-            writer.add_example(example)
 
 
 def siblings(root: Path) -> list:

@@ -358,6 +358,12 @@ def link_tree(src, dst, skip=()) -> int:
     """Make ``dst`` a tree of hard links to the files of the tree ``src`` (but the entries
     of ``src`` named in ``skip``); the files copied (where no hard link could be made)."""
     os.mkdir(dst)
+    return _link_entries(src, dst, skip)
+
+
+def _link_entries(src, dst, skip) -> int:
+    """Hard-link the entries of ``src`` but those named in ``skip`` into the existing folder
+    ``dst`` (folders as trees of links); the files copied."""
     copied = 0
     with os.scandir(src) as entries:
         for entry in entries:
@@ -443,18 +449,7 @@ def _fsync_dir(path) -> None:
 def carry_root_files(old_root: Path, new_root: Path, skip=()) -> int:
     """Carry every entry of ``old_root`` that is not a shard folder, nor ``meta.json`` nor
     in ``skip``, over to ``new_root`` unchanged (hard-linked); the files copied."""
-    copied = 0
-    shards = set(shard_dir_names(old_root))
-    with os.scandir(old_root) as entries:
-        for entry in entries:
-            if entry.name == META_FILE or entry.name in shards or entry.name in skip:
-                continue
-            target = os.path.join(new_root, entry.name)
-            if entry.is_dir(follow_symlinks=False):
-                copied += link_tree(entry.path, target)
-            elif not _link_or_copy(entry.path, target):
-                copied += 1
-    return copied
+    return _link_entries(old_root, new_root, {META_FILE, *shard_dir_names(old_root), *skip})
 
 
 class Aside:

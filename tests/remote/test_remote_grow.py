@@ -9,20 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import append_dataset as append
 from helpers import make_examples, reference_examples, same, write_dataset
 from test_remote_write import download, open_uploads, stored
 
 import atlas_fast
-from atlas_fast import AtlasDatasetWriter, AtlasFormatError, InvalidArgumentError
+from atlas_fast import AtlasFormatError, InvalidArgumentError
 from atlas_fast.cli import main
-
-
-def append(url, examples, **options) -> None:
-    options.setdefault("shard_size", 20)
-    options.setdefault("block_size", 4)
-    with AtlasDatasetWriter(url, append=True, **options) as writer:
-        for example in examples:
-            writer.add_example(example)
 
 
 def read_all(atlas, url) -> list:
