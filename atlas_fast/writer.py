@@ -511,15 +511,23 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._append = None
         self._first = 0  # the number of the first shard this writer writes
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
-        if append:
-            strategy = self._grown(path, options)
-            options = dataclasses.replace(options, compression_strategy=strategy)
-        if expected_examples is not None:
-            expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+        try:
+            if append:
+                strategy = self._grown(path, options)
+                options = dataclasses.replace(options, compression_strategy=strategy)
+            if expected_examples is not None:
+                expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+                if self._uploads is not None:
+                    # The count of shards that many examples make: their names' width from
+                    # the start (the commit renames only if the count turns out otherwise).
+                    shards = -(-expected_examples // options.shard_size)
+                    self._uploads.expected = self._first + shards
+        except BaseException:
             if self._uploads is not None:
-                # The count of shards that many examples make: their names' width from
-                # the start (the commit renames only if the count turns out otherwise).
-                self._uploads.expected = self._first + -(-expected_examples // options.shard_size)
+                self._uploads.close()
+            if self._append is not None:
+                self._append.abandon()
+            raise
         self.path = self._uploads.local if self._uploads is not None else Path(local_path(path))
         # Where the shard folders are written: the dataset's folder, or an append's aside.
         self._dir = self.path if self._append is None else self._append.aside.dir

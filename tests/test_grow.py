@@ -426,3 +426,14 @@ def test_merge_from_the_command_line(tmp_path, atlas, capsys):
     check_reads(atlas, tmp_path / "m", parts[0] + parts[1])
     assert main(["merge", paths[0], paths[2]]) == 1
     assert paths[2] in capsys.readouterr().err
+
+
+def test_an_append_through_a_symlink_grows_the_folder_it_names(tmp_path, atlas):
+    examples = make_examples(60)
+    real = tmp_path / "real"
+    write_dataset(real, examples[:40], shard_size=20, block_size=4)
+    (tmp_path / "link").symlink_to(real)
+    append(tmp_path / "link", examples[40:])
+    assert (tmp_path / "link").is_symlink()
+    check_reads(atlas, tmp_path / "link", examples)
+    assert siblings(real) == ["link"]

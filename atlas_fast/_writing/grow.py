@@ -547,6 +547,8 @@ class LocalAppend:
 
     def __init__(self, root, who: str, strategy) -> None:
         root = Path(root)
+        if root.is_symlink():  # the folder it names is grown (the link keeps naming it)
+            root = Path(os.path.realpath(root))
         if not os.path.lexists(root):
             remove_leftovers(root)  # a fallback exchange interrupted: the old tree comes back
         if root.is_dir():
