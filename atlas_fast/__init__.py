@@ -13,6 +13,7 @@ from ._backend import BACKEND
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
 from ._errors import (
     AtlasFormatError,
+    DatasetBusyError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingSharedDictionary,
@@ -47,6 +48,7 @@ __all__ = [
     "MixtureSampler",
     "merge",
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
@@ -35,6 +36,12 @@ class MissingSharedDictionary(AtlasFormatError):
     def __init__(self, message: str, shard_root) -> None:
         super().__init__(message)
         self.shard_root = shard_root
+
+
+class DatasetBusyError(AtlasFormatError):
+    """Another process is appending to (or merging into) this dataset right now: raised at
+    once, nothing written (``AtlasDatasetWriter(..., append=True)``, ``write_atlas(...,
+    mode="append")``)."""
 
 
 class UnsafePickleError(pickle.UnpicklingError):

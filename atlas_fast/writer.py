@@ -728,7 +728,12 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             if self._append is not None:
                 self._append.commit(sizes, int(self.compression_strategy))
             else:
-                self._uploads.commit_append(sizes, int(self.compression_strategy))
+                from ._writing.grow_remote import commit_remote_append
+
+                new = self._uploads.uploaded(len(sizes))
+                strategy = int(self.compression_strategy)
+                commit_remote_append(self._uploads.grown, new, sizes, strategy)
+                self._uploads.close()
         except BaseException as exc:
             problems = self._abandon()
             self._say_incomplete(f"committing it raised {type(exc).__name__}", problems, exc)

@@ -217,7 +217,7 @@ def test_a_second_append_at_once_is_refused(tmp_path):
     write_dataset(root, make_examples(30), shard_size=20, block_size=4)
     with AtlasDatasetWriter(root, 20, 4, append=True) as first:
         first.add_example({"a": 1})
-        with pytest.raises(grow.DatasetBusyError):
+        with pytest.raises(atlas_fast.DatasetBusyError):
             AtlasDatasetWriter(root, 20, 4, append=True)
     assert len(atlas_fast.AtlasDataset(root)) == 31
 

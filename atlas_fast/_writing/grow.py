@@ -47,7 +47,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._errors import AtlasFormatError, InvalidArgumentError
+from .._errors import AtlasFormatError, DatasetBusyError, InvalidArgumentError
 from .._format import (
     DICT_FILE,
     META_FILE,
@@ -87,10 +87,6 @@ __all__ = [
 # or a merge's aside tree (or, after the exchange, the old tree being removed).
 GROW_MARK = ".atlas-grow-"
 _OLD_SUFFIX = ".old"  # the old tree set aside by the two-rename fallback
-
-
-class DatasetBusyError(AtlasFormatError):
-    """Another process is appending to (or merging into) this dataset right now."""
 
 
 # -- the existing dataset -------------------------------------------------------------------

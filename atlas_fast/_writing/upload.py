@@ -257,22 +257,17 @@ class ShardUploads:
             with self._lock:
                 self.objects.append(DICT_FILE)
 
-    def commit_append(self, sizes: list, strategy: int):
-        """An append's commit (``grown``: the ``grow_remote.RemoteGrowth`` of the dataset):
-        wait for every new shard, then ``grow_remote.commit_remote_append``; the grown
-        dataset's metadata."""
-        from .grow_remote import commit_remote_append
-
+    def uploaded(self, count: int) -> list:
+        """Wait for every shard, then the first ``count`` of them (in number order) as
+        ``(name, [objects])``: what an append commits (``grow_remote``)."""
         for _number, future in self._futures:
             future.result()
         self.check()
-        new = []
-        for number in sorted(self.names)[: len(sizes)]:
+        out = []
+        for number in sorted(self.names)[:count]:
             prefix = f"{self.names[number]}/"
-            new.append((self.names[number], [o for o in self.objects if o.startswith(prefix)]))
-        metadata = commit_remote_append(self.grown, new, sizes, strategy)
-        self.close()
-        return metadata
+            out.append((self.names[number], [o for o in self.objects if o.startswith(prefix)]))
+        return out
 
     def put_meta(self, fields: dict) -> None:
         """The root meta.json, the dataset's last object (after ``seal``)."""
