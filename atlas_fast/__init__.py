@@ -13,6 +13,7 @@ from ._backend import BACKEND
 from ._contract import DEFAULT_CACHE_BYTES, CacheInfo
 from ._errors import (
     AtlasFormatError,
+    DatasetBusyError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingSharedDictionary,
@@ -23,6 +24,7 @@ from ._errors import (
     TokenIndexError,
     UnsafePickleError,
 )
+from ._merge import merge
 from ._version import __version__
 from .atlas import (
     AtlasDataset,
@@ -50,7 +52,9 @@ __all__ = [
     "MixtureSampler",
     "TokenSequences",
     "TokenShuffleSampler",
+    "merge",
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
@@ -48,6 +49,12 @@ class NotTokensError(AtlasFormatError):
 class TokenIndexError(AtlasFormatError):
     """A token index does not match its dataset (a shard rewritten, its sizes changed) or is
     malformed: the message names the file, the shard and what differs."""
+
+
+class DatasetBusyError(AtlasFormatError):
+    """Another process is appending to (or merging into) this dataset right now: raised at
+    once, nothing written (``AtlasDatasetWriter(..., append=True)``, ``write_atlas(...,
+    mode="append")``)."""
 
 
 class UnsafePickleError(pickle.UnpicklingError):

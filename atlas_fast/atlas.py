@@ -36,6 +36,7 @@ from ._format import (
     read_dict_file,
     read_shard_metadata,
     shard_dir_names,
+    widened_shard_dir,
 )
 from ._safe_pickle import make_loads
 from .storage import Location
@@ -350,6 +351,9 @@ class _Shards(Sequence):
             shard_class = sys.modules[self._module].AtlasDatasetShard
             source = None if self._remote is None else self._remote.source(k)
             mmap_index, dict_bytes = self._args
+            if source is None and not os.path.isdir(self._dirs[k]):
+                # Opened before an append that widened the names: the same shard, renamed.
+                self._dirs[k] = widened_shard_dir(self._dirs[k]) or self._dirs[k]
             shard = shard_class(
                 self._dirs[k],
                 mmap_index,

@@ -437,6 +437,26 @@ def bench_corpora(run: dict) -> str:
     return "; ".join(parts)
 
 
+# -- growing datasets (bench_grow.py) ---------------------------------------------------------
+
+
+def grow_table(run: dict) -> str:
+    """Median seconds per case, and the ratios the growing guide quotes."""
+    rows = [[r["case"], f"{r['median_seconds'] * 1000:,.0f} ms"] for r in run["results"]]
+    rows += [[name, f"{value:.2f}"] for name, value in run["ratios"].items()]
+    return _table(["case", "median"], rows)
+
+
+def grow_blocks() -> dict:
+    grow = load("bench_grow")
+    settings = grow["settings"]
+    extra = (
+        f"; {settings['shards']} shards of {settings['shard_examples']:,} examples "
+        f"({settings['shard_bytes'] / 1e6:.1f} MB each); {settings['repeats']} repetitions"
+    )
+    return {"grow-run": run_line(grow, extra), "grow": grow_table(grow)}
+
+
 # -- the documents --------------------------------------------------------------------------
 
 
@@ -458,6 +478,7 @@ def performance_blocks() -> dict:
         "bench-documents": bench_table(bench, "documents"),
         "bench-tokens": bench_table(bench, "tokens"),
         "bench-blobs": bench_table(bench, "blobs"),
+        **grow_blocks(),
     }
 
 

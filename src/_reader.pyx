@@ -67,7 +67,7 @@ import sys
 from collections import deque
 
 from ._pool import gather, worth_the_pool
-from ._shards import ShardOpener, open_dictionary, shard_layout
+from ._shards import ShardOpener, open_dictionary, renamed_root, shard_layout
 from .._compat import freeze_in_worker
 from .._contract import (
     DEFAULT_CACHE_BYTES,
@@ -728,6 +728,9 @@ cdef class ShardCore:
         # its source, against the size of the object its first block came from).
         if self._source is not None:
             return self._open_remote_lock_held()
+        moved = renamed_root(self._root)
+        if moved is not None:  # an append widened the shard names since this was made
+            self._root, self._data_path = moved
         offsets = load_offsets(self._root, self._metadata, self._n_blocks == 0)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:

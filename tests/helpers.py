@@ -120,6 +120,14 @@ def write_dataset(path, examples, **options) -> None:
             writer.add_example(example)
 
 
+def append_dataset(path, examples, **options) -> None:
+    """``examples`` appended to the dataset at ``path`` (``AtlasDatasetWriter(append=True)``),
+    20 per shard and 4 per block unless ``options`` say otherwise."""
+    options.setdefault("shard_size", 20)
+    options.setdefault("block_size", 4)
+    write_dataset(path, examples, append=True, **options)
+
+
 def reference_read(root) -> list:
     """Read a dataset the way torch_atlas_ds 0.1.0 does, independently of atlas_fast.
 

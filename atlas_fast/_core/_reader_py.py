@@ -49,11 +49,12 @@ from .._format import (
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
+    widened_shard_dir,
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
 from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
-from ._shards import ShardOpener, open_files, shard_layout
+from ._shards import ShardOpener, open_files, renamed_root, shard_layout
 from ._tokens_py import block_token_stats, gather_tokens
 
 # What CoreModule (atlas_fast._contract) declares
@@ -127,7 +128,15 @@ class _FilePool:
             _, old = self._fds.popitem(last=False)
             os.close(old)
         flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags)
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            # Closed by this pool, then an append widened the shard names: the same file
+            # (hard-linked) in the shard's renamed folder.
+            moved = widened_shard_dir(os.path.dirname(path))
+            if moved is None:
+                raise
+            fd = os.open(os.path.join(moved, os.path.basename(path)), flags)
         self._fds[path] = fd
         return fd
 
@@ -622,6 +631,10 @@ class ShardCore(_CacheReader):
                     # A descriptor pooled by an earlier opening may be of a file since
                     # replaced at this path: read the file that is validated now.
                     _files.forget(self._data_path)
+                    if self._source is None:
+                        moved = renamed_root(self._root)
+                        if moved is not None:
+                            self._root, self._data_path = moved
                     opened = self._opened = open_files(
                         self._root, self._metadata, self._dict_bytes, ZstdDict, self._source
                     )

@@ -167,6 +167,7 @@ class ShardUploads:
         # The shard count the dataset is expected to reach (the writer's expected_examples):
         # names take its width from the start.
         self.expected = 0
+        self.grown = None  # an append's grow_remote.RemoteGrowth (the dataset grown)
 
     def add(self, number: int, started: int) -> None:
         """Upload finished shard ``number`` (see the class)."""
@@ -255,6 +256,18 @@ class ShardUploads:
             self.dest.put_bytes(DICT_FILE, dict_bytes)
             with self._lock:
                 self.objects.append(DICT_FILE)
+
+    def uploaded(self, count: int) -> list:
+        """Wait for every shard, then the first ``count`` of them (in number order) as
+        ``(name, [objects])``: what an append commits (``grow_remote``)."""
+        for _number, future in self._futures:
+            future.result()
+        self.check()
+        out = []
+        for number in sorted(self.names)[:count]:
+            prefix = f"{self.names[number]}/"
+            out.append((self.names[number], [o for o in self.objects if o.startswith(prefix)]))
+        return out
 
     def put_meta(self, fields: dict) -> None:
         """The root meta.json, the dataset's last object (after ``seal``)."""

@@ -48,6 +48,12 @@ def add_arguments(parser) -> None:
         default=min(4, os.cpu_count() or 1),
         help="threads decoding blocks (default: min(4, CPUs))",
     )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="first remove what interrupted appends and merges left next to PATH (or, for "
+        "a URL, under it): run it while nothing writes there",
+    )
 
 
 class ShardFiles:
@@ -552,7 +558,45 @@ def _ranges(numbers: list) -> str:
     return ", ".join(parts)
 
 
+def repair(path) -> list:
+    """Remove what interrupted appends and merges to the dataset at ``path`` left: local
+    aside folders next to it whose process is gone (an old tree set aside by the fallback
+    exchange is put back first), or, for a URL, objects under shard folders its meta.json
+    does not count and open multipart uploads. What was removed, as strings."""
+    from ..storage._dataset import is_remote
+
+    if not is_remote(path):
+        from .._writing.grow import remove_leftovers
+
+        return [str(p) for p in remove_leftovers(path)]
+    from .._errors import StorageError
+    from .._format import MAX_META_BYTES, META_FILE, dataset_metadata_from, parse_json_object
+    from .._writing.grow_remote import remove_remote_leftovers
+    from ..storage import Location
+    from ..storage._upload import Destination
+
+    location = Location(path)
+    obj = location.object(META_FILE)
+    try:
+        metadata = dataset_metadata_from(
+            parse_json_object(obj.read(MAX_META_BYTES), obj.url), obj.url
+        )
+    except (StorageError, ValueError):
+        return []  # no readable root meta.json (verify says so): nothing is counted
+    dest = Destination(location)
+    stale = remove_remote_leftovers(dest, dest.names(), len(metadata.shard_sizes))
+    return [dest.url(o) for o in stale]
+
+
 def run(args) -> int:
+    if args.repair:
+        from ..storage._dataset import is_remote, to_local
+
+        if not is_remote(args.path) and not os.path.lexists(to_local(args.path)):
+            # An interrupted fallback exchange: the dataset is put back before the check.
+            from .._writing.grow import remove_leftovers
+
+            remove_leftovers(to_local(args.path))
     path = check_path("verify", args.path)
     if path is None:
         return 2
@@ -560,12 +604,17 @@ def run(args) -> int:
         return usage_error("verify", "--allow needs --untrusted")
     if args.jobs < 1:
         return usage_error("verify", "--jobs must be at least 1")
+    repaired = repair(path) if args.repair else None
     report = verify(
         path, trusted=not args.untrusted, allowed_globals=tuple(args.allow), jobs=args.jobs
     )
+    if repaired is not None:
+        report["repaired"] = repaired
     if args.json:
         print_json(report)
     else:
+        for item in repaired or ():
+            print(f"repaired: removed {item}")
         for problem in report["problems"]:
             print(f"PROBLEM {problem['message']}")
         for note in report["notes"]:
