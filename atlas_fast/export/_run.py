@@ -91,9 +91,15 @@ class Part:
         return self.stop - self.start
 
 
+# The module whose AtlasDataset reads the source: the facade's backend. (The tests set the
+# pure-Python one's, atlas_fast._python, to export through each backend.)
+READER_MODULE = "atlas_fast.atlas"
+
+
 @dataclass(frozen=True)
 class ExportJob:
     src: str
+    reader_module: str  # READER_MODULE when the export started
     reader: dict  # AtlasDataset's keyword arguments
     parts: list
     ranges: tuple
@@ -137,9 +143,8 @@ def _examples(ds, part: Part):
 
 def export_run(job: ExportJob, worker) -> list:
     """The task of a run: the parts it claims written; ``(part index, finish's result)``."""
-    from ..atlas import AtlasDataset
-
     module = target_module(job.target)
+    AtlasDataset = importlib.import_module(job.reader_module).AtlasDataset
     claims = Claims(job.parts, job.ranges, job.run, worker.table, worker.watch)
     if job.run == 0:
         claims.first_shard_settled()  # nothing to keep for a dictionary here
@@ -203,15 +208,16 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _check_destination(dst: Path, overwrite: bool) -> None:
-    from .._errors import destination_exists
+    """Refuse a DST that is there (other than an empty directory) unless ``overwrite``."""
+    import errno
 
     present = dst.exists() or dst.is_symlink()
     if present and not overwrite and not (dst.is_dir() and not any(dst.iterdir())):
-        raise destination_exists(
-            dst,
-            "export",
-            empty_dir_ok=True,
-            state=" (pass overwrite=True, or --overwrite, to replace it)",
+        what = "a non-empty directory" if dst.is_dir() else "a file"
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{dst}: already exists ({what}); export writes into an absent or empty "
+            "directory: pass overwrite=True (--overwrite) to replace it, or choose another path",
         )
 
 
@@ -253,7 +259,6 @@ def run_export(
 ) -> ExportSummary:
     """Export the dataset ``src`` to ``dst`` (see ``export``)."""
     from .._writing.upload import is_remote
-    from ..atlas import AtlasDataset
     from ..storage import local_path
 
     module = target_module(target)
@@ -263,6 +268,8 @@ def run_export(
         require("pyarrow", module.EXTRA, f"exporting to {target}")
     started = time.monotonic()
     src_text = src if is_remote(src) else str(local_path(src))
+    reader_module = READER_MODULE
+    AtlasDataset = importlib.import_module(reader_module).AtlasDataset
     with AtlasDataset(src_text, **reader) as ds:
         sizes = [int(s) for s in ds.actual_shard_sizes]
     remote = None
@@ -305,7 +312,15 @@ def run_export(
                 (
                     export_run,
                     ExportJob(
-                        src_text, reader, parts, _ranges(runs), k, str(work), target, options
+                        src_text,
+                        reader_module,
+                        reader,
+                        parts,
+                        _ranges(runs),
+                        k,
+                        str(work),
+                        target,
+                        options,
                     ),
                 )
                 for k in range(len(runs))
