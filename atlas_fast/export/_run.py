@@ -279,6 +279,8 @@ def run_export(
         remote = open_destination(
             dst, reader.get("storage_options"), overwrite=overwrite, who="export"
         )
+        if staging_dir is not None:
+            Path(staging_dir).mkdir(parents=True, exist_ok=True)
         top = Path(tempfile.mkdtemp(prefix="atlas-fast-export-", dir=staging_dir))
         dst_text = remote.location.url
     else:
