@@ -54,7 +54,8 @@ def export(
     removed. ``dst`` may be a URL: the files are written into a temporary directory under
     ``staging_dir`` (default: the system's), then uploaded, the target's index
     (``state.json``, ``index.json``) last; objects already under it are refused unless
-    ``overwrite=True``, which deletes them first; a failed upload deletes what it put.
+    ``overwrite=True``, which deletes them just before the upload (an export that fails
+    before leaves them); a failed upload deletes what it put.
 
     ``workers=N``: the cores to use in total, N processes each writing the parts of the
     dataset it takes (a shard, or a piece of one when shards are fewer than the processes);

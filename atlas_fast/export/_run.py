@@ -275,10 +275,14 @@ def run_export(
     remote = None
     if is_remote(dst):
         from .._writing.upload import open_destination
+        from ..storage import Location
+        from ..storage._upload import Destination
 
-        remote = open_destination(
-            dst, reader.get("storage_options"), overwrite=overwrite, who="export"
-        )
+        options_of_dst = reader.get("storage_options")
+        if overwrite:  # what is there is deleted only once the export is ready to upload
+            remote = Destination(Location(dst, options_of_dst))
+        else:
+            remote = open_destination(dst, options_of_dst, overwrite=False, who="export")
         if staging_dir is not None:
             Path(staging_dir).mkdir(parents=True, exist_ok=True)
         top = Path(tempfile.mkdtemp(prefix="atlas-fast-export-", dir=staging_dir))
@@ -338,6 +342,10 @@ def run_export(
         summary.pickled = sum(result.get("pickled", 0) for _, result in done)
         summary.bytes_out = sum((out / name).stat().st_size for name in names)
         if remote is not None:
+            if overwrite:
+                from .._writing.upload import remove_objects
+
+                remove_objects(remote, remote.names())
             _upload(remote, out, names, module)
         else:
             _move_in(out, dst, top, overwrite)

@@ -82,6 +82,9 @@ def test_s3_to_s3_and_refusals(s3, exporting, tmp_path):
     assert sorted(stored(s3, "out")) == jsonl
     export(s3.url("ds"), s3.url("out"), "parquet", pickle=True, overwrite=True)
     assert sorted(stored(s3, "out")) == ["part-00000.parquet", "part-00001.parquet"]
+    with pytest.raises(ExportError):  # fails before its upload: the old objects stay
+        export(s3.url("ds"), s3.url("out"), "jsonl", overwrite=True)
+    assert sorted(stored(s3, "out")) == ["part-00000.parquet", "part-00001.parquet"]
     with pytest.raises(atlas_fast.AtlasFormatError):
         export(s3.url("nothing"), tmp_path / "out", "jsonl")
     assert not (tmp_path / "out").exists()
