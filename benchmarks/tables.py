@@ -457,6 +457,31 @@ def grow_blocks() -> dict:
     return {"grow-run": run_line(grow, extra), "grow": grow_table(grow)}
 
 
+# -- bench_export.py --------------------------------------------------------------------------
+
+
+def export_table(run: dict) -> str:
+    """Export to Parquet against convert from Parquet, per worker count."""
+    rows = [
+        (
+            row["workers"],
+            _rate(row["convert_examples_per_s"]),
+            _rate(row["export_examples_per_s"]),
+            _ratio(row["export_over_convert"]),
+        )
+        for row in run["rows"]
+    ]
+    table = _table(
+        ["workers", "convert from Parquet", "export to Parquet", "export / convert"], rows
+    )
+    scaling = run["scaling"]
+    return (
+        f"{table}\n\nTwo workers against one: export {_ratio(scaling['export'])}, convert "
+        f"{_ratio(scaling['convert'])}; two processes on a plain CPU loop right after: "
+        f"{_ratio(run['ceiling'])} (the machine's ceiling then)."
+    )
+
+
 # -- the documents --------------------------------------------------------------------------
 
 
@@ -465,6 +490,7 @@ def performance_blocks() -> dict:
     backends = load("bench_backends")
     loader = load("bench_loader")
     bench = load("atlas_fast_bench")
+    export = load("bench_export")
     return {
         "backends-run": run_line(backends),
         "backends": backends_table(backends),
@@ -479,6 +505,10 @@ def performance_blocks() -> dict:
         "bench-tokens": bench_table(bench, "tokens"),
         "bench-blobs": bench_table(bench, "blobs"),
         **grow_blocks(),
+        "export-run": run_line(
+            export, f"; {export['documents']:,} documents, medians of {export['repeats']}"
+        ),
+        "export": export_table(export),
     }
 
 

@@ -21,6 +21,7 @@ COMMANDS: dict = {
     "info": (".info", "describe a dataset: shards, examples, strategy, sizes, compression"),
     "convert": (".convert", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
     "merge": (".merge", "one dataset of the examples of several, shards linked, not recompressed"),
+    "export": (".export", "write a dataset out as Parquet, JSON lines, HF, webdataset or MDS"),
 }
 
 
