@@ -42,6 +42,7 @@ from .._contract import (
 from .._errors import AtlasFormatError
 from .._fork import after_fork_in_child, started_result
 from .._format import (
+    MAX_ZSTD_RATIO,
     check_block_examples,
     check_zstd_content_size,
     corrupt_frame_error,
@@ -95,6 +96,7 @@ def read_at(fd: int, size: int, offset: int) -> bytes:
 
 
 _pread = getattr(os, "pread", None)
+_frame_content_size = zstandard.frame_content_size
 
 
 class _FilePool:
@@ -113,12 +115,18 @@ class _FilePool:
 
     def pread(self, path: str, size: int, offset: int) -> bytes:
         with self._lock:
-            fd = self._fds.get(path)
+            fds = self._fds
+            fd = fds.get(path)
             if fd is None:
                 fd = self._open_lock_held(path)
             else:
-                self._fds.move_to_end(path)
-            return read_at(fd, size, offset)
+                fds.move_to_end(path)
+            if _pread is None:
+                return read_at(fd, size, offset)
+            data = _pread(fd, size, offset)  # all of it but at the end of the file, or past 2 GiB
+            if len(data) == size or not data:
+                return data
+            return data + read_at(fd, size - len(data), offset + len(data))
 
     def _open_lock_held(self, path: str) -> int:
         while len(self._fds) >= self.limit:
@@ -152,6 +160,8 @@ _generation = [0]
 # read-ahead holds at most 16 jobs).
 _AHEAD_JOBS = 16
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
+# A reader's _hot when no block is (its hot path serves nothing).
+_COLD = (0, 0, None)
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
 _first_decode = [True]
@@ -206,7 +216,11 @@ class _Entry:
 class BlockCache:
     """Decoded blocks, least recently used evicted first (see ``atlas_fast._contract``).
 
-    ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts.
+    ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts,
+    with one exception, the readers' hot path: a hit on ``_newest`` (the entry last used or
+    put, None when unknown; only ever set under the lock) changes no order, so the reader
+    reads ``entry.examples`` and counts the hit without the lock (``_hit``). The count is a
+    statistic that nothing decides by; the lock costs more than the rest of a hit.
     """
 
     def __init__(self, max_bytes=None, max_blocks=None, passes_fill=True) -> None:
@@ -219,6 +233,7 @@ class BlockCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
+        self._newest = None
         self._meter = ChargeMeter()  # what a block is charged (atlas_fast._core._objsize)
         self._lock = threading.Lock()
         _caches.add(self)
@@ -246,14 +261,14 @@ class BlockCache:
         with self._lock:
             return list(self._entries)
 
-    def _touch(self, entry: _Entry):
-        """A hit on ``entry`` (a reader's last one): its examples, or None if evicted since."""
+    def _touch(self, entry: _Entry) -> None:
+        """A hit on ``entry``, which is not ``_newest`` (see ``_hit``): now the most recent,
+        unless it was evicted since its examples were read (the hit stands)."""
         with self._lock:
-            examples = entry.examples
-            if examples is not None:
-                self._hits += 1
+            self._hits += 1
+            if entry.live:
                 self._entries.move_to_end(entry.key)
-            return examples
+                self._newest = entry
 
     def _get(self, key) -> tuple:
         """``(entry, examples)`` for ``key`` (now the most recent), or (None, None); counted."""
@@ -264,6 +279,7 @@ class BlockCache:
                 return None, None
             self._hits += 1
             self._entries.move_to_end(key)
+            self._newest = entry
             return entry, entry.examples
 
     def _put(self, key, block: int, examples: list, nbytes: int, for_pass: bool = False) -> tuple:
@@ -278,11 +294,13 @@ class BlockCache:
             entry = entries.get(key)
             if entry is not None and entry.examples is not None:
                 entries.move_to_end(key)
+                self._newest = entry
                 return entry, entry.examples
             if entry is not None:
                 self._drop_lock_held(entry, dropped)
             entry = _Entry(key, block, examples, nbytes, for_pass)
             entries[key] = entry
+            self._newest = entry
             self._bytes += nbytes
             self._for_pass += for_pass
             self._evict_lock_held(dropped, entry)
@@ -296,7 +314,8 @@ class BlockCache:
         nbytes = self._meter.charge(examples, nbytes)
         with self._lock:
             if key not in self._entries and self._has_room_lock_held(nbytes):
-                self._entries[key] = _Entry(key, block, examples, nbytes)
+                entry = self._entries[key] = _Entry(key, block, examples, nbytes)
+                self._newest = entry
                 self._bytes += nbytes
 
     def _has_room_lock_held(self, nbytes: int) -> bool:
@@ -344,6 +363,8 @@ class BlockCache:
         # Dropped entries are freed by the caller once the lock is released: freeing
         # examples may run arbitrary code.
         del self._entries[entry.key]
+        if self._newest is entry:
+            self._newest = None
         self._bytes -= entry.nbytes
         self._for_pass -= entry.for_pass
         entry.live = False
@@ -395,11 +416,15 @@ class ShardCore(_CacheReader):
         self._tag = tag
         # A remote shard's storage._dataset.ShardSource (None: the local files under _root).
         self._source = source
-        self._last = None  # the _Entry of the block last read (a fast path for hits)
+        self._last = None  # the _Entry of the block last read
+        # (first example, end, _Entry) of the block last read, for __getitem__'s hits: one
+        # tuple, replaced whole; _COLD (nothing) after prefetch() and close().
+        self._hot = _COLD
         self._next = -1  # the example after the one __getitem__ read last
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
-        # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
-        # never pairs one opening's offsets with another's dictionary.
+        # (offsets, zdict, positions): set by _opened_files under the lock, replaced whole, so
+        # a reader never pairs one opening's offsets with another's dictionary; positions are
+        # the offsets as a memoryview, whose items are ints (a numpy item costs 5 times more).
         self._opened = None
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
@@ -415,16 +440,37 @@ class ShardCore(_CacheReader):
         return self._n
 
     def __getitem__(self, i):
+        # The hot path: an example of the block last read (see BlockCache on the count).
+        lo, end, entry = self._hot
+        if type(i) is int and lo <= i < end:
+            examples = entry.examples
+            if examples is not None:
+                cache = self._cache
+                if cache._newest is entry:
+                    cache._hits += 1
+                else:
+                    cache._touch(entry)
+                self._next = i + 1
+                return examples[i - lo]
+        return self._read(normalize_index(i, self._n))
+
+    def _read(self, k: int):
+        """Example ``k`` (``0 <= k < len``), when ``__getitem__``'s hot path has not served it."""
         if self._hints is not None:
             self._queue_hints()
-        k = normalize_index(i, self._n)
-        b, j = divmod(k, self._block_size)
+        size = self._block_size
+        b = k // size
         entry = self._last
         examples = None
         if entry is not None and entry.block == b:
-            examples = self._cache._touch(entry)
+            examples = entry.examples
+            if examples is not None:
+                self._cache._touch(entry)
+                self._hot = (b * size, min(b * size + size, self._n), entry)
         if examples is None:
-            in_order = k == self._next and j == 0 and entry is not None and entry.block == b - 1
+            in_order = (
+                k == self._next and k == b * size and entry is not None and entry.block == b - 1
+            )
             if in_order:
                 # A pass in order is done with block b - 1 (_forget: kept only if passes
                 # fill the cache and it has room).
@@ -432,7 +478,7 @@ class ShardCore(_CacheReader):
             # The shard's first example is read as the start of a pass in order.
             examples = self._examples(b, in_order or k == 0)
         self._next = k + 1
-        return examples[j]
+        return examples[k - b * size]
 
     def _enter_pass(self):
         """Example 0, read by a pass in order coming from the shard before (DatasetCore)."""
@@ -457,6 +503,8 @@ class ShardCore(_CacheReader):
             examples = self._unpickle(data, b)
             entry, examples = self._cache._put(key, b, examples, len(data), in_order)
         self._last = entry
+        lo = b * self._block_size
+        self._hot = (lo, min(lo + self._block_size, self._n), entry)
         return examples
 
     # -- the contract -----------------------------------------------------------------------
@@ -508,6 +556,7 @@ class ShardCore(_CacheReader):
         if self._hints is not None:
             blocks = self._hints + blocks
         self._hints = blocks[-_AHEAD_JOBS:] if blocks else None
+        self._hot = _COLD  # the next read queues them (_read)
         return True
 
     def _renew_ahead(self) -> None:
@@ -570,6 +619,7 @@ class ShardCore(_CacheReader):
         self._jobs = {}
         with self._lock():
             self._last = None
+            self._hot = _COLD
             self._opened = None
             self._tls = _ThreadState()
             _files.forget(self._data_path)
@@ -611,7 +661,7 @@ class ShardCore(_CacheReader):
         return self._open_lock
 
     def _opened_files(self) -> tuple:
-        """``(offsets, zdict)``, loading them on first use (again after ``close``)."""
+        """``(offsets, zdict, positions)``, loaded on first use (again after ``close``)."""
         opened = self._opened
         if opened is None:
             with self._lock():
@@ -620,16 +670,17 @@ class ShardCore(_CacheReader):
                     # A descriptor pooled by an earlier opening may be of a file since
                     # replaced at this path: read the file that is validated now.
                     _files.forget(self._data_path)
-                    opened = self._opened = open_files(
+                    offsets, zdict = open_files(
                         self._root, self._metadata, self._dict_bytes, ZstdDict, self._source
                     )
+                    opened = self._opened = (offsets, zdict, memoryview(offsets))
         return opened
 
-    def _raw(self, b: int, offsets=None) -> bytes:
-        if offsets is None:
-            offsets = self._opened_files()[0]
-        start = int(offsets[b])
-        end = int(offsets[b + 1])
+    def _raw(self, b: int, positions=None) -> bytes:
+        if positions is None:
+            positions = self._opened_files()[2]
+        start = positions[b]
+        end = positions[b + 1]
         if self._source is not None:
             raw = self._source.block(b)
             if len(raw) != end - start:
@@ -644,11 +695,13 @@ class ShardCore(_CacheReader):
         return raw
 
     def _decoded(self, b: int) -> bytes:
-        offsets, zdict = self._opened_files()
-        raw = self._raw(b, offsets)
+        opened = self._opened
+        if opened is None:
+            opened = self._opened_files()
+        raw = self._raw(b, opened[2])
         if not self._compressed:
             return raw
-        return self._decompress(raw, b, zdict)
+        return self._decompress(raw, b, opened[1])
 
     def _decompressor(self, zdict):
         state = self._tls  # one decompressor per thread, for the dictionary it was made with
@@ -662,24 +715,29 @@ class ShardCore(_CacheReader):
             state.zdict = zdict
         return dctx
 
+    def _where(self, b: int) -> str:
+        return f"{self._data_path}: block {b}"
+
     def _decompress(self, raw: bytes, b: int, zdict) -> bytes:
-        where = f"{self._data_path}: block {b}"
         dctx = self._decompressor(zdict)
         try:
-            declared = zstandard.frame_content_size(raw)
+            declared = _frame_content_size(raw)
             # 0 is streamed too: python-zstandard's decompress() returns b"" for a frame
             # declaring 0 bytes without decoding it (trailing or damaged bytes unchecked).
             if declared > 0:
-                check_zstd_content_size(declared, len(raw), where)
+                # The common case decided here, as the compiled core's _limits_allow does;
+                # check_zstd_content_size decides (and words) the rest.
+                if declared > len(raw) * MAX_ZSTD_RATIO + 1024 or declared > max_block_bytes():
+                    check_zstd_content_size(declared, len(raw), self._where(b))
                 out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:
                     raise AtlasFormatError(
-                        f"{where}: decoded {len(out)} bytes, the frame says {declared}"
+                        f"{self._where(b)}: decoded {len(out)} bytes, the frame says {declared}"
                     )
                 return out
-            return self._decompress_unsized(dctx, raw, where)
+            return self._decompress_unsized(dctx, raw, self._where(b))
         except zstandard.ZstdError as exc:
-            raise self._diagnose(dctx, raw, where, exc, zdict) from exc
+            raise self._diagnose(dctx, raw, self._where(b), exc, zdict) from exc
 
     @staticmethod
     def _decompress_unsized(dctx, raw: bytes, where: str) -> bytes:
@@ -769,6 +827,11 @@ class DatasetCore(_CacheReader):
         self._total = total
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
         self._next = -1  # the example after the one __getitem__ read last
+        # (first example, end, _Entry) of the block last read, in dataset indices: as
+        # ShardCore's _hot. Its hits are not told to the shard reader _read read it with
+        # (_owner: (reader, its first example), or None), which _read tells (its _next) then.
+        self._hot = _COLD
+        self._owner = None
         # (shard, index in it) of the examples named by prefetch() and not queued yet (None:
         # none), in fork generation _hints_generation.
         self._hints = None
@@ -793,9 +856,27 @@ class DatasetCore(_CacheReader):
         return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
+        # The hot path, as ShardCore's.
+        lo, end, entry = self._hot
+        if type(i) is int and lo <= i < end:
+            examples = entry.examples
+            if examples is not None:
+                cache = self._cache
+                if cache._newest is entry:
+                    cache._hits += 1
+                else:
+                    cache._touch(entry)
+                self._next = i + 1
+                return examples[i - lo]
+        return self._read(normalize_index(i, self._total))
+
+    def _read(self, k: int):
+        """Example ``k`` (``0 <= k < len``), when ``__getitem__``'s hot path has not served it."""
         if self._hints is not None:
             self._queue_hints()
-        k = normalize_index(i, self._total)
+        owner = self._owner
+        if owner is not None:  # the hot path's reads since were of this reader, the last k - 1
+            owner[0]._next = self._next - owner[1]
         s = bisect_right(self._ends, k)
         start = self._ends[s - 1] if s else 0
         if k == start and k == self._next:
@@ -803,9 +884,16 @@ class DatasetCore(_CacheReader):
             # one from a block to the next).
             self._next = k + 1
             self._reader(bisect_right(self._ends, k - 1))._leave_pass()
-            return self._reader(s)._enter_pass()
-        self._next = k + 1
-        return self._reader(s)[k - start]
+            reader = self._reader(s)
+            example = reader._enter_pass()
+        else:
+            self._next = k + 1
+            reader = self._reader(s)
+            example = reader[k - start]
+        lo, end, entry = reader._hot
+        self._hot = (lo + start, end + start, entry)
+        self._owner = (reader, start)
+        return example
 
     def __getitems__(self, indices) -> list:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
@@ -838,6 +926,7 @@ class DatasetCore(_CacheReader):
             located = self._hints + located
         self._hints = located[-_AHEAD_JOBS:] if located else None
         self._hints_generation = _generation[0]
+        self._hot = _COLD  # the next read queues them (_read)
         return True
 
     def _queue_hints(self) -> None:
@@ -853,6 +942,8 @@ class DatasetCore(_CacheReader):
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
         self._hints = None
+        self._hot = _COLD
+        self._owner = None
         self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:
