@@ -311,6 +311,10 @@ class BatchSource(Protocol):
     def _lookup(self, b: int) -> list | None:
         """Block ``b``'s cached examples or None, counted as a hit or a miss."""
 
+    def _held(self, b: int) -> list | None:
+        """For ``iter``: as ``_lookup``, but a block the cache holds as its pickle only (or
+        remembers only, the Python core) is a hit, unpickled (decoded) and held whole."""
+
     def _ahead(self, b: int) -> list | None:
         """Block ``b``'s examples if it was decoded ahead (``prefetch``), now cached, or None
         (not decoded ahead, or that failed: decoding it again says why)."""

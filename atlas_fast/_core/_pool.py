@@ -2,7 +2,9 @@
 
 Part of the core side of the contract (``_contract``): called by the cores only, never by the
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
-(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_ahead(b)`` (the
+(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_held(b)`` (the
+same for ``iter``, which reads a block the cache holds only as its pickle, or remembers, whole
+as a hit), ``_ahead(b)`` (the
 examples of block ``b`` if it was decoded ahead, now cached, or None), ``_store(b, data)``
 (unpickle decoded bytes, check and cache them), ``_pass_block(b, data)`` (the same, cached
 as a pass in order keeps its blocks), ``_load(b)`` (a block stored uncompressed, read and
@@ -212,7 +214,7 @@ class _Ahead:
         self.b = b
         self.data = None
         self.pid = os.getpid()
-        self.examples = reader._lookup(b)
+        self.examples = reader._held(b)
         if self.examples is not None or not on_pool:
             self.future = _INLINE
         else:

@@ -162,6 +162,9 @@ _AHEAD_JOBS = 16
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
 # A reader's _hot when no block is (its hot path serves nothing).
 _COLD = (0, 0, None)
+# What a block remembered only (ShardCore._miss) is charged: about what its entry takes (the
+# _Entry, its key, its place in the cache's dict), so that a budget in bytes bounds them too.
+_REMEMBERED_BYTES = 256
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
 _first_decode = [True]
@@ -197,10 +200,11 @@ class _ThreadState(threading.local):
 
 
 class _Entry:
-    """A cached block: ``examples`` the unpickled list (None once dropped), ``nbytes`` what the
-    block counts against the budget, ``live`` whether the cache still holds it (a reader's last
-    entry may outlive it), ``for_pass`` whether it is held only for the pass in order reading
-    it, until the pass moves on (``BlockCache._forget``)."""
+    """A cached block: ``examples`` the unpickled list (None once dropped, and for a block
+    remembered only, see ``ShardCore._miss``), ``nbytes`` what the block counts against the
+    budget, ``live`` whether the cache still holds it (a reader's last entry may outlive it),
+    ``for_pass`` whether it is held only for the pass in order reading it, until the pass
+    moves on (``BlockCache._forget``)."""
 
     __slots__ = ("key", "block", "examples", "nbytes", "live", "for_pass")
 
@@ -281,6 +285,41 @@ class BlockCache:
             self._entries.move_to_end(key)
             self._newest = entry
             return entry, entry.examples
+
+    def _find(self, key) -> tuple:
+        """``(entry, examples)`` for ``key``: the block held whole, or remembered only
+        (examples None), a hit (now the most recent); ``(None, None)``, a miss. Counted as
+        the compiled core counts its blocks held as their pickle."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._misses += 1
+                return None, None
+            self._hits += 1
+            self._entries.move_to_end(key)
+            self._newest = entry
+            return entry, entry.examples
+
+    def _remember(self, key, block: int) -> _Entry:
+        """A miss on block ``key``, counted, that is remembered, not held (``ShardCore._miss``):
+        an entry without examples, charged ``_REMEMBERED_BYTES``; an entry already there
+        wins."""
+        dropped = []
+        with self._lock:
+            self._misses += 1
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(key, block, None, _REMEMBERED_BYTES)
+                self._newest = entry
+                self._bytes += _REMEMBERED_BYTES
+                self._evict_lock_held(dropped, entry)
+        return entry
+
+    def partial_keys(self) -> list:
+        """``(tag, block)`` of the blocks remembered only (the compiled core's: held as their
+        pickle only), least recently used first."""
+        with self._lock:
+            return [key for key, entry in self._entries.items() if entry.examples is None]
 
     def _put(self, key, block: int, examples: list, nbytes: int, for_pass: bool = False) -> tuple:
         """Cache ``examples`` (a pickle of ``nbytes``), charged what the meter says: ``(entry,
@@ -475,10 +514,33 @@ class ShardCore(_CacheReader):
                 # A pass in order is done with block b - 1 (_forget: kept only if passes
                 # fill the cache and it has room).
                 self._cache._forget(entry)
+            elif k and (entry is None or entry.block != b - 1):
+                self._next = k + 1
+                return self._miss(b, k - b * size)
             # The shard's first example is read as the start of a pass in order.
             examples = self._examples(b, in_order or k == 0)
         self._next = k + 1
         return examples[k - b * size]
+
+    def _miss(self, b: int, j: int):
+        """Example ``j`` of block ``b``, read at random (``_read``: not the shard's first
+        example, nor in the block after the one read last).
+
+        Pure Python has no partial decoding: the block is decoded and unpickled whole for
+        example ``j``. When the cache neither holds nor remembers it, and prefetch() did not
+        name it, it is remembered, not held: its examples are freed at once, as the reference
+        frees its last block's when it reads another, so that reads of blocks that are not
+        read again (a dataset larger than the cache) fill no memory. Read again, it is held
+        whole (``_examples``). Which blocks are remembered, held and evicted, and the counts,
+        are the compiled core's, whose partial decoding holds such a block as its pickle.
+        """
+        key = (self._tag, b)
+        if self._jobs or key in self._cache._entries:  # held, remembered, or decoded ahead
+            return self._examples(b)[j]
+        data = self._decoded(b)
+        examples = self._unpickle(data, b)
+        self._last = self._cache._remember(key, b)
+        return examples[j]
 
     def _enter_pass(self):
         """Example 0, read by a pass in order coming from the shard before (DatasetCore)."""
@@ -493,14 +555,16 @@ class ShardCore(_CacheReader):
 
     def _examples(self, b: int, in_order: bool = False) -> list:
         """The examples of block ``b``, from the cache or decoded (then cached; ``in_order``:
-        held for the pass in order reading it, see ``BlockCache._forget``)."""
+        held for the pass in order reading it, see ``BlockCache._forget``). A block the
+        cache remembers only (``_miss``) is a hit, decoded and held whole, not for a pass."""
         key = (self._tag, b)
-        entry, examples = self._cache._get(key)
-        if entry is None:
+        entry, examples = self._cache._find(key)
+        if examples is None:
             data = self._take_ahead(b) if self._jobs else None
             if data is None:
                 data = self._decoded(b)
             examples = self._unpickle(data, b)
+            in_order = in_order and entry is None
             entry, examples = self._cache._put(key, b, examples, len(data), in_order)
         self._last = entry
         lo = b * self._block_size
@@ -631,6 +695,17 @@ class ShardCore(_CacheReader):
 
     def _lookup(self, b: int):
         return self._cache._get((self._tag, b))[1]
+
+    def _held(self, b: int):
+        """For ``iter``: block ``b``'s examples if the cache holds the block (a hit;
+        remembered only, it is decoded and held whole, as ``_miss`` reads it again), else
+        None (a miss)."""
+        key = (self._tag, b)
+        entry, examples = self._cache._find(key)
+        if entry is None or examples is not None:
+            return examples
+        data = self._decoded(b)
+        return self._cache._put(key, b, self._unpickle(data, b), len(data))[1]
 
     def _ahead(self, b: int):
         data = self._take_ahead(b) if self._jobs else None
