@@ -53,7 +53,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
+from ._pool import decode_on_pool, gather, read_in_order, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
 
 # What CoreModule (atlas_fast._contract) declares
@@ -606,8 +606,8 @@ class ShardCore(_CacheReader):
         return self
 
     def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead((self, b) for b in range(self._n_blocks))
+        """Every example in order, each block decoded when the pass reaches it."""
+        return read_in_order((self, b) for b in range(self._n_blocks))
 
     def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
@@ -983,8 +983,8 @@ class DatasetCore(_CacheReader):
         return gather(self._reader, [locate(i) for i in indices])
 
     def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead(
+        """Every example in order, each block decoded when the pass reaches it."""
+        return read_in_order(
             (self._reader(s), b)
             for s in range(len(self._readers))
             if self._sizes[s]
