@@ -221,10 +221,11 @@ class BlockCache:
     """Decoded blocks, least recently used evicted first (see ``atlas_fast._contract``).
 
     ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts,
-    with one exception, the readers' hot path: a hit on ``_newest`` (the entry last used or
-    put, None when unknown; only ever set under the lock) changes no order, so the reader
-    reads ``entry.examples`` and counts the hit without the lock (``_hit``). The count is a
-    statistic that nothing decides by; the lock costs more than the rest of a hit.
+    with one exception, the readers' hot path (their ``__getitem__``): a hit on ``_newest``
+    (the entry last used or put, None when unknown; only ever set under the lock) changes no
+    order, so the reader reads ``entry.examples`` and counts the hit without the lock. The
+    count is a statistic that nothing decides by; the lock costs more than the rest of a hit.
+    Readers also test ``key in _entries`` without it (one call, a hint of what to read).
     """
 
     def __init__(self, max_bytes=None, max_blocks=None, passes_fill=True) -> None:
@@ -266,8 +267,8 @@ class BlockCache:
             return list(self._entries)
 
     def _touch(self, entry: _Entry) -> None:
-        """A hit on ``entry``, which is not ``_newest`` (see ``_hit``): now the most recent,
-        unless it was evicted since its examples were read (the hit stands)."""
+        """A hit on ``entry``, read by a reader's hot path while not ``_newest``: now the most
+        recent, unless it was evicted since its examples were read (the hit stands)."""
         with self._lock:
             self._hits += 1
             if entry.live:
