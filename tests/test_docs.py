@@ -289,3 +289,25 @@ def test_a_stale_table_is_rewritten(tmp_path, monkeypatch):
     assert tables.main([]) == 0
     assert page.read_text() == tables.rendered()[page]
     assert tables.main(["--check"]) == 0
+
+
+def test_a_plot_of_changed_results_is_stale(tmp_path, monkeypatch, capsys):
+    """Each plot records a digest of what it shows: results changed and the plot not drawn
+    again fail the check (which needs no matplotlib), naming the plot."""
+    tables = _tables()
+    for name in tables.PLOTS:
+        assert tables.recorded_digest(tables.IMAGES / name) == tables._plot_digest(name), name
+    results = tmp_path / "results"
+    results.mkdir()
+    for run in tables.RESULTS.glob("*.json"):
+        (results / run.name).write_text(run.read_text())
+    run = json.loads((results / "bench_backends.json").read_text())
+    run["rows"][0]["ratios"][1]["value"] *= 2  # the Python core's first ratio
+    (results / "bench_backends.json").write_text(json.dumps(run))
+    monkeypatch.setattr(tables, "RESULTS", results)
+    assert tables.recorded_digest(tables.IMAGES / "backends.svg") != tables._plot_digest(
+        "backends.svg"
+    )
+    assert tables.recorded_digest(tables.IMAGES / "loader.svg") == tables._plot_digest("loader.svg")
+    assert tables.main(["--check"]) == 1
+    assert "docs/images/backends.svg: out of date" in capsys.readouterr().out
