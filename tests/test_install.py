@@ -158,10 +158,14 @@ def test_a_built_wheel_carries_every_module_of_the_source_tree(tmp_path):
 @_NEEDS_SOURCE_TREE
 def test_the_sdist_carries_the_compiled_sources_in_src(tmp_path):
     """Wheels are built from the sdist: every .pyx/.pxi/.pxd of src/ must be in it, and no
-    generated C (each build cythonizes again)."""
+    generated C (each build cythonizes again). Wheels are tested with the sdist's tests/, so
+    it carries tests/golden's datasets too."""
+    import shutil
     import tarfile
 
     source = _copy_of_the_source_tree(tmp_path)
+    shutil.copytree(_SOURCE_TREE / "tests" / "golden", source / "tests" / "golden")
+    golden = {p.relative_to(source) for p in source.joinpath("tests").rglob("*") if p.is_file()}
     compiled = {p.name for p in source.joinpath("src").iterdir() if p.suffix != ".c"}
     assert {"_reader.pyx", "_pickle_scan.pyx", "_compress.pyx", "zstd.pxd"} <= compiled
     build = subprocess.run(
@@ -178,3 +182,4 @@ def test_the_sdist_carries_the_compiled_sources_in_src(tmp_path):
     in_src = {p.name for p in shipped if p.parent == Path("src")}
     assert compiled <= in_src, f"{sdist.name} lacks {sorted(compiled - in_src)} of src/"
     assert not {n for n in in_src if n.endswith(".c")}
+    assert golden <= shipped, f"{sdist.name} lacks {sorted(map(str, golden - shipped))[:5]}"

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from corrupt import make_examples, read_blocks, write_dataset, write_silently_corrupted
-from helpers import FIXTURES
+from helpers import case_dataset
 from servers import upload_tree
 
 from atlas_fast import AtlasDatasetWriter
@@ -28,7 +28,7 @@ def _cli(capsys, *argv):
 
 
 def test_info_and_verify_of_a_fixture_through_s3(s3, capsys, atlas, reference_case):
-    local = FIXTURES / reference_case / "dataset"
+    local = case_dataset(reference_case)
     upload_tree(s3.client, s3.bucket, local, reference_case)
     url = s3.url(reference_case)
     want = info(local, exact=True, readers=atlas)
@@ -53,7 +53,7 @@ def test_info_and_verify_of_a_fixture_through_s3(s3, capsys, atlas, reference_ca
 
 def test_info_and_verify_over_http(nginx, capsys, atlas, reference_case):
     root, proxy = nginx
-    shutil.copytree(FIXTURES / reference_case / "dataset", root / "ds")
+    shutil.copytree(case_dataset(reference_case), root / "ds")
     url = f"{proxy.url}/ds"
     local = info(root / "ds", exact=True, readers=atlas)
     remote = info(url, exact=True, readers=atlas)
@@ -147,7 +147,7 @@ def test_urls_that_name_no_dataset(s3, capsys):
 
 
 def test_a_file_url_is_the_local_path(capsys, atlas, reference_case):
-    local = FIXTURES / reference_case / "dataset"
+    local = case_dataset(reference_case)
     report = info(f"file://{local}", readers=atlas)
     assert report["path"] == str(local) and report["disk_bytes"] > 0
     code, out, _ = _cli(capsys, "verify", f"file://{local}")
