@@ -22,7 +22,7 @@ import numpy as np
 
 from ._backend import core as _core
 from ._checks import check_int
-from ._compat import torch_data_bases
+from ._compat import lazy_classes, torch_data_bases
 from ._contract import cache_limits
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._format import (
@@ -47,15 +47,13 @@ from .storage._dataset import (
     to_local,
 )
 
-__all__ = [
+__all__ = [  # noqa: F822 (the readers are made by __getattr__, at the end)
     "AtlasDataset",
     "AtlasDatasetShard",
     "AtlasDatasetMetadata",
     "AtlasDatasetShardMetadata",
     "CompressionStrategy",
 ]
-
-_TORCH_BASES = torch_data_bases("Dataset")
 
 
 def _rebuild(cls, args, kwargs):
@@ -518,26 +516,37 @@ class _DatasetMethods(_Settings):
         )
 
 
-def _reader_classes(core, module: str):
-    """The public reader classes over a backend's ``core``, named as members of ``module``.
+def _reader_classes(core, module: str) -> dict:
+    """The public reader classes over a backend's ``core``, named as members of ``module``:
+    ``{"AtlasDataset": ..., "AtlasDatasetShard": ...}``, subclasses of torch's ``Dataset``
+    when torch is installed (it is imported now).
 
     ``atlas_fast.atlas`` holds them over the selected backend and ``atlas_fast._python`` over
-    the pure-Python one (for parity tests and benchmarks); both pickle by name.
+    the pure-Python one (for parity tests and benchmarks); both pickle by name. Each module
+    makes them on first lookup (``_compat.lazy_classes``), so that importing atlas_fast does
+    not import torch.
     """
+    torch_bases = torch_data_bases("Dataset")
 
-    class AtlasDatasetShard(_ShardMethods, core.ShardCore, *_TORCH_BASES):
+    class AtlasDatasetShard(_ShardMethods, core.ShardCore, *torch_bases):
         __doc__ = _ShardMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDatasetShard"
         _backend = core
 
-    class AtlasDataset(_DatasetMethods, core.DatasetCore, *_TORCH_BASES):
+    class AtlasDataset(_DatasetMethods, core.DatasetCore, *torch_bases):
         __doc__ = _DatasetMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDataset"
         _backend = core
 
-    return AtlasDataset, AtlasDatasetShard
+    return {"AtlasDataset": AtlasDataset, "AtlasDatasetShard": AtlasDatasetShard}
 
 
-AtlasDataset, AtlasDatasetShard = _reader_classes(_core, __name__)
+def _make_readers() -> dict:
+    return _reader_classes(_core, __name__)
+
+
+__getattr__, __dir__ = lazy_classes(
+    globals(), {"AtlasDataset": _make_readers, "AtlasDatasetShard": _make_readers}
+)

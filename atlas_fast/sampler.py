@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._compat import lazy_classes, torch_subclass
 from ._order import (
     BlockOrder,
     Counted,
@@ -37,9 +38,8 @@ from ._order import (
     extent_blocks,
     extents_of,
 )
-from ._order import sampler_bases as _sampler_bases
 
-__all__ = ["BlockShuffleSampler", "block_lengths"]
+__all__ = ["BlockShuffleSampler", "block_lengths"]  # noqa: F822 (made by __getattr__)
 
 _check_int = check_int
 
@@ -90,7 +90,7 @@ def _said(dealing) -> str:
     return f"dealt to {dealing[1]} workers in batches of {dealing[0]}" if dealing else "not dealt"
 
 
-class BlockShuffleSampler(*_sampler_bases()):
+class _BlockShuffleSampler:
     """Block-aware shuffling for Atlas datasets, optionally split over distributed ranks.
 
     Each epoch: the blocks (of all shards) are permuted; then the examples of each window of
@@ -431,3 +431,12 @@ class BlockShuffleSampler(*_sampler_bases()):
             + f"seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_BlockShuffleSampler, "Sampler", __name__, "BlockShuffleSampler")
+    return {"BlockShuffleSampler": cls}
+
+
+# ``BlockShuffleSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"BlockShuffleSampler": _make_sampler})
