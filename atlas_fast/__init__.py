@@ -26,6 +26,7 @@ from ._errors import (
     ObjectChangedError,
     ObjectNotFoundError,
     StorageError,
+    UnpicklableExampleError,
     UnsafePickleError,
 )
 from ._version import __version__
@@ -53,6 +54,7 @@ __all__ = [
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
     "UnsafePickleError",
+    "UnpicklableExampleError",
     "StorageError",
     "ObjectChangedError",
     "ObjectNotFoundError",

@@ -60,6 +60,21 @@ def _rebuild(cls, args, kwargs):
     return cls(*args, **kwargs)
 
 
+def _check_root(who: str, root) -> None:
+    """A reader's ``root`` is a path or a URL: refused, naming it, when it is neither."""
+    if not isinstance(root, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(
+            f"{who}: root must be a path (str or os.PathLike) or a URL, not "
+            f"{type(root).__name__} ({root!r:.80})"
+        )
+
+
+def _named_as(public: str, init) -> None:
+    """Python's own argument errors (an unknown keyword, a missing argument) name the
+    function by its qualified name: the public class's, not this module's mixin's."""
+    init.__qualname__ = f"{public}.__init__"
+
+
 # -- trusted / allowed_globals (safe loading) -----------------------------------------------
 
 
@@ -227,6 +242,7 @@ class _ShardMethods(_Settings):
         _dataset_cache=None,
         _source=None,
     ):
+        _check_root("AtlasDatasetShard", root)
         limits = self._init_settings(
             cache_blocks,
             cache_bytes,
@@ -423,6 +439,7 @@ class _DatasetMethods(_Settings):
         cache_dir=None,
         cache_dir_bytes=None,
     ):
+        _check_root("AtlasDataset", root)
         limits = self._init_settings(
             cache_blocks,
             cache_bytes,
@@ -514,6 +531,10 @@ class _DatasetMethods(_Settings):
             f"{type(self).__name__}({str(self.root)!r}, examples={len(self)}, "
             f"shards={len(self.shards)}, strategy={self.metadata.compression_strategy})"
         )
+
+
+_named_as("AtlasDatasetShard", _ShardMethods.__init__)
+_named_as("AtlasDataset", _DatasetMethods.__init__)
 
 
 def _reader_classes(core, module: str) -> dict:

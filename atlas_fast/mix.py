@@ -39,6 +39,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ._checks import check_state
 from ._compat import lazy_classes, torch_subclass
 from ._contract import normalize_index
 from ._order import (
@@ -1014,6 +1015,7 @@ class _MixtureSampler:
         epoch after the indices it had handed out, with its schedule (which replaces this
         sampler's; ``set_weights`` may add stages after). Another number of ranks is taken at
         a step boundary; what the order depends on must agree (a ValueError says what not)."""
+        check_state("MixtureSampler", state, ("epoch", "yielded"))
         for key in ("global_batch_size", "window", "epoch_length", "unit"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import check_state
 from ._compat import lazy_classes, torch_subclass
+from ._errors import InvalidArgumentError
 from ._order import (
     BlockOrder,
     Counted,
@@ -146,10 +148,14 @@ class _BlockShuffleSampler:
         extent_bytes=None,
         window_extents=4,
     ):
-        if (batch_size is None) != (num_workers is None):
-            raise ValueError("batch_size and num_workers go together (the DataLoader's)")
         self.batch_size = check_int("batch_size", batch_size, minimum=1, none=True)
         self.num_workers = check_int("num_workers", num_workers, minimum=0, none=True)
+        if (batch_size is None) != (num_workers is None):
+            given, other = ("batch_size", "num_workers")[:: 1 if num_workers is None else -1]
+            raise InvalidArgumentError(
+                f"{given} given without {other}: give both (the DataLoader's batch_size and "
+                "num_workers) or neither"
+            )
         if window_blocks is not None:
             window_blocks = check_int("window_blocks", window_blocks, minimum=1)
         self.window_blocks = window_blocks
@@ -391,6 +397,7 @@ class _BlockShuffleSampler:
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
+        check_state("BlockShuffleSampler", state, ("epoch", "yielded"))
         keys = ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples")
         keys += ("extent_blocks",) + (("window_extents",) if self.extent_blocks else ())
         for key in keys:

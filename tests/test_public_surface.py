@@ -32,6 +32,7 @@ PACKAGE = {
     "ObjectNotFoundError",
     "StorageError",
     "UnsafePickleError",
+    "UnpicklableExampleError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
