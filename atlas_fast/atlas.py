@@ -410,7 +410,7 @@ class _DatasetMethods(_Settings):
     ``root`` may be a URL: ``s3://bucket/path``, ``gs://``, ``az://``, ``http(s)://``,
     ``file://``, or any other fsspec scheme (``hf://`` ...). Credentials and endpoints come
     from the standard environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP, or the GCS and Azure ones) or from
+    AWS_SECRET_ACCESS_KEY, AWS_REGION, or the GCS and Azure ones) or from
     ``storage_options`` (see ``atlas_fast.storage``). Opening reads the root meta.json alone
     (and a strategy-2 dataset's shared dictionary); nothing is listed: the shards are those it
     counts. Blocks are fetched by exact byte ranges, neighbours merged into large requests for

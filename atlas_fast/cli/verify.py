@@ -384,9 +384,7 @@ def _record(problems: list, file, block, action) -> bool:
     return True
 
 
-def verify(
-    path, *, trusted=True, allowed_globals=(), jobs=4, readers=None, partial=False
-) -> dict:
+def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None, partial=False) -> dict:
     """Check the dataset or shard at ``path`` (a directory or a URL); returns the report.
 
     The report: ``path``, ``kind`` ("dataset" or "shard"), ``ok``, the counts ``shards``,

@@ -121,13 +121,22 @@ def test_a_missing_shard_and_a_bad_block_are_problems_named_by_url(s3, tmp_path,
     shutil.rmtree(root / "2")
     upload_tree(s3.client, s3.bucket, root, "ds")
     url = s3.url("ds")
-    for report in (verify(url, readers=atlas), info(url, exact=True, readers=atlas)):
+    # verify: the shard absent from the copy is one problem about the root (as for a local
+    # copy, see tests/test_first_contact.py); info: its meta.json does not read
+    for report, where in (
+        (verify(url, readers=atlas), f"{url}/meta.json"),
+        (info(url, exact=True, readers=atlas), f"{url}/2/meta.json"),
+    ):
         located = {(p["file"], p["block"]) for p in report["problems"]}
         assert (f"{url}/0/data.bin", 2) in located, report["problems"]
-        assert (f"{url}/2/meta.json", None) in located
-        missing = [p for p in report["problems"] if p["file"] == f"{url}/2/meta.json"]
-        assert "missing" in missing[0]["message"] and missing[0]["kind"] == "AtlasFormatError"
+        assert (where, None) in located
+        missing = [p for p in report["problems"] if p["file"] == where]
+        assert missing[0]["kind"] == "AtlasFormatError"
         assert report["shards"] == 2 and not report["ok"]
+    assert "(shards 2)" in verify(url, readers=atlas)["problems"][0]["message"]
+    partial = verify(url, readers=atlas, partial=True)
+    assert [p["file"] for p in partial["problems"]] == [f"{url}/0/data.bin"]
+    assert "(shards 2)" in partial["notes"][0]
 
 
 def test_urls_that_name_no_dataset(s3, capsys):
