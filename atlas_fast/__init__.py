@@ -1,6 +1,6 @@
 """atlas_fast: fast, safe reading and writing of Atlas datasets.
 
-A drop-in replacement for ``torch_atlas_ds``::
+A drop-in replacement for ``torch_atlas_ds``:
 
     import atlas_fast as torch_atlas_ds
 

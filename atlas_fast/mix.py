@@ -1136,7 +1136,7 @@ _SAMPLER_KEYS = {
 
 
 def from_config(config: Mapping, *, open_dataset=None, **overrides) -> tuple:
-    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping)::
+    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping):
 
         sources: {web: /data/web, code: {path: /data/code, tokens: 120000000}}
         schedule: [{step: 0, weights: {web: 0.7, code: 0.3}},

@@ -710,3 +710,23 @@ def test_remote_peers_a_failed_read_is_recorded_not_raised(tmp_path):
     with pytest.raises(RuntimeError, match="write failed") as info:
         peers._call(fake, "litdata", ["write"])
     assert not isinstance(info.value, peers.PeerRunFailed)
+
+
+def test_the_corpus_cache_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """ATLAS_FAST_CACHE, else $XDG_CACHE_HOME/atlas_fast (an absolute one: the XDG spec
+    ignores a relative value), else ~/.cache/atlas_fast."""
+    from atlas_fast import __version__
+    from atlas_fast.bench.corpus import default_cache_dir
+
+    leaf = f"bench-{__version__}"
+    monkeypatch.delenv("ATLAS_FAST_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "atlas_fast" / leaf
+    for ignored in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "atlas_fast" / leaf
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "atlas_fast" / leaf
+    monkeypatch.setenv("ATLAS_FAST_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine" / leaf
