@@ -25,6 +25,32 @@ def backend(request) -> str:
     return request.param
 
 
+def _applies(mark, params: dict) -> bool:
+    """Whether a test's parameters are among those its ``only`` mark names: ``only(name=value
+    or (values...))`` per parametrized fixture or argument, and/or ``only(predicate)`` over
+    the parameters' dict."""
+    for name, allowed in mark.kwargs.items():
+        if name in params:
+            allowed = allowed if isinstance(allowed, (tuple, list, set)) else (allowed,)
+            if params[name] not in allowed:
+                return False
+    return all(predicate(params) for predicate in mark.args)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test about one backend (or some parameters) is marked ``only(backend="cython")``:
+    its other parametrizations are not tests at all, so they are deselected at collection,
+    not skipped (a skip is left for what a user can act on: a missing server or package)."""
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        applies = all(_applies(mark, params) for mark in item.iter_markers("only"))
+        (kept if applies else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def atlas(backend):
     return _MODULES[backend]

@@ -503,12 +503,11 @@ def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, m
     assert list(ds) == expected
 
 
+@pytest.mark.only(backend="python")
 def test_small_blocks_are_read_ahead_inline(atlas, backend, root, expected, monkeypatch):
     """Blocks smaller than POOL_MIN_BLOCK_BYTES stored are decoded by the iterating thread:
     a pool hand-off would cost what it saves. Large ones go to the pool. (The compiled
     backend reads ahead on its own C thread: tests/test_readahead.py.)"""
-    if backend == "cython":
-        pytest.skip("the pool's read-ahead is the Python backend's")
     submitted = []
     submit = atlas_fast._core._pool._submit
 
