@@ -581,13 +581,14 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         is closed, and what it had begun removed (the uploaded objects too)."""
         shard = Path(exc.path).name
         index = int(shard) * self.shard_size + exc.index if shard.isdigit() else exc.index
+        where = f"shard {shard}, block {exc.index // self.block_size}"
         self._closed = True
         problems = self._abandon()
         if self._uploads is None:
             shutil.rmtree(self.path, ignore_errors=True)
         cause = exc.__cause__
         error = UnpicklableExampleError(
-            f"{self._shown()}: example {index} does not pickle ({type(cause).__name__}: "
+            f"{self._shown()}: example {index} ({where}) does not pickle ({type(cause).__name__}: "
             f"{cause}); the writer is closed and the dataset it had begun removed",
             self._shown(),
             index,

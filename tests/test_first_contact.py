@@ -106,7 +106,7 @@ def test_an_example_that_does_not_pickle(tmp_path, where, workers):
     error = info.value
     assert isinstance(error, InvalidArgumentError) and isinstance(error, pickle.PicklingError)
     assert error.index == before
-    assert str(error).startswith(f"{path}: example {before} does not pickle")
+    assert str(error).startswith(f"{path}: example {before} (shard 2, block ")
     assert isinstance(error.__cause__, Exception)
     assert not path.exists()
     with pytest.raises(ValueError, match="closed"):

@@ -157,11 +157,14 @@ def test_verify_unsafe_pickle(capsys, tmp_path):
     assert code == 0
 
 
-def test_verify_partial_copy_is_a_note(capsys, tmp_path):
+def test_verify_partial_copy_is_a_note_when_said_partial(capsys, tmp_path):
     root = tmp_path / "ds"
     write_dataset(root, 1, n=120, shard_size=40)
     shutil.rmtree(root / "1")
     report = verify(root)
+    assert not report["ok"] and report["shards"] == 2
+    assert "shards 1" in report["problems"][0]["message"]
+    report = verify(root, partial=True)
     assert report["ok"] and report["shards"] == 2
     assert any("shards 1" in n for n in report["notes"])
 
