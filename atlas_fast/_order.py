@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 
 from ._checks import check_int as _check_int
-from ._compat import torch_data_bases, torch_installed
+from ._compat import torch_installed
 
 # Layouts of passes a BlockOrder keeps: at most _LAYOUTS, and more than two only while they
 # hold at most _LAYOUT_BLOCKS blocks together.
@@ -38,13 +38,7 @@ __all__ = [
     "distributed_defaults",
     "extent_blocks",
     "extents_of",
-    "sampler_bases",
 ]
-
-
-def sampler_bases() -> tuple:
-    """``(torch.utils.data.Sampler,)`` when torch imports, else ``()``."""
-    return torch_data_bases("Sampler")
 
 
 def distributed_defaults() -> tuple:

@@ -39,6 +39,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ._checks import check_state
+from ._compat import lazy_classes, torch_subclass
 from ._contract import normalize_index
 from ._order import (
     BlockOrder,
@@ -46,10 +48,9 @@ from ._order import (
     block_lengths,
     check_int,
     distributed_defaults,
-    sampler_bases,
 )
 
-__all__ = ["MixtureDataset", "MixtureSampler", "from_config"]
+__all__ = ["MixtureDataset", "MixtureSampler", "from_config"]  # noqa: F822 (see __getattr__)
 
 # Per-window targets are exact when their common denominator is at most this; otherwise
 # they are rounded to multiples of 1/_QUANTUM of an example (the proportions then hold to
@@ -535,7 +536,7 @@ def _name_entropy(name: str) -> tuple:
 # -- the sampler ----------------------------------------------------------------------------------
 
 
-class MixtureSampler(*sampler_bases()):
+class _MixtureSampler:
     """Which source fills each position of a training stream, as indices of a MixtureDataset.
 
     ``weights``: source name -> weight, relative (normalised to sum 1); a source left out (or
@@ -1014,6 +1015,7 @@ class MixtureSampler(*sampler_bases()):
         epoch after the indices it had handed out, with its schedule (which replaces this
         sampler's; ``set_weights`` may add stages after). Another number of ranks is taken at
         a step boundary; what the order depends on must agree (a ValueError says what not)."""
+        check_state("MixtureSampler", state, ("epoch", "yielded"))
         for key in ("global_batch_size", "window", "epoch_length", "unit"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
@@ -1134,7 +1136,7 @@ _SAMPLER_KEYS = {
 
 
 def from_config(config: Mapping, *, open_dataset=None, **overrides) -> tuple:
-    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping)::
+    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping):
 
         sources: {web: /data/web, code: {path: /data/code, tokens: 120000000}}
         schedule: [{step: 0, weights: {web: 0.7, code: 0.3}},
@@ -1180,4 +1182,14 @@ def from_config(config: Mapping, *, open_dataset=None, **overrides) -> tuple:
             kwargs[key] = values
     kwargs.update(overrides)
     mixture = MixtureDataset(datasets)
-    return mixture, MixtureSampler(mixture, **kwargs)
+    sampler_class = __getattr__("MixtureSampler")  # made on first lookup
+    return mixture, sampler_class(mixture, **kwargs)
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_MixtureSampler, "Sampler", __name__, "MixtureSampler")
+    return {"MixtureSampler": cls}
+
+
+# ``MixtureSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"MixtureSampler": _make_sampler})

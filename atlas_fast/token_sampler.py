@@ -15,11 +15,11 @@ import itertools
 
 import numpy as np
 
+from ._compat import lazy_classes, torch_subclass
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
-from ._order import sampler_bases as _sampler_bases
 
-__all__ = ["TokenShuffleSampler"]
+__all__ = ["TokenShuffleSampler"]  # noqa: F822 (see __getattr__)
 
 _EPOCHS_KEPT = 2  # epoch layouts kept (a DataLoader's iterator may run into the next epoch)
 
@@ -61,7 +61,7 @@ class _Epoch:
         self.epoch = epoch
 
 
-class TokenShuffleSampler(*_sampler_bases()):
+class _TokenShuffleSampler:
     """A block-local shuffled order over a packed ``TokenSequences``, resumable from the step
     alone, with ``seq_len`` free to change between steps.
 
@@ -355,3 +355,12 @@ class TokenShuffleSampler(*_sampler_bases()):
             f"group_pieces={self.group_pieces}, seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_TokenShuffleSampler, "Sampler", __name__, "TokenShuffleSampler")
+    return {"TokenShuffleSampler": cls}
+
+
+# ``TokenShuffleSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"TokenShuffleSampler": _make_sampler})

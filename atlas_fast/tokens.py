@@ -15,10 +15,10 @@ import numpy as np
 
 from . import _token_index as _ti
 from ._checks import check_int
-from ._compat import torch_data_bases
+from ._compat import lazy_classes, torch_subclass
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, TokenIndexError
 
-__all__ = ["TokenSequences", "collate"]
+__all__ = ["TokenSequences", "collate"]  # noqa: F822 (see __getattr__)
 
 _INDEX_MODES = ("auto", "rebuild", "require")
 
@@ -53,7 +53,7 @@ class _Located:
         self.total = int(cum[-1])
 
 
-class TokenSequences(*torch_data_bases("Dataset")):
+class _TokenSequences:
     """The token sequences of an Atlas dataset, as fixed-length rows for training.
 
     ``dataset``: an ``AtlasDataset`` or a path or URL to open one (``open_kwargs`` passed to
@@ -537,4 +537,13 @@ class TokenSequences(*torch_data_bases("Dataset")):
 
 
 def _rebuild(dataset, seq_len, kwargs):
-    return TokenSequences(dataset, seq_len, **kwargs)
+    return __getattr__("TokenSequences")(dataset, seq_len, **kwargs)
+
+
+def _make_sequences() -> dict:
+    cls = torch_subclass(_TokenSequences, "Dataset", __name__, "TokenSequences")
+    return {"TokenSequences": cls}
+
+
+# ``TokenSequences`` subclasses torch's Dataset: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"TokenSequences": _make_sequences})

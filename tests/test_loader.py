@@ -8,7 +8,7 @@ import random
 import threading
 
 import pytest
-from helpers import FIXTURES, assert_same, load_expected
+from helpers import assert_same, case_dataset, load_expected
 from loader_helpers import example, write_dataset
 
 import atlas_fast
@@ -131,7 +131,7 @@ def test_a_batch_of_a_pass_in_order_counts_as_reads_in_order(atlas, root):
 
 def test_getitems_on_reference_fixtures(atlas, reference_case):
     expected = load_expected(reference_case)
-    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset")
+    ds = atlas.AtlasDataset(case_dataset(reference_case))
     n = len(expected)
     rng = random.Random(reference_case)
     indices = [rng.randrange(-n, n) for _ in range(3 * n)]
@@ -469,7 +469,7 @@ def test_iter_reads_everything_in_order(atlas, root, expected):
 
 def test_iter_on_reference_fixtures(atlas, reference_case):
     expected = load_expected(reference_case)
-    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset")
+    ds = atlas.AtlasDataset(case_dataset(reference_case))
     got = list(ds)
     assert len(got) == len(expected)
     for i, (a, b) in enumerate(zip(got, expected)):
@@ -503,13 +503,12 @@ def test_reads_without_the_pool_at_interpreter_shutdown(atlas, root, expected, m
     assert list(ds) == expected
 
 
+@pytest.mark.only(backend="python")
 def test_iter_decodes_on_the_iterating_thread(atlas, backend, root, expected, monkeypatch):
     """The Python backend's ``iter`` decodes every block on the iterating thread, whatever
     its size (a block decoded on the pool while the iterating thread unpickles waits for the
     GIL); batches still use the pool. (The compiled backend reads ahead on its own C thread:
     tests/test_readahead.py.)"""
-    if backend == "cython":
-        pytest.skip("the pool is the Python backend's")
     submitted = []
     submit = atlas_fast._core._pool._submit
 

@@ -38,6 +38,7 @@ PACKAGE = {
     "TokenIndexError",
     "TokenSequences",
     "TokenShuffleSampler",
+    "UnpicklableExampleError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
@@ -166,8 +167,6 @@ def test_the_package_exports_exactly_its_names():
         "sampler",
         "storage",
         "mix",
-        "tokens",
-        "token_sampler",
     }
 
 

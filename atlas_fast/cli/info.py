@@ -181,13 +181,19 @@ def run(args) -> int:
     if args.sample < 1:
         return usage_error("info", "--sample must be at least 1")
     report = info(path, exact=args.exact, sample=args.sample)
+    # Nothing read (the root's meta.json, or the shard's, unreadable: absent, access
+    # denied ...): no description of zeros, only the problems.
+    nothing = report["compression_strategy"] is None and not report["shards"]
     if args.json:
         print_json(report)
-    else:
+    elif not nothing:
         _print(report)
     problems = report["problems"]
     for problem in problems:
         print(f"atlas-fast info: problem: {problem['message']}", file=sys.stderr)
+    if nothing:
+        print(f"atlas-fast info: {path}: nothing could be read to describe", file=sys.stderr)
+        return 1
     if problems:
         print(
             f"atlas-fast info: {_count(len(problems), 'problem')} found; the description covers "
