@@ -856,8 +856,10 @@ class MixtureSampler(*sampler_bases()):
                 reserve = getattr(dataset, "cache_reserve", None)
                 if reserve is not None:
                     reserve(2 * self.window_blocks[name])
-        self._token_sources: dict = {}  # name -> _TokenSource (made on first use)
+        self._token_sources: dict = {}  # name -> _TokenSource
         self._phases_of = (None, None)  # (schedule version, name -> phases)
+        for name in self._token_params:  # now: each reserves its blocks in its source's cache
+            self._token_source(name)  # before a DataLoader's workers copy the datasets
 
         if (weights is None) == (schedule is None):
             raise ValueError("give weights or a schedule (one of them)")
@@ -1412,6 +1414,8 @@ class MixtureSampler(*sampler_bases()):
         self.seed = seed
         self._stages, self._plan = stages, plan
         self._version += 1
+        for name in self._token_params:  # in the state's order (seed, pieces)
+            self._token_source(name)
         self.epoch = epoch
         self._counted = None
         self._resume = (epoch, yielded)

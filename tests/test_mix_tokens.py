@@ -8,6 +8,7 @@ or ranks. Both backends."""
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 
 import numpy as np
 import pytest
@@ -246,6 +247,9 @@ def test_a_dataloader_reads_the_mixture_with_any_workers(atlas, corpora, workers
 
     mixture = _mixture(atlas, corpora)
     sampler = MixtureSampler(mixture, WEIGHTS, global_batch_size=8, seed=6)
+    # Blocks reserved in each source's cache when the sampler is made: the workers copy that.
+    for ts in mixture.sources.values():
+        assert pickle.loads(pickle.dumps(ts.dataset))._pickled_state()["cache_reserved"] > 2
     kwargs = {"num_workers": workers}
     if workers:
         kwargs["multiprocessing_context"] = multiprocessing.get_context(start)
