@@ -224,43 +224,36 @@ class MixtureDataset:
 
     def _token_batch(self, keys) -> dict:
         """The rows of ``keys`` as one dict of 2-D arrays: each source's rows read by one
-        ``__getitems__`` call, put in place."""
+        call, straight into their rows of the batch."""
         keys = list(keys)
         where: dict = {}  # source -> (rows, their keys)
+        length = None
         for r, key in enumerate(keys):
             s, k = self._token_key(key)
+            n = sum(k[1::2]) if isinstance(k, tuple) else self._datasets[s].seq_len
+            if length is None:
+                length = n
+            elif n != length:
+                raise InvalidArgumentError(
+                    f"the rows of a batch must have one length: key {r} ({key!r}) has {n} "
+                    f"tokens, key 0 {length}"
+                )
             rows, ks = where.setdefault(s, ([], []))
             rows.append(r)
             ks.append(k)
         first = self._datasets[0]
-        out = None
-        varlen = first.varlen
+        shape = (len(keys), first.seq_len if length is None else length)
+        out = {
+            "inputs": np.zeros(shape, first.dtype),
+            "targets": np.zeros(shape, first.dtype),
+            "positions": np.zeros(shape, first._positions_dtype),
+        }
+        into = (out["targets"], out["inputs"], out["positions"])
         for s, (rows, ks) in where.items():
-            got = self._datasets[s].__getitems__(ks)
-            if out is None:
-                length = got["targets"].shape[1]
-                out = {
-                    f: np.empty((len(keys), length), dtype=got[f].dtype)
-                    for f in ("inputs", "targets", "positions")
-                }
-            elif got["targets"].shape[1] != out["targets"].shape[1]:
-                raise InvalidArgumentError(
-                    f"the rows of a batch must have one length: source {self.names[s]!r} gives "
-                    f"{got['targets'].shape[1]}, another {out['targets'].shape[1]}"
-                )
-            for f in out:
-                out[f][rows] = got[f]
-        if out is None:
-            length = first.seq_len
-            out = {
-                "inputs": np.empty((0, length), first.dtype),
-                "targets": np.empty((0, length), first.dtype),
-                "positions": np.empty((0, length), first._positions_dtype),
-            }
-        if varlen:  # each row's start, and where each of its ranges starts
-            length = out["targets"].shape[1]
+            self._datasets[s]._packed(ks, into=(*into, np.array(rows, dtype=np.int64)))
+        if first.varlen:  # each row's start, and where each of its ranges starts
             starts = [
-                r * length + offset
+                r * shape[1] + offset
                 for r, key in enumerate(keys)
                 for offset in _range_offsets(self._token_key(key)[1])
             ]
@@ -687,7 +680,6 @@ class _TokenSource:
             rank=0,
         )
         self.tokens = sequences.num_tokens
-        self.params = (seed, self.order.piece_tokens, self.order.group_pieces)
 
     def phases(self, firsts: list, lengths: list) -> tuple:
         cursors = [(0, 0)]
@@ -770,11 +762,12 @@ class MixtureSampler(*sampler_bases()):
     then agree) changes the length at any step. The sampler yields keys ``(name, ranges)``,
     which ``MixtureDataset`` reads. Source ``name`` is read in the token order of a
     ``TokenShuffleSampler`` of one lane (its passes that sampler's epochs, with a seed made of
-    the mixture's and the source's name; ``piece_tokens``, int or name -> int, default the
-    first row length: choose the longest, so that rows never split a piece; ``group_pieces``
-    from ``window_blocks``): each row takes the next tokens of the
-    source's pass, so a length change repeats or skips no token; a row that would run past
-    the pass's end starts the next pass (the rest, less than a row, is left out of that pass).
+    the mixture's and the source's name, and ``group_pieces`` from ``window_blocks``);
+    ``piece_tokens`` (int, or name -> int; default: the first row length) is that sampler's:
+    give the longest row length, so that rows never split a piece. Each row takes the next
+    tokens of its source's pass, so a length change repeats or skips no token; a row that
+    would run past the pass's end starts the next pass (the rest, less than a row, is left
+    out of that pass).
     """
 
     def __init__(
