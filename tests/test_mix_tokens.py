@@ -331,21 +331,19 @@ def test_max_repeats_counts_passes_over_the_tokens(atlas, corpora):
     books = mixture.sources["books"].num_tokens
     # books at half of every batch of 8 rows: 4 rows of SEQ tokens a step.
     steps = 3 * books // (4 * SEQ) + 1
-    with pytest.raises(ValueError, match=r"'books' \(\d+ tokens\) would be read 3\.0"):
-        MixtureSampler(
+
+    def capped(cap):
+        return MixtureSampler(
             mixture,
             {"web": 1, "books": 1},
             global_batch_size=8,
-            max_repeats={"books": 3},
+            max_repeats={"books": cap},
             total_steps=steps,
         )
-    MixtureSampler(
-        mixture,
-        {"web": 1, "books": 1},
-        global_batch_size=8,
-        max_repeats={"books": 4},
-        total_steps=steps,
-    )
+
+    with pytest.raises(ValueError, match=r"'books' \(\d+ tokens\) would be read 3\.0"):
+        capped(3)
+    assert capped(4).consumed(steps)["books"] == 4 * steps  # rows
 
 
 def test_bad_token_mixtures_are_refused(atlas, corpora, tmp_path):
