@@ -367,7 +367,8 @@ def begin_iteration(sampler) -> tuple:
 
 class Counted:
     """How many indices of an iteration were handed out (``count()``, plus ``start``), the
-    iteration (``iterate``) handing out the indices of its chunks (arrays) one at a time
+    iteration (``iterate``) handing out the indices of its chunks (arrays, or lists of keys)
+    one at a time
     through ``itertools.chain``: no Python frame per index."""
 
     def __init__(self, start: int = 0) -> None:
@@ -382,7 +383,7 @@ class Counted:
 
     def _lists(self, chunks):
         for chunk in chunks:
-            items = chunk.tolist()
+            items = chunk if type(chunk) is list else chunk.tolist()
             if items:
                 self._done += self._size
                 self._current = current = iter(items)

@@ -259,9 +259,13 @@ class _TokenShuffleSampler:
     def _batch_keys(self, layout: _Epoch, step: int) -> list:
         """The keys of this rank's batch ``step``."""
         lane, rounds = step % self.lanes, step // self.lanes
-        length = self._seq_len(step)
         pos = self._consumed(lane, rounds)
-        total = self.batch_size * length
+        return self._rows(layout, lane, pos, self.batch_size, self._seq_len(step))
+
+    def _rows(self, layout: _Epoch, lane: int, pos: int, count: int, length: int) -> list:
+        """The keys of ``count`` rows of ``length`` tokens from position ``pos`` of lane
+        ``lane``'s shuffled stream (a mixture reads a token source through this too)."""
+        total = count * length
         starts, lengths = self._lane_ranges(layout, lane, pos, total)
         # Cut at the rows' ends, then at the permuted blocks' ends.
         offsets = np.concatenate(([0], np.cumsum(lengths)))
@@ -288,7 +292,7 @@ class _TokenShuffleSampler:
         heads = np.flatnonzero(join)
         sizes = np.add.reduceat(hi - lo, heads) if len(heads) else heads
         gstart, growrow = glo[heads].tolist(), rows[heads].tolist()
-        keys: list = [[] for _ in range(self.batch_size)]
+        keys: list = [[] for _ in range(count)]
         for r, s, c in zip(growrow, gstart, sizes.tolist()):
             keys[r] += (s, c)
         return [tuple(k) for k in keys]

@@ -418,10 +418,16 @@ class _TokenSequences:
         positions = np.zeros(shape, dtype=self._positions_dtype)
         return targets, inputs, positions
 
-    def _packed(self, keys: list) -> dict:
+    def _packed(self, keys: list, into=None) -> dict:
+        """The rows of ``keys``; ``into``: ``(targets, inputs, positions, rows)``, arrays of
+        a larger batch to write them to, at ``rows`` (a mixture's batch)."""
         length, starts, counts = self._segments(keys)
-        targets, inputs, positions = self._outputs(len(keys), length, 0)
         out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
+        if into is None:
+            targets, inputs, positions = self._outputs(len(keys), length, 0)
+        else:
+            targets, inputs, positions, rows = into
+            out = rows[out // length] * length + out % length if len(out) else out
         cum = self._index.cum
         live = counts > 0
         starts, counts, out = starts[live], counts[live], out[live]
@@ -455,7 +461,7 @@ class _TokenSequences:
                 False,
             )
         batch = {"inputs": inputs, "targets": targets, "positions": positions}
-        if self.varlen:
+        if self.varlen and into is None:
             batch.update(self._varlen(positions, pieces[:, 3] if len(pieces) else pieces[:, 0]))
         return batch
 
