@@ -52,6 +52,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
+from ._pickle_scan_py import find_unbounded, unbounded_error
 from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
 
@@ -738,6 +739,10 @@ class ShardCore(_CacheReader):
         if _first_decode[0]:
             _first_decode[0] = False
             freeze_in_worker()
+        if self._loads is not pickle.loads:  # untrusted: see _pickle_scan_py
+            found = find_unbounded(data)
+            if found is not None:
+                raise unbounded_error(found, self._data_path, b)
         try:
             examples = self._loads(data)
         except Exception as exc:
