@@ -51,6 +51,7 @@ cdef extern from *:
     #define PS_FRAME_EDIT 0xFFFFFFFFu
     #define PS_LIMIT 0xFFFFFFF0u
     #define PS_MEMO_SLACK 256u
+    #define PS_BOUND_SLACK 65536u
     """
     # ps_def.end while the object is being built; ps_edit.memo of a FRAME header
     const uint32_t PS_OPEN
@@ -59,8 +60,11 @@ cdef extern from *:
     const uint32_t PS_LIMIT
     # An explicit memo index may exceed its opcode's offset by this much.
     const uint32_t PS_MEMO_SLACK
+    # ps_bound: a memo index may exceed the pickle's length by this much (the memo table it
+    # asks for is then at most 16 bytes per byte of the pickle, plus 1 MiB).
+    const uint32_t PS_BOUND_SLACK
 
-MEMO_SLACK = PS_MEMO_SLACK
+MEMO_SLACK = PS_BOUND_SLACK
 
 # Slot flags.
 cdef enum:
@@ -948,7 +952,7 @@ cdef int ps_bound(const unsigned char* d, size_t n, ps_bound_t* out) noexcept no
     """Walk the opcodes of the pickle ``d[0:n]`` as CPython's unpickler reads them, checking
     every operand it allocates by before it looks at the stream: a memo index (PUT, BINPUT,
     LONG_BINPUT: the memo table grows to twice the index, zero-filled) must be below
-    ``n + PS_MEMO_SLACK``; a counted argument (BINBYTES, BINBYTES8, BYTEARRAY8 allocate their
+    ``n + PS_BOUND_SLACK``; a counted argument (BINBYTES, BINBYTES8, BYTEARRAY8 allocate their
     count first; the others' counts) must end within the data. 1 and ``out`` filled at the
     first operand that does not; 0 otherwise. The walk ends at STOP, at the end of the data,
     and where the unpickler fails anyway without allocating (an unknown opcode, a text argument
@@ -960,7 +964,7 @@ cdef int ps_bound(const unsigned char* d, size_t n, ps_bound_t* out) noexcept no
     lane's share. Opcode streams fall into step: once the walk known to be true reaches a
     position lane k recorded among its first ones, lane k's walk from there is the true one,
     and its verdict stands; a lane the true walk does not join is walked again."""
-    cdef uint64_t limit = <uint64_t>n + PS_MEMO_SLACK
+    cdef uint64_t limit = <uint64_t>n + PS_BOUND_SLACK
     cdef size_t pos[_LANES]
     cdef size_t ends[_LANES]
     cdef size_t fast_ends[_LANES]

@@ -97,7 +97,7 @@ cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_
 
 # The bound check (no state: any thread, no GIL): 1 and ``out`` filled when an operand of the
 # pickle d[0:n] asks CPython's unpickler to allocate by more than the data can hold (a memo
-# index at or past n + PS_MEMO_SLACK, a count past the end), else 0.
+# index at or past n + 65536, a count past the end), else 0.
 ctypedef struct ps_bound_t:
     unsigned char op
     size_t pos

@@ -12,7 +12,8 @@ byte makes the unpickler read an "r" inside a string as LONG_BINPUT), a crafted 
 
 ``find_unbounded(data)`` walks the opcodes as the unpickler reads them and returns the first
 operand that asks for more than the data can hold, or None: a memo index at or past
-``len(data) + MEMO_SLACK`` (no pickler numbers its memo past the count of its opcodes), a
+``len(data) + MEMO_SLACK`` (no pickler numbers its memo past the count of its opcodes; the
+slack spares small damage that the unpickler survives, so both cores read it alike), a
 counted argument that ends past the data (such a pickle cannot load). Refusing those bounds
 what unpickling a block allocates by its length. The walk stops where the unpickler fails
 anyway, before any large allocation: an unknown opcode, a text argument without its newline,
@@ -25,9 +26,10 @@ from .._errors import AtlasFormatError
 
 __all__ = ["MEMO_SLACK", "find_unbounded", "unbounded_error"]
 
-# A memo index may exceed the data's length by this much (the compiled scanner's
-# PS_MEMO_SLACK: tests check them equal).
-MEMO_SLACK = 256
+# A memo index may exceed the data's length by this much: the memo table it asks for is then at
+# most 16 bytes per byte of the data, plus 1 MiB (the compiled check's PS_BOUND_SLACK: tests
+# check them equal).
+MEMO_SLACK = 1 << 16
 
 # What follows each opcode byte: a fixed-size argument of ARG[op] >= 0 bytes, or a kind below.
 _COUNT1, _COUNT4, _SIGNED4, _COUNT8, _FRAME = -1, -2, -3, -4, -5
