@@ -44,6 +44,8 @@ cimport cython
 from atlas_fast._core._pickle_scan cimport (
     PS_DONE,
     PickleScan,
+    ps_bound,
+    ps_bound_t,
     ps_feed,
     ps_free,
     ps_nbytes,
@@ -91,6 +93,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import objects_bytes
+from ._pickle_scan_py import unbounded_error
 
 cdef extern from "<fcntl.h>":
     enum:
@@ -248,6 +251,26 @@ cdef void _scratch_give(PickleScan* scan) noexcept:
         _scratch = scan
     else:
         ps_free(scan)
+
+
+cdef int _check_bounded(object data, str data_path, Py_ssize_t b) except -1:
+    """Refuse block ``b``'s pickle ``data`` before it is unpickled if an operand asks the
+    unpickler to allocate by more than the block holds (ps_bound: _pickle_scan_py's rule)."""
+    cdef Py_buffer buf
+    cdef ps_bound_t found
+    cdef int bad
+    PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+    try:
+        if buf.len > _SCAN_NOGIL_BYTES:
+            with nogil:
+                bad = ps_bound(<const unsigned char*>buf.buf, <size_t>buf.len, &found)
+        else:
+            bad = ps_bound(<const unsigned char*>buf.buf, <size_t>buf.len, &found)
+    finally:
+        PyBuffer_Release(&buf)
+    if bad:
+        raise unbounded_error((found.op, found.pos, found.value, found.limit), data_path, b)
+    return 0
 
 
 cdef inline object _item(list examples, Py_ssize_t j):
@@ -514,7 +537,7 @@ cdef class ShardCore:
                 out = self._partial(key, b, j, data)
                 if out is not _WHOLE:
                     return out
-        examples = self._unpickle_c(data, b)
+        examples = self._unpickle_c(data, b, e is not None)
         e = self._cache._put(key, b, examples, _data_size(data))
         if e.examples is not None:  # another thread's copy may have won
             examples = e.examples
@@ -830,11 +853,14 @@ cdef class ShardCore:
             return _decompress(PyBytes_AS_STRING(raw), <size_t>got, zdict, self._data_path, b)
         return raw
 
-    cdef list _unpickle_c(self, data, Py_ssize_t b):
-        """Block ``b``'s examples from its pickle bytes, checked to be a list of its length."""
+    cdef list _unpickle_c(self, data, Py_ssize_t b, bint scanned=False):
+        """Block ``b``'s examples from its pickle bytes, checked to be a list of its length;
+        ``scanned``: the bytes a partial read scanned whole (which checked their bounds)."""
         cdef Py_ssize_t expected
         if _first_decode:
             _first_decode_in_process()
+        if not scanned:
+            _check_bounded(data, self._data_path, b)
         try:
             examples = PyObject_CallOneArg(self._loads, data)
         except Exception as exc:
@@ -911,8 +937,8 @@ cdef class ShardCore:
         self._cache._hit(e)
         if e.examples is not None:
             return e.examples
-        data = e.data
-        examples = self._unpickle_c(data, b)
+        data = e.data  # a partial read's (_put_partial): scanned
+        examples = self._unpickle_c(data, b, True)
         e = self._cache._put(key, b, examples, _data_size(data))
         return examples if e.examples is None else e.examples
 

@@ -222,16 +222,17 @@ def reference_blocks(root):
 
 
 def fork_check(check) -> tuple:
-    """Fork; the child runs ``check()`` (true: all is well) and writes ``b"ok"``, ``b"wrong
-    examples"`` or the exception it raised to a pipe, then exits. Returns ``(pid, read end)``
-    for ``child_report``; the parent goes on meanwhile."""
+    """Fork; the child runs ``check()`` (true: all is well; bytes: its own report) and writes
+    ``b"ok"``, ``b"wrong examples"``, those bytes or the exception it raised to a pipe, then
+    exits. Returns ``(pid, read end)`` for ``child_report``; the parent goes on meanwhile."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         status = 1
         try:
             os.close(read)
-            os.write(write, b"ok" if check() else b"wrong examples")
+            out = check()
+            os.write(write, out if isinstance(out, bytes) else b"ok" if out else b"wrong examples")
             status = 0
         except BaseException as exc:
             os.write(write, repr(exc).encode()[:500])
@@ -254,6 +255,47 @@ def child_report(pid: int, read: int, timeout: float = 60.0) -> bytes:
         time.sleep(0.02)
     with os.fdopen(read, "rb") as f:
         return f.read()
+
+
+def run_capped(task, headroom: int = 3 << 30, timeout: float = 300.0):
+    """``task()``'s result (pickled back), run in a forked child whose address space is capped
+    ``headroom`` bytes above what it has mapped: a reader that lets a damaged block ask for
+    gigabytes gets a MemoryError there instead of taking the machine's memory. Fails the test
+    with the child's traceback if ``task`` raised; skips where there is no fork or RLIMIT_AS."""
+    if not hasattr(os, "fork") or not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs fork and /proc (RLIMIT_AS over the mapped size)")
+
+    def capped():
+        import resource
+        import traceback
+
+        with open("/proc/self/statm") as f:
+            limit = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + headroom
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            return pickle.dumps(("ok", task()))
+        except BaseException:
+            return pickle.dumps(("raised", traceback.format_exc()[-4000:]))
+
+    report = child_report(*fork_check(capped), timeout)
+    try:
+        kind, value = pickle.loads(report)
+    except Exception:
+        kind, value = "died", report.decode(errors="replace")
+    if kind != "ok":
+        pytest.fail(f"in the capped child ({kind}):\n{value}")
+    return value
+
+
+def memory_errors(exc) -> list:
+    """The MemoryErrors in ``exc``'s chain (its causes and contexts)."""
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
 
 
 # Bad writer options: option, bad value, the error's type and its message, the same

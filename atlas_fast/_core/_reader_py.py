@@ -54,6 +54,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
+from ._pickle_scan_py import find_unbounded, unbounded_error
 from ._pool import decode_on_pool, gather, read_in_order, worth_the_pool
 from ._shards import ShardOpener, open_files, renamed_root, shard_layout
 from ._tokens_py import block_token_stats, gather_tokens
@@ -887,9 +888,19 @@ class ShardCore(_CacheReader):
         if _first_decode[0]:
             _first_decode[0] = False
             freeze_in_worker()
+        # The bound check (_pickle_scan_py): before unpickling for an untrusted reader; for a
+        # trusted one, whose blocks a Python walk would slow down, only once unpickling
+        # failed, to say what the compiled core says.
+        trusted = self._loads is pickle.loads
+        found = None if trusted else find_unbounded(data)
+        if found is not None:
+            raise unbounded_error(found, self._data_path, b)
         try:
             examples = self._loads(data)
         except Exception as exc:
+            found = find_unbounded(data) if trusted else None
+            if found is not None:
+                raise unbounded_error(found, self._data_path, b) from exc
             raise unpickle_error(exc, self._data_path, b) from exc
         expected = expected_block_length(self._n, self._block_size, b)
         if type(examples) is not list or len(examples) != expected:
