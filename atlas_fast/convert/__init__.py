@@ -1,4 +1,6 @@
-"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md).
+"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md);
+``atlas-fast tokenize``: documents of any of them tokenized into token arrays
+(``tokenize``, see docs/tokenize.md).
 
 ``convert(src, dst, fmt, ...)`` reads the source through the format's module (``FORMATS``
 maps each format name to it; they are imported on first use, with their optional
@@ -16,15 +18,19 @@ from .._checks import check_int
 from .._writing.options import WriterOptions
 from ._run import WRITER_DEFAULTS, ConvertSummary, VerifyError
 from ._source import Part, Source, SourceError
+from ._tokenize import TOKENIZE_FORMATS, TokenizerError, TokenizeSummary, tokenize
 
 __all__ = [
     "FORMATS",
+    "TOKENIZE_FORMATS",
     "WRITER_DEFAULTS",
     "ConvertSummary",
     "FormatUnavailableError",
     "Part",
     "Source",
     "SourceError",
+    "TokenizeSummary",
+    "TokenizerError",
     "VerifyError",
     "convert",
     "convert_dolma",
@@ -36,6 +42,7 @@ __all__ = [
     "convert_parquet",
     "convert_wds",
     "format_module",
+    "tokenize",
 ]
 
 # Format name -> module of this package exposing ``sources(src, **options) -> list[Source]``.
