@@ -20,6 +20,7 @@ COMMANDS: dict = {
     "verify": (".verify", "check a dataset completely: metadata, every block, checksums"),
     "info": (".info", "describe a dataset: shards, examples, strategy, sizes, compression"),
     "convert": (".convert", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
+    "tokenize": (".tokenize", "tokenize documents into a dataset of token arrays"),
 }
 
 

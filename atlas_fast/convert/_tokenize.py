@@ -195,7 +195,11 @@ class Encoder:
     def __call__(self, texts: list) -> tuple:
         import numpy as np
 
-        ids = [e.ids for e in self.encode(texts, add_special_tokens=self.special)]
+        try:
+            encodings = self.encode(texts, add_special_tokens=self.special)
+        except Exception as exc:  # the library raises Exception itself
+            raise TokenizerError(f"{self.label}: the tokenizer failed: {exc}") from None
+        ids = [e.ids for e in encodings]
         if self.eos is not None:
             for one in ids:
                 one.append(self.eos)
@@ -282,14 +286,12 @@ class _Pool:
                 self._check_alive()
                 continue
             if kind == "error":
-                if k is not None and isinstance(payload, TokenizerError):
+                if k is None:  # the process could not start encoding
                     raise payload
-                if k is not None:
-                    raise RuntimeError(
-                        f"tokenizing the batch from {self.where[k]}: "
-                        f"{type(payload).__name__}: {payload}"
-                    ) from payload
-                raise payload
+                batch = f"(tokenizing the batch of documents from {self.where[k]})"
+                if isinstance(payload, TokenizerError):
+                    raise TokenizerError(f"{payload} {batch}") from None
+                raise RuntimeError(f"{type(payload).__name__}: {payload} {batch}") from payload
             self.done[k] = payload
         self.taken += 1
         self.where.pop(number, None)
@@ -372,8 +374,8 @@ def _text(example, text_field, part, number: int, index: int) -> str:
     if text_field is not None:
         if not isinstance(example, Mapping):
             raise SourceError(
-                f"{_where(part, number, index)}: a {type(example).__name__}, not a mapping "
-                f"with a field {text_field!r}"
+                f"{_where(part, number, index)}: {_a(type(example).__name__)}, not a "
+                f"mapping with a field {text_field!r}"
             )
         try:
             value = example[text_field]
@@ -389,9 +391,14 @@ def _text(example, text_field, part, number: int, index: int) -> str:
         if isinstance(value, (bytes, bytearray)):
             hint = " (webdataset members are bytes unless decoded: decode=True, --decode)"
         raise SourceError(
-            f"{_where(part, number, index)}: {what} is a {type(value).__name__}, not a string{hint}"
+            f"{_where(part, number, index)}: {what} is {_a(type(value).__name__)}, not a "
+            f"string{hint}"
         )
     return value
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
 def _where(part, number: int, index: int) -> str:
