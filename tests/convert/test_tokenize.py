@@ -521,3 +521,12 @@ def test_the_command_s_exit_codes(bpe, tmp_path, capsys):
     assert_absent(tmp_path / "again")
     status, _, err = _main(capsys, src, dst, "--tokenizer", bpe, "--from", "jsonl", "--overwrite")
     assert status == 0, err
+
+
+def test_without_the_tokenizers_library_the_extra_is_named(bpe, tmp_path, monkeypatch):
+    from atlas_fast._extras import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"atlas-fast\[tokenize\]"):
+        tokenize(_jsonl(tmp_path), tmp_path / "out", bpe, fmt="jsonl", workers=1)
+    assert_absent(tmp_path / "out")
