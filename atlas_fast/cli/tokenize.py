@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .convert import _GROUPS, _add, _writer_flags
+from .convert import _GROUPS, _add, _writer_flags, object_storage_options
 
 __all__ = ["add_arguments", "run"]
 
@@ -114,17 +114,9 @@ def run(args) -> int:
             if fmt not in formats:
                 return _error(f"{flag} applies to --from {' and --from '.join(formats)} only")
             options[flag[2:].replace("-", "_")] = value
-    remote = {
-        key: value
-        for key, value in (("staging_dir", args.staging_dir), ("staging_bytes", args.staging_bytes))
-        if value is not None
-    }
-    if remote:
-        from .._writing.upload import is_remote
-
-        if not is_remote(args.dst):
-            flags = ", ".join("--" + key.replace("_", "-") for key in remote)
-            return _error(f"{flags}: for a DST in object storage (a URL), not {args.dst}")
+    remote, problem = object_storage_options(args, ("staging_dir", "staging_bytes"))
+    if problem:
+        return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()
     try:
         summary = tokenize(
