@@ -10,7 +10,8 @@ the writer sees the same arrays in the same order whatever the number of workers
 files are byte-identical for every ``workers``.
 
 Each example written is a 1-D numpy array of the smallest unsigned dtype that holds every id
-of the tokenizer's vocabulary (``token_dtype``), the end-of-document id appended when asked.
+of the tokenizer's vocabulary (``token_dtype``), the end-of-document id appended when asked;
+a local dataset gets its token index from the writer (``token_index=True``).
 
 DST is written as ``convert`` writes it: into a staging directory next to it, moved into
 place at the end; to a URL shard by shard, the root meta.json last, and a failure deletes
@@ -545,6 +546,9 @@ def tokenize(
     mds). ``progress``: True for a tqdm bar on stderr, or a callable given ``(documents,
     nbytes)`` increments.
 
+    A local ``dst`` carries the token index ``atlas_fast.TokenSequences`` reads
+    (``tokens.idx``); one in object storage gets it on first use.
+
     ``dst`` must not exist or be an empty directory, unless ``overwrite=True``, which
     replaces the Atlas dataset there (locally only a dataset, or a directory of split
     datasets, is replaced; the old one stays until the new one is complete). The dataset is
@@ -617,8 +621,11 @@ def tokenize(
 def _new_writer(path, options: dict, **remote):
     from ..writer import AtlasDatasetWriter
 
-    # The writer compresses on this thread: the cores are the tokenizing processes'.
-    return AtlasDatasetWriter(path, **options, workers=1, **remote)
+    # The writer compresses on this thread: the cores are the tokenizing processes'. A local
+    # dataset gets its token index (tokens.idx) from the writer; to a URL the writer writes
+    # none yet, and TokenSequences builds it on first use.
+    index = {} if remote else {"token_index": True}
+    return AtlasDatasetWriter(path, **options, workers=1, **index, **remote)
 
 
 def _write_all(sources, open_writer, job, workers, text_field, progress, summary) -> None:

@@ -278,6 +278,18 @@ def test_workers_1_and_2_write_the_same_bytes(atlas, bpe, tmp_path, monkeypatch,
     assert_tokens(atlas, tmp_path / "two", by_hand(bpe, TEXTS, eos=0), np.uint16)
 
 
+def test_the_result_carries_its_token_index_for_token_sequences(atlas, bpe, tmp_path):
+    dst = tmp_path / "out"
+    tokenize(_jsonl(tmp_path), dst, bpe, fmt="jsonl", workers=2, eos_id=0, shard_size=70)
+    assert (dst / "tokens.idx").is_file()
+    with atlas.AtlasDataset(dst) as ds:
+        ts = atlas_fast.TokenSequences(ds, 16, index="require")  # refuses to build one
+        flat = [t for ids in by_hand(bpe, TEXTS, eos=0) for t in ids]
+        assert ts.num_tokens == len(flat) and len(ts) == len(flat) // 16
+        for k in (0, 1, len(ts) // 2, len(ts) - 1):
+            assert ts[k]["targets"].tolist() == flat[k * 16 : (k + 1) * 16]
+
+
 def test_the_reference_package_reads_the_result(bpe, tmp_path):
     dst = tmp_path / "out"
     tokenize(_jsonl(tmp_path), dst, bpe, fmt="jsonl", workers=2, shard_size=100, block_size=7)

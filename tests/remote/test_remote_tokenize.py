@@ -39,7 +39,9 @@ def _tokens(atlas, where) -> list:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_tokenize_to_s3_stores_the_bytes_of_a_local_run(s3, atlas, bpe, tmp_path, workers):
+def test_tokenize_to_s3_stores_the_bytes_of_a_local_run(
+    s3, atlas, bpe, tmp_path, workers, monkeypatch
+):
     src = _jsonl(tmp_path)
     options = {"fmt": "jsonl", "shard_size": 70, "block_size": 8, "eos_token": "<eos>"}
     tokenize(src, tmp_path / "local", bpe, workers=1, **options)
@@ -47,13 +49,20 @@ def test_tokenize_to_s3_stores_the_bytes_of_a_local_run(s3, atlas, bpe, tmp_path
     summary = tokenize(src, s3.url("tok"), bpe, workers=workers, staging_dir=staging, **options)
     assert summary.documents == len(TEXTS) and s3.url("tok") in str(summary)
     objects = stored(s3, "tok")
-    assert objects == local_files(tmp_path / "local")
+    local = local_files(tmp_path / "local")
+    # The writer writes no token index to a URL (built on first use there).
+    assert local.pop("tokens.idx") and objects == local
     assert summary.bytes_out == sum(map(len, objects.values()))
     assert open_uploads(s3) == [] and list(staging.iterdir()) == []
     expected = by_hand(bpe, TEXTS, eos=0)
     assert _tokens(atlas, s3.url("tok")) == expected
     got = reference_examples(download(objects, tmp_path / "down"))
     assert [a.tolist() for a in got] == expected and got[0].dtype == np.uint16
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where the index is kept
+    with atlas.AtlasDataset(s3.url("tok")) as ds:
+        rows = atlas_fast.TokenSequences(ds, 7)
+        flat = [t for ids in expected for t in ids]
+        assert len(rows) == len(flat) // 7 and rows[3]["targets"].tolist() == flat[21:28]
 
 
 def test_an_atlas_dataset_in_s3_is_a_source(s3, atlas, bpe, tmp_path):
