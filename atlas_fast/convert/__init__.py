@@ -10,12 +10,12 @@ finished dataset into place at the end: ``dst`` is complete or absent.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 
 from .._checks import check_int
 from .._writing.options import WriterOptions
+from ._formats import FORMATS, FormatUnavailableError, format_module
 from ._run import WRITER_DEFAULTS, ConvertSummary, VerifyError
 from ._source import Part, Source, SourceError
 from ._tokenize import TOKENIZE_FORMATS, TokenizerError, TokenizeSummary, tokenize
@@ -44,38 +44,6 @@ __all__ = [
     "format_module",
     "tokenize",
 ]
-
-# Format name -> module of this package exposing ``sources(src, **options) -> list[Source]``.
-FORMATS = {
-    "parquet": "_parquet",
-    "hf": "_hf",
-    "jsonl": "_jsonl",
-    "dolma": "_dolma",
-    "mds": "_mds",
-    "wds": "_wds",
-    "energon": "_energon",
-    "flat-tokens": "_flat_tokens",
-}
-
-
-class FormatUnavailableError(ImportError):
-    """The format is registered but its converter is not part of this installation."""
-
-
-def format_module(fmt: str):
-    """The module converting ``fmt``; a clear error for an unknown or absent one."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}")
-    name = f"{__name__}.{FORMATS[fmt]}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        raise FormatUnavailableError(
-            f"--from {fmt}: this build of atlas_fast has no converter for it yet "
-            f"(module {name} is missing)"
-        ) from None
 
 
 def convert(

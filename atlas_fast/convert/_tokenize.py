@@ -330,7 +330,7 @@ def _sources(src, fmt, format_options: dict) -> tuple:
     """``(format, sources)``: ``fmt`` None reads an Atlas dataset."""
     import inspect
 
-    from . import format_module
+    from ._formats import format_module
 
     if fmt is None:
         from ._atlas import is_atlas_dataset
