@@ -100,7 +100,13 @@ class UnpicklableExampleError(InvalidArgumentError, pickle.PicklingError):
 
 
 def destination_exists(
-    path, who: str, *, empty_dir_ok: bool = False, what: str = "dataset", state: str | None = None
+    path,
+    who: str,
+    *,
+    empty_dir_ok: bool = False,
+    what: str = "dataset",
+    state: str | None = None,
+    fix: str = "remove it or choose another path",
 ):
     """The ``FileExistsError`` for a destination in the way of ``who``, which writes a new
     ``what`` at ``path``: one sentence naming the path, what is there and what to do.
@@ -109,7 +115,7 @@ def destination_exists(
     writers, as the reference's, create the directory themselves and refuse any existing path.
     The error keeps the type and ``errno`` (EEXIST) the reference's ``Path.mkdir`` raises.
     ``state``: what is there, said after "already exists" (a URL's: the caller looked);
-    None: looked up on the local file system.
+    None: looked up on the local file system. ``fix``: what to do, said last.
     """
     if state is None:
         path = Path(path)
@@ -121,7 +127,7 @@ def destination_exists(
     )
     return FileExistsError(
         errno.EEXIST,
-        f"{path}: already exists{state}; {who} {need}: remove it or choose another path",
+        f"{path}: already exists{state}; {who} {need}: {fix}",
     )
 
 

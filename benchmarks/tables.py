@@ -699,6 +699,45 @@ def _draw(name: str, path: Path) -> None:
         plt.close(fig)
 
 
+# -- tokenize (bench_tokenize.py) ------------------------------------------------------------
+
+
+def tokenize_run_line(run: dict) -> str:
+    corpus = run["corpus"]
+    load = run["load_average"]
+    return run_line(
+        run,
+        f"; tokenizers {run['tokenizers']}; {corpus['documents']:,} documents, "
+        f"{corpus['tokens']:,} tokens, a {corpus['vocab']:,}-id BPE; medians of "
+        f"{run['repeats']} repetitions; load average {load['before'][0]} before, "
+        f"{load['after'][0]} after; two processes on a CPU loop meanwhile "
+        f"{_ratio(run['parallel_ceiling'])} one",
+    )
+
+
+def tokenize_table(run: dict) -> str:
+    rows = [
+        [
+            row["side"],
+            _rate(row["tokens_per_s"]),
+            _ratio(row["ratio_to_workers_1"]),
+            f"{row['cpu_s_per_mtoken']:.2f}",
+            _rate(row["idle_tokens_per_s"]),
+            _ratio(row["idle_ratio_to_workers_1"]),
+        ]
+        for row in run["rows"]
+    ]
+    header = [
+        "",
+        "tokens/s",
+        "vs workers=1",
+        "CPU s per M tokens",
+        "idle cores (est.) tokens/s",
+        "vs workers=1",
+    ]
+    return _table(header, rows)
+
+
 # -- the documents --------------------------------------------------------------------------
 
 
@@ -708,6 +747,7 @@ def performance_blocks() -> dict:
     loader = load("bench_loader")
     bench = load("atlas_fast_bench")
     export = load("bench_export")
+    tokenized = load("bench_tokenize")
     return {
         "backends-run": run_line(backends),
         "backends": backends_table(backends),
@@ -726,6 +766,8 @@ def performance_blocks() -> dict:
             export, f"; {export['documents']:,} documents, medians of {export['repeats']}"
         ),
         "export": export_table(export),
+        "tokenize-run": tokenize_run_line(tokenized),
+        "tokenize": tokenize_table(tokenized),
     }
 
 

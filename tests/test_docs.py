@@ -137,7 +137,7 @@ def test_a_renamed_keyword_is_a_problem():
 _FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 # Optional packages a block may need; such a block (and those after it on the page, which
 # may use what it made) is skipped only where the package is not installed.
-_OPTIONAL = ("torch", "ray", "pyarrow")
+_OPTIONAL = ("torch", "ray", "pyarrow", "tokenizers")
 
 
 def _blocks(path: Path) -> list:

@@ -79,7 +79,9 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
     found = dest.names(limit=1)
     if found:
         if not overwrite:
-            how = "overwrite=True" + (", or --overwrite," if who in ("convert", "export") else "")
+            how = "overwrite=True" + (
+                ", or --overwrite," if who in ("convert", "export", "tokenize") else ""
+            )
             state = f" and holds objects (pass {how} to replace them)"
             if found[0].startswith(STAGING_PREFIX):  # listed first: "." sorts before digits
                 state = staging_left(found[0], f"pass {how} to replace it")

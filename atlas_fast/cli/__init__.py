@@ -22,6 +22,7 @@ COMMANDS: dict = {
     "convert": (".convert", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
     "merge": (".merge", "one dataset of the examples of several, shards linked, not recompressed"),
     "export": (".export", "write a dataset out as Parquet, JSON lines, HF, webdataset or MDS"),
+    "tokenize": (".tokenize", "tokenize documents into a dataset of token arrays"),
 }
 
 

@@ -153,6 +153,20 @@ def _error(message: str) -> int:
     return 1
 
 
+def object_storage_options(args, names: tuple) -> tuple:
+    """``(options, problem)``: the flags ``names`` given (those of a DST in object storage),
+    as keyword arguments, and what is wrong with them (given for a local DST), or None."""
+    given = {name: getattr(args, name) for name in names}
+    options = {k: v for k, v in given.items() if v is not None and v is not False}
+    if options:
+        from .._writing.upload import is_remote
+
+        if not is_remote(args.dst):
+            flags = ", ".join("--" + key.replace("_", "-") for key in options)
+            return options, f"{flags}: for a DST in object storage (a URL), not {args.dst}"
+    return options, None
+
+
 def run(args) -> int:
     from .._checks import check_int
     from .._errors import AtlasFormatError
@@ -188,21 +202,9 @@ def run(args) -> int:
         if args.fmt not in ("parquet", "hf", "jsonl", "wds"):
             return _error("--unpickle applies to --from parquet, hf, jsonl and wds only")
         options["unpickle"] = True
-    remote = {
-        key: value
-        for key, value in (
-            ("overwrite", args.overwrite or None),
-            ("staging_dir", args.staging_dir),
-            ("staging_bytes", args.staging_bytes),
-        )
-        if value is not None
-    }
-    if remote:
-        from .._writing.upload import is_remote
-
-        if not is_remote(args.dst):
-            flags = ", ".join("--" + key.replace("_", "-") for key in remote)
-            return _error(f"{flags}: for a DST in object storage (a URL), not {args.dst}")
+    remote, problem = object_storage_options(args, ("overwrite", "staging_dir", "staging_bytes"))
+    if problem:
+        return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()
     try:
         summary = convert(

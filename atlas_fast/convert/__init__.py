@@ -1,4 +1,6 @@
-"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md).
+"""``atlas-fast convert``: datasets brought in from other formats (see docs/convert.md);
+``atlas-fast tokenize``: documents of any of them tokenized into token arrays
+(``tokenize``, see docs/tokenize.md).
 
 ``convert(src, dst, fmt, ...)`` reads the source through the format's module (``FORMATS``
 maps each format name to it; they are imported on first use, with their optional
@@ -8,23 +10,27 @@ finished dataset into place at the end: ``dst`` is complete or absent.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 
 from .._checks import check_int
 from .._writing.options import WriterOptions
+from ._formats import FORMATS, FormatUnavailableError, format_module
 from ._run import WRITER_DEFAULTS, ConvertSummary, VerifyError
 from ._source import Part, Source, SourceError
+from ._tokenize import TOKENIZE_FORMATS, TokenizerError, TokenizeSummary, tokenize
 
 __all__ = [
     "FORMATS",
+    "TOKENIZE_FORMATS",
     "WRITER_DEFAULTS",
     "ConvertSummary",
     "FormatUnavailableError",
     "Part",
     "Source",
     "SourceError",
+    "TokenizeSummary",
+    "TokenizerError",
     "VerifyError",
     "convert",
     "convert_dolma",
@@ -36,39 +42,8 @@ __all__ = [
     "convert_parquet",
     "convert_wds",
     "format_module",
+    "tokenize",
 ]
-
-# Format name -> module of this package exposing ``sources(src, **options) -> list[Source]``.
-FORMATS = {
-    "parquet": "_parquet",
-    "hf": "_hf",
-    "jsonl": "_jsonl",
-    "dolma": "_dolma",
-    "mds": "_mds",
-    "wds": "_wds",
-    "energon": "_energon",
-    "flat-tokens": "_flat_tokens",
-}
-
-
-class FormatUnavailableError(ImportError):
-    """The format is registered but its converter is not part of this installation."""
-
-
-def format_module(fmt: str):
-    """The module converting ``fmt``; a clear error for an unknown or absent one."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}")
-    name = f"{__name__}.{FORMATS[fmt]}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        raise FormatUnavailableError(
-            f"--from {fmt}: this build of atlas_fast has no converter for it yet "
-            f"(module {name} is missing)"
-        ) from None
 
 
 def convert(

@@ -67,10 +67,13 @@ class Progress:
             self.bar.update(nbytes)
         now = time.monotonic()
         if now - self.last > 0.2:
-            rate = self.examples / max(now - self.start, 1e-9)
-            self.bar.set_postfix_str(f"{self.examples:,} examples, {rate:,.0f} ex/s", False)
+            self.bar.set_postfix_str(self.postfix(max(now - self.start, 1e-9)), False)
             self.bar.refresh()
             self.last = now
+
+    def postfix(self, seconds: float) -> str:
+        """What the bar shows after its bytes, ``seconds`` into the phase."""
+        return f"{self.examples:,} examples, {self.examples / seconds:,.0f} ex/s"
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,6 +1,7 @@
 """Where a conversion writes before its result appears at DST.
 
-The staging directory, ``.<DST name>.converting-XXXX`` next to DST::
+The staging directory, ``.<DST name>.converting-XXXX`` next to DST (``tokenizing-`` for
+``tokenize``)::
 
     work/<source>/<run>/<n>/     shards written by the worker of that run of parts
     work/<source>/dict/          strategy 2: the shared dictionary, published by run 0
@@ -36,10 +37,10 @@ class Staging:
     """The staging directory of a conversion into ``dst`` (made next to it, with its parent
     directories): ``out`` is what becomes DST, ``work(s)`` where source ``s`` is written."""
 
-    def __init__(self, dst: Path):
+    def __init__(self, dst: Path, doing: str = "converting"):
         self.dst = dst
         dst.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
+        self.path = Path(tempfile.mkdtemp(prefix=f".{dst.name}.{doing}-", dir=dst.parent))
         self.out = self.path / "out"
 
     def work(self, s: int) -> Path:

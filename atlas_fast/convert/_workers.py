@@ -28,7 +28,7 @@ from ._source import SourceError
 from ._stream import GATE_SLOTS, Gate
 from ._verify import VerifyError
 
-__all__ = ["Serial", "Worker", "Workers", "start_method"]
+__all__ = ["Serial", "Worker", "Workers", "start_method", "start_processes"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,37 @@ def start_method() -> str:
     return "spawn"
 
 
+def start_processes(processes: list, method: str) -> None:
+    """Start ``processes`` (made by the context of ``method``, ``start_method``'s choice)."""
+    if method != "fork":
+        for p in processes:
+            p.start()
+        return
+    # Started by fork (no other Python thread runs: ``start_method``).
+    # A forked child shares this process's memory until it writes to it; its garbage
+    # collector would touch every object the parent holds (copying their pages), so they
+    # are moved out of its reach first (gc.freeze), and given back to ours after.
+    import gc
+
+    # An application's own freeze (before its DataLoader workers, say) is left alone.
+    frozen = gc.get_freeze_count() == 0
+    if frozen:
+        gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on any fork of a process with native threads (numpy's
+            # BLAS and pyarrow's pools are started on import or first use). Those pools
+            # re-create themselves in a forked child, and the workers take no lock of
+            # ours that another thread could hold: start_method forks only when no
+            # other Python thread runs.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for p in processes:
+                p.start()
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
 class Workers:
     """``n - 1`` worker processes; the calling process is worker 0. ``cores``: the cores the
     conversion uses in total (``workers``), shared out among its runs (``_run``)."""
@@ -133,36 +164,7 @@ class Workers:
             )
             for k, inbox in enumerate(self.inboxes, 1)
         ]
-        if method == "fork":
-            self._fork()
-        else:
-            for p in self.processes:
-                p.start()
-
-    def _fork(self) -> None:
-        """Start the processes by fork (no other Python thread runs: ``start_method``)."""
-        # A forked child shares this process's memory until it writes to it; its garbage
-        # collector would touch every object the parent holds (copying their pages), so they
-        # are moved out of its reach first (gc.freeze), and given back to ours after.
-        import gc
-
-        # An application's own freeze (before its DataLoader workers, say) is left alone.
-        frozen = gc.get_freeze_count() == 0
-        if frozen:
-            gc.freeze()
-        try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns on any fork of a process with native threads (numpy's
-                # BLAS and pyarrow's pools are started on import or first use). Those pools
-                # re-create themselves in a forked child, and the workers take no lock of
-                # ours that another thread could hold: start_method forks only when no
-                # other Python thread runs.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                for p in self.processes:
-                    p.start()
-        finally:
-            if frozen:
-                gc.unfreeze()
+        start_processes(self.processes, method)
 
     def run(self, tasks: list, on_progress, claims=(), on_event=None) -> list:
         """Run ``tasks[k]`` (``(function, job)`` or None) on worker k; their results.
