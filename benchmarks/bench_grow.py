@@ -9,6 +9,10 @@ an incompressible part, strategy 1), then times, interleaved in one process, med
 - ``append, widening``: the same examples appended to the 100-shard dataset (names 00-99
   become 000-100: every old shard renamed, as hard links);
 - ``append``: the same appended to a 101-shard dataset (no widening);
+- the three again on the other file system (``--other-fs``, a tmpfs by default): an
+  append's cost beyond its shard is a ``mkdir`` and hard links per old shard, metadata
+  operations whose price is the file system's (a journaling one's journal, shared with
+  whatever else the machine writes);
 - ``cp -r``: the two source datasets (100 shards each) copied with ``cp -r``, to the same file
   system and to another one (``--other-fs``, default /dev/shm);
 - ``merge``: ``atlas_fast.merge`` of the two into one, on the same file system (hard links)
@@ -16,7 +20,9 @@ an incompressible part, strategy 1), then times, interleaved in one process, med
 
 An append's time is until ``close()`` returns (the grown dataset in place); ``old tree
 removed`` adds the removal of the old tree's links, which runs on a thread after the
-commit. Each repetition appends to a fresh hard-linked copy of the dataset (``cp -al``, untimed: an
+commit. Beside the wall-clock medians, the CPU time of the appending thread (``cpu``
+ratios): on a machine shared with other work, the part of the cost that is the append's
+own. Each repetition appends to a fresh hard-linked copy of the dataset (``cp -al``, untimed: an
 append changes no file of the dataset, it replaces the root), and removes what it wrote.
 Reports the ratios the growing guide quotes: append / shard alone (at most 1.5), merge's
 speed over ``cp -r``'s (at least 0.5 copying, at least 20 linking).
@@ -78,6 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = load_average()
     n = args.shard_examples
     top = Path(tempfile.mkdtemp(prefix="atlas-bench-grow-"))
     other = Path(tempfile.mkdtemp(prefix="atlas-bench-grow-", dir=args.other_fs))
@@ -93,17 +100,24 @@ def main(argv=None) -> int:
         ) as w:
             for row in rows:
                 w.add_example(row)
+        # The same two datasets on the other file system, for the appends there.
+        other_base = {name: other / name for name in ("base100", "base101")}
+        for name, path in other_base.items():
+            shutil.copytree(top / name, path)
         second = top / "second"
         shutil.copytree(base, second)  # its own files: a merge's second source
         size = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
         times: dict = {}
+        cpu: dict = {}
 
-        def add(name, seconds):
+        def add(name, seconds, cpu_seconds=None):
             times.setdefault(name, []).append(seconds)
+            if cpu_seconds is not None:
+                cpu.setdefault(name, []).append(cpu_seconds)
 
-        def shard_alone():
+        def shard_alone(where):
             with atlas_fast.AtlasDatasetShardWriter(
-                top / "alone", 100, compression_strategy=1, workers=1
+                where / "alone", 100, compression_strategy=1, workers=1
             ) as shard:
                 for row in more:
                     shard.add_example(row)
@@ -116,17 +130,21 @@ def main(argv=None) -> int:
                     w.add_example(row)
 
         for rep in range(args.repeats):
-            for name, source in (("append, widening", base), ("append", base101)):
-                work = top / "work"
-                subprocess.run(["cp", "-al", str(source), str(work)], check=True)
-                start = time.perf_counter()
-                appended(work)
-                add(name, time.perf_counter() - start)  # close() returned: committed
-                wait_for_removals()  # the old tree's links removed on a thread
-                add(f"{name}, old tree removed", time.perf_counter() - start)
-                shutil.rmtree(work)
-            add("shard alone", timed(shard_alone))
-            shutil.rmtree(top / "alone")
+            for where, fs in ((top, ""), (other, ", tmpfs")):
+                for name, source in (("append, widening", "base100"), ("append", "base101")):
+                    work = where / "work"
+                    subprocess.run(["cp", "-al", str(where / source), str(work)], check=True)
+                    start, start_cpu = time.perf_counter(), time.thread_time()
+                    appended(work)
+                    # close() returned: committed
+                    add(name + fs, time.perf_counter() - start, time.thread_time() - start_cpu)
+                    wait_for_removals()  # the old tree's links removed on a thread
+                    add(f"{name}{fs}, old tree removed", time.perf_counter() - start)
+                    shutil.rmtree(work)
+                start, start_cpu = time.perf_counter(), time.thread_time()
+                shard_alone(where)
+                add("shard alone" + fs, time.perf_counter() - start, time.thread_time() - start_cpu)
+                shutil.rmtree(where / "alone")
             for where, label in ((top, "same file system"), (other, "another file system")):
                 dst = where / "copy"
                 dst.mkdir()
@@ -146,12 +164,14 @@ def main(argv=None) -> int:
         shutil.rmtree(top, ignore_errors=True)
         shutil.rmtree(other, ignore_errors=True)
     medians = {name: statistics.median(values) for name, values in times.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
     alone = medians["shard alone"]
     results = [
         {
             "case": name,
             "median_seconds": round(seconds, 5),
             "seconds": [round(v, 5) for v in times[name]],
+            **({"median_cpu_seconds": round(cpu_medians[name], 5)} if name in cpu_medians else {}),
         }
         for name, seconds in medians.items()
     ]
@@ -162,6 +182,13 @@ def main(argv=None) -> int:
             "append, widening, old tree removed"
         ]
         / alone,
+        "append, widening / shard alone, tmpfs": medians["append, widening, tmpfs"]
+        / medians["shard alone, tmpfs"],
+        "append / shard alone, tmpfs": medians["append, tmpfs"] / medians["shard alone, tmpfs"],
+        "append, widening / shard alone, cpu": cpu_medians["append, widening"]
+        / cpu_medians["shard alone"],
+        "append, widening / shard alone, tmpfs, cpu": cpu_medians["append, widening, tmpfs"]
+        / cpu_medians["shard alone, tmpfs"],
         "merge speed / cp -r speed, same file system": medians["cp -r, same file system"]
         / medians["merge, same file system"],
         "merge speed / cp -r speed, another file system": medians["cp -r, another file system"]
@@ -172,7 +199,11 @@ def main(argv=None) -> int:
         "command": "python benchmarks/bench_grow.py"
         + (f" --json {args.json.name}" if args.json else ""),
         "date": started.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {**describe(), "load_average_after": load_average()},
+        "machine": {
+            **describe(),
+            "load_average_before": load_before,
+            "load_average_after": load_average(),
+        },
         "settings": {
             "shards": 100,
             "shard_examples": n,

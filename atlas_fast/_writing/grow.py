@@ -41,6 +41,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+import stat
 import sys
 import threading
 import uuid
@@ -119,7 +120,11 @@ class ExistingDataset:
 def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDataset:
     """The dataset at ``root``, checked whole: an ``AtlasFormatError`` naming ``root`` and the
     problem when it is not a dataset (or not all of it is here, or a file of it is damaged).
-    ``check_files``: also each shard's index.npy against its data.bin and its dictionary."""
+    ``check_files``: also each shard's index.npy (its offsets, the last one data.bin's size)
+    and dictionary file (there, not empty), read as a reader reads them on a shard's first
+    use; the blocks are not decoded (``atlas-fast verify`` does that).
+
+    Paths are plain strings here: this runs once per shard before every append."""
     root = Path(root)
     prefix = f"{root}: {who} needs a whole, readable Atlas dataset here"
     if not root.is_dir():
@@ -141,8 +146,9 @@ def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDatase
             if names or (root / DICT_FILE).exists():
                 dict_bytes = read_dict_file(root / DICT_FILE)
         shard_metadatas = []
+        top = os.fspath(root)
         for number, name in enumerate(names):
-            shard_dir = root / name
+            shard_dir = os.path.join(top, name)
             shard = read_shard_metadata(shard_dir)
             if shard.stored_examples != metadata.shard_sizes[number]:
                 raise AtlasFormatError(
@@ -161,11 +167,27 @@ def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDatase
             if check_files:
                 load_offsets(shard_dir, shard)
                 if shard.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-                    read_dict_file(shard_dir / DICT_FILE)
+                    _check_dict_file(os.path.join(shard_dir, DICT_FILE))
             shard_metadatas.append(shard)
     except AtlasFormatError as exc:
         raise AtlasFormatError(f"{prefix}: {exc}") from exc
     return ExistingDataset(root, metadata, names, shard_metadatas, dict_bytes)
+
+
+def _check_dict_file(path: str) -> None:
+    """A shard's own dictionary: a regular file, not empty (its bytes are the readers' to
+    check, as zstd loads them: reading every dictionary here would cost more than the
+    append's links)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise AtlasFormatError(f"{path}: not a regular file")
+    if not st.st_size:
+        raise AtlasFormatError(f"{path}: empty dictionary")
 
 
 def _listed(names: list) -> str:
@@ -309,11 +331,12 @@ _removals: list = []
 _removals_lock = threading.Lock()
 
 
-def _remove_later(path: Path) -> None:
+def _remove_later(path: Path, shards=()) -> None:
+    """Remove the tree ``path`` on a thread of its own (see the module); ``shards``: its
+    shard folders' ``(name, file names)`` (``Aside.link_old``), unlinked by name."""
     thread = threading.Thread(
-        target=shutil.rmtree,
-        args=(path,),
-        kwargs={"ignore_errors": True},
+        target=_remove_tree,
+        args=(os.fspath(path), shards),
         name="atlas-fast-old-tree",
         daemon=True,
     )
@@ -321,6 +344,24 @@ def _remove_later(path: Path) -> None:
         _removals[:] = [t for t in _removals if t.is_alive()]
         _removals.append(thread)
     thread.start()
+
+
+def _remove_tree(path: str, shards) -> None:
+    """Remove the tree ``path``: the shard folders whose files are known by name first (an
+    unlink per file and an ``rmdir``: ``shutil.rmtree`` would list and stat each again),
+    then whatever is left."""
+    join = os.path.join
+    for name, files in shards:
+        folder = join(path, name)
+        try:
+            if files is None:
+                continue  # not all plain files: left to rmtree
+            for file in files:
+                os.unlink(join(folder, file))
+            os.rmdir(folder)
+        except OSError:
+            pass  # something else in it: left to rmtree
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_for_removals() -> None:
@@ -426,19 +467,6 @@ def exchange(new: Path, root: Path) -> None:
     os.rename(old, new)
 
 
-def _fsync_dir(path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every file system flushes a directory
-    finally:
-        os.close(fd)
-
-
 # -- the aside tree -------------------------------------------------------------------------
 
 
@@ -477,17 +505,32 @@ class Aside:
         self._unlock()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def place_shards(self, sources: list, names: list, *, link: bool) -> None:
-        """Put the shard folders ``sources`` into the aside folder as ``names``: hard-linked
-        (``link``: the old dataset's, which stay where they are) or moved (new ones)."""
-        for source, name in zip(sources, names):
-            target = self.dir / name
-            if Path(source) == target:
-                continue
-            if link:
-                self.copied += link_tree(source, target)
-            else:
-                os.rename(source, target)
+    def link_old(self, existing: ExistingDataset, names: list) -> list:
+        """Hard-link each shard folder of ``existing`` into the aside folder under ``names``
+        (its final names): a folder made, each file linked (copied where no link can be
+        made). The old tree is not touched. Returns each shard's file names, in order: what
+        the removal of the old tree unlinks by name (``_remove_tree``).
+
+        The append's cost beyond writing its shards is this loop (a ``mkdir``, a listing and
+        a link per file, per old shard): plain strings, no ``DirEntry`` objects."""
+        top, aside = os.fspath(existing.root) + os.sep, os.fspath(self.dir) + os.sep
+        mkdir, listdir, link = os.mkdir, os.listdir, os.link
+        files = []
+        for name, target in zip(existing.names, names):
+            source, target = top + name + os.sep, aside + target + os.sep
+            mkdir(target)
+            entries = listdir(source)
+            for entry in entries:
+                try:
+                    link(source + entry, target + entry, follow_symlinks=False)
+                except OSError:  # a folder, or no hard links here
+                    entries = None  # not all plain files: the old tree's rmtree removes it
+                    if os.path.isdir(source + entry) and not os.path.islink(source + entry):
+                        self.copied += link_tree(source + entry, target + entry)
+                    elif not _link_or_copy(source + entry, target + entry):
+                        self.copied += 1
+            files.append(entries)
+        return files
 
     def commit_append(self, existing: ExistingDataset, new_dirs: list, fields: dict) -> None:
         """The dataset at ``root``, grown: ``existing``'s shards, then the shard folders
@@ -504,13 +547,13 @@ class Aside:
                 if target.exists():
                     raise FileExistsError(f"{target}: in the way of shard {source}")
                 os.rename(source, target)
-        self.place_shards([existing.root / n for n in existing.names], old, link=True)
+        files = self.link_old(existing, old)
         self.copied += carry_root_files(existing.root, self.dir)
         self._seal(fields)
         exchange(self.dir, self.root)
         self._unlock()
-        _fsync_dir(self.root.parent)
-        _remove_later(self.dir)  # the old tree: its files live on in root
+        # The old tree: its files live on in root. Removed on a thread (see the module).
+        _remove_later(self.dir, list(zip(existing.names, files)))
 
     def commit_new(self, fields: dict) -> None:
         """The aside folder (shards placed, root files written) becomes the new dataset at
@@ -528,11 +571,15 @@ class Aside:
                 ) from None
             raise
         self._unlock()
-        _fsync_dir(self.root.parent)
 
     def _seal(self, fields: dict) -> None:
+        # The one flush of the commit, as a first write flushes its root meta.json: the
+        # commit marker on disk before the step that publishes it (the exchange, or the
+        # rename). Every other file and folder of the tree was made before it, and a
+        # journaling file system commits metadata in order: after a power cut, a tree
+        # whose exchange survived is whole. The exchange itself reaches the disk with the
+        # file system's next commit (a power cut before that: the old dataset).
         dump_meta_atomic(self.dir / META_FILE, fields)
-        _fsync_dir(self.dir)
 
 
 class LocalAppend:
