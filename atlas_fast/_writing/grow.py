@@ -532,11 +532,14 @@ class Aside:
             files.append(entries)
         return files
 
-    def commit_append(self, existing: ExistingDataset, new_dirs: list, fields: dict) -> None:
+    def commit_append(
+        self, existing: ExistingDataset, new_dirs: list, fields: dict, written=()
+    ) -> None:
         """The dataset at ``root``, grown: ``existing``'s shards, then the shard folders
         ``new_dirs`` (inside ``dir``, in order), under one width; the root's other files
-        carried over; ``fields`` the new root meta.json. Then exchanged with the old root,
-        and the old tree removed."""
+        carried over, but those named in ``written`` (written anew in ``dir`` by the
+        caller: the grown token index); ``fields`` the new root meta.json. Then exchanged
+        with the old root, and the old tree removed."""
         names = final_names(existing.count + len(new_dirs), existing.width)
         old, new = names[: existing.count], names[existing.count :]
         # New shards first: their temporary names are numbers >= the old count, never the
@@ -548,7 +551,7 @@ class Aside:
                     raise FileExistsError(f"{target}: in the way of shard {source}")
                 os.rename(source, target)
         files = self.link_old(existing, old)
-        self.copied += carry_root_files(existing.root, self.dir)
+        self.copied += carry_root_files(existing.root, self.dir, skip=written)
         self._seal(fields)
         exchange(self.dir, self.root)
         self._unlock()
@@ -621,17 +624,18 @@ class LocalAppend:
     def shard_dir(self, number: int) -> Path:
         return self.aside.dir / str(number)
 
-    def commit(self, sizes: list, strategy: int | None = None) -> AtlasDatasetMetadata:
+    def commit(self, sizes: list, strategy: int | None = None, written=()) -> AtlasDatasetMetadata:
         """Commit the new shards ``first ..`` (their ``sizes``, in order) and the dataset's
-        ``strategy`` (default: as it was): the grown dataset's metadata. No shard: nothing
-        changes."""
+        ``strategy`` (default: as it was): the grown dataset's metadata. ``written``: root
+        files the caller wrote into the aside folder, which replace the old root's. No
+        shard: nothing changes."""
         old = self.existing.metadata
         strategy = self.strategy if strategy is None else strategy
         metadata = AtlasDatasetMetadata(old.version, [*old.shard_sizes, *sizes], strategy)
         try:
             if sizes:
                 new = [self.shard_dir(self.first + k) for k in range(len(sizes))]
-                self.aside.commit_append(self.existing, new, metadata._asdict())
+                self.aside.commit_append(self.existing, new, metadata._asdict(), written)
             else:
                 self.aside.abandon()
                 metadata = old
