@@ -27,7 +27,14 @@ from ._format import (
     parse_json_object,
 )
 from ._writing.commit import dump_meta_atomic
-from ._writing.grow import Aside, final_names, link_tree, open_existing, remove_leftovers
+from ._writing.grow import (
+    Aside,
+    final_names,
+    link_folder,
+    link_tree,
+    open_existing,
+    remove_leftovers,
+)
 from ._writing.upload import is_remote
 
 __all__ = ["merge", "plan_strategy"]
@@ -193,12 +200,14 @@ def _link_shards(opened: list, aside: Aside, strategy: int) -> list:
             source.names, source.shard_strategies, source.metadata.shard_sizes
         ):
             target = aside.dir / next(names)
+            shard = os.fspath(source.root / name)
             if shard_strategy == _SHARED and strategy != _SHARED:
-                aside.copied += link_tree(source.root / name, target, skip=(META_FILE, DICT_FILE))
+                skip = (META_FILE, DICT_FILE)
+                aside.copied += link_folder(shard, os.fspath(target), skip)[0]
                 os.link(source.root / DICT_FILE, target / DICT_FILE)
                 _own_dictionary_meta(source.root / name / META_FILE, target / META_FILE)
             else:
-                aside.copied += link_tree(source.root / name, target)
+                aside.copied += link_folder(shard, os.fspath(target))[0]
             sizes.append(size)
     return sizes
 

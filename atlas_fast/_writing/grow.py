@@ -391,6 +391,31 @@ def _link_or_copy(src: str, dst: str) -> bool:
     return False
 
 
+def link_folder(src: str, dst: str, skip=()) -> tuple:
+    """Make ``dst`` a folder of hard links to the files of the folder ``src`` (but those
+    named in ``skip``; a folder inside as a tree of links; a file copied where no link can
+    be made): ``(files copied, the names linked)``, the names None when ``src`` held more
+    than plain files. Plain strings and ``os.listdir``, no ``DirEntry`` objects: appends
+    and merges run this once per shard."""
+    src, dst = src + os.sep, dst + os.sep
+    os.mkdir(dst)
+    copied = 0
+    entries = os.listdir(src)
+    if skip:
+        entries = [e for e in entries if e not in skip]
+    names = entries
+    for entry in entries:
+        try:
+            os.link(src + entry, dst + entry, follow_symlinks=False)
+        except OSError:  # a folder, or no hard links here
+            names = None
+            if os.path.isdir(src + entry) and not os.path.islink(src + entry):
+                copied += link_tree(src + entry, dst + entry)
+            elif not _link_or_copy(src + entry, dst + entry):
+                copied += 1
+    return copied, names
+
+
 def link_tree(src, dst, skip=()) -> int:
     """Make ``dst`` a tree of hard links to the files of the tree ``src`` (but the entries
     of ``src`` named in ``skip``); the files copied (where no hard link could be made)."""
@@ -507,28 +532,17 @@ class Aside:
 
     def link_old(self, existing: ExistingDataset, names: list) -> list:
         """Hard-link each shard folder of ``existing`` into the aside folder under ``names``
-        (its final names): a folder made, each file linked (copied where no link can be
-        made). The old tree is not touched. Returns each shard's file names, in order: what
-        the removal of the old tree unlinks by name (``_remove_tree``).
+        (its final names; ``link_folder``). The old tree is not touched. Returns each
+        shard's file names, in order: what the removal of the old tree unlinks by name
+        (``_remove_tree``).
 
-        The append's cost beyond writing its shards is this loop (a ``mkdir``, a listing and
-        a link per file, per old shard): plain strings, no ``DirEntry`` objects."""
+        The append's cost beyond writing its shards is this loop: a ``mkdir``, a listing
+        and a link per file, per old shard."""
         top, aside = os.fspath(existing.root) + os.sep, os.fspath(self.dir) + os.sep
-        mkdir, listdir, link = os.mkdir, os.listdir, os.link
         files = []
         for name, target in zip(existing.names, names):
-            source, target = top + name + os.sep, aside + target + os.sep
-            mkdir(target)
-            entries = listdir(source)
-            for entry in entries:
-                try:
-                    link(source + entry, target + entry, follow_symlinks=False)
-                except OSError:  # a folder, or no hard links here
-                    entries = None  # not all plain files: the old tree's rmtree removes it
-                    if os.path.isdir(source + entry) and not os.path.islink(source + entry):
-                        self.copied += link_tree(source + entry, target + entry)
-                    elif not _link_or_copy(source + entry, target + entry):
-                        self.copied += 1
+            copied, entries = link_folder(top + name, aside + target)
+            self.copied += copied
             files.append(entries)
         return files
 
