@@ -158,6 +158,11 @@ def test_a_reader_opened_before_keeps_reading_the_old_dataset(tmp_path, atlas):
     assert len(old) == 190
     assert same([old[i] for i in range(190)], examples[:190])
     assert same([shard[i] for i in range(len(shard))], examples[100:120])
+    # Closed, then read again: every shard's files reopened under their widened names.
+    old.close()
+    shard.close()
+    assert same([old[i] for i in range(0, 190, 7)], examples[0:190:7])
+    assert same(shard[3], examples[103])
     old.close()
     check_reads(atlas, root, examples)
 
