@@ -19,6 +19,7 @@ __all__ = [
     "ObjectNotFoundError",
     "StorageError",
     "TokenIndexError",
+    "UnpicklableExampleError",
     "UnsafePickleError",
     "destination_exists",
 ]
@@ -78,6 +79,24 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
 
     A ``TypeError`` too, as the sampler and the readers' cache arguments raised before.
     """
+
+
+class UnpicklableExampleError(InvalidArgumentError, pickle.PicklingError):
+    """An example given to a writer (``add_example``) does not pickle.
+
+    The message names the directory being written and the example (``index``: its number in
+    the order added, from 0; ``path``: the directory); pickle's own error is its
+    ``__cause__``. The writer is closed, and the directory it had begun is removed (nothing
+    half-written is left). An ``InvalidArgumentError`` and a ``pickle.PicklingError``.
+    """
+
+    def __init__(self, message="", path=None, index=None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.path, self.index))
 
 
 def destination_exists(

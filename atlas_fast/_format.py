@@ -110,9 +110,27 @@ class AtlasDatasetMetadata(NamedTuple):
     compression_strategy: int
 
 
+def _environ_value(name: str):
+    """``os.environ.get(name)``, read per block by the Python core as the compiled core calls
+    getenv: through the mapping's own dict, by its encoded key (CPython's ``os._Environ``),
+    which spares ``get``'s key encoding and KeyError (about 1.7 us a call)."""
+    env = os.environ
+    data = getattr(env, "_data", None)
+    if type(data) is not dict:
+        return env.get(name)
+    known = _environ_keys.get(name)
+    if known is None or known[0] is not env:
+        known = _environ_keys[name] = (env, env.encodekey(name))
+    raw = data.get(known[1])
+    return None if raw is None else env.decodevalue(raw)
+
+
+_environ_keys: dict = {}  # name -> (os.environ, its encoded key)
+
+
 def max_block_bytes() -> int:
     """The largest decoded block a reader will allocate (``ATLAS_FAST_MAX_BLOCK_BYTES``)."""
-    raw = os.environ.get("ATLAS_FAST_MAX_BLOCK_BYTES")
+    raw = _environ_value("ATLAS_FAST_MAX_BLOCK_BYTES")
     if not raw:
         return _DEFAULT_MAX_BLOCK_BYTES
     try:

@@ -15,11 +15,11 @@ import itertools
 
 import numpy as np
 
+from ._compat import lazy_classes, torch_subclass
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
-from ._order import sampler_bases as _sampler_bases
 
-__all__ = ["TokenShuffleSampler"]
+__all__ = ["TokenShuffleSampler"]  # noqa: F822 (see __getattr__)
 
 _EPOCHS_KEPT = 2  # epoch layouts kept (a DataLoader's iterator may run into the next epoch)
 
@@ -61,7 +61,7 @@ class _Epoch:
         self.epoch = epoch
 
 
-class TokenShuffleSampler(*_sampler_bases()):
+class _TokenShuffleSampler:
     """A block-local shuffled order over a packed ``TokenSequences``, resumable from the step
     alone, with ``seq_len`` free to change between steps.
 
@@ -259,9 +259,13 @@ class TokenShuffleSampler(*_sampler_bases()):
     def _batch_keys(self, layout: _Epoch, step: int) -> list:
         """The keys of this rank's batch ``step``."""
         lane, rounds = step % self.lanes, step // self.lanes
-        length = self._seq_len(step)
         pos = self._consumed(lane, rounds)
-        total = self.batch_size * length
+        return self._rows(layout, lane, pos, self.batch_size, self._seq_len(step))
+
+    def _rows(self, layout: _Epoch, lane: int, pos: int, count: int, length: int) -> list:
+        """The keys of ``count`` rows of ``length`` tokens from position ``pos`` of lane
+        ``lane``'s shuffled stream (a mixture reads a token source through this too)."""
+        total = count * length
         starts, lengths = self._lane_ranges(layout, lane, pos, total)
         # Cut at the rows' ends, then at the permuted blocks' ends.
         offsets = np.concatenate(([0], np.cumsum(lengths)))
@@ -288,7 +292,7 @@ class TokenShuffleSampler(*_sampler_bases()):
         heads = np.flatnonzero(join)
         sizes = np.add.reduceat(hi - lo, heads) if len(heads) else heads
         gstart, growrow = glo[heads].tolist(), rows[heads].tolist()
-        keys: list = [[] for _ in range(self.batch_size)]
+        keys: list = [[] for _ in range(count)]
         for r, s, c in zip(growrow, gstart, sizes.tolist()):
             keys[r] += (s, c)
         return [tuple(k) for k in keys]
@@ -355,3 +359,12 @@ class TokenShuffleSampler(*_sampler_bases()):
             f"group_pieces={self.group_pieces}, seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_TokenShuffleSampler, "Sampler", __name__, "TokenShuffleSampler")
+    return {"TokenShuffleSampler": cls}
+
+
+# ``TokenShuffleSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"TokenShuffleSampler": _make_sampler})

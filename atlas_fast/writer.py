@@ -32,6 +32,7 @@ Converters build on ``pickle_block``, ``AtlasDatasetShardWriter.add_pickled_bloc
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -39,7 +40,12 @@ from pathlib import Path
 import zstandard
 
 from ._checks import check_int
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError, destination_exists
+from ._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    UnpicklableExampleError,
+    destination_exists,
+)
 from ._format import (
     DICT_FILE,
     META_FILE,
@@ -283,9 +289,29 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._flush_block()
 
     def _flush_block(self) -> None:
-        block = pickle_examples(self._pending, self.path, self._store.submitted + len(self._blocks))
+        number = self._store.submitted + len(self._blocks)
+        try:
+            block = pickle_examples(self._pending, self.path, number)
+        except Exception as exc:
+            raise self._unpicklable(exc, number) from exc
         self._pending = []
         self._add_block(block)
+
+    def _unpicklable(self, exc: Exception, number: int) -> UnpicklableExampleError:
+        """The error for a block that does not pickle, naming its first example that does
+        not; the writer is closed and its directory removed."""
+        first = self.stored_examples - len(self._pending)
+        bad = _first_unpicklable(self._pending)
+        what = f"example {first + bad}" if bad is not None else f"block {number}"
+        self._closed = True
+        self._abandon()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return UnpicklableExampleError(
+            f"{self.path}: {what} does not pickle ({type(exc).__name__}: {exc}); the shard "
+            "writer is closed and its directory removed",
+            self.path,
+            first + (bad or 0),
+        )
 
     def add_pickled_block(self, block, count) -> None:
         """Append a block pickled elsewhere: ``block`` is ``pickle_block`` of its ``count``
@@ -640,16 +666,40 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
         shard = self.current_shard
-        if (shard.stored_examples if self._own else len(shard)) >= self.shard_size:
-            self._finish_shard()
-            shard = self.current_shard = self._new_shard()
-            self._filling = True
-        tally = self._tokens
-        if tally is not None:
-            tally.add(example)
-            if not tally.active:
-                self._tokens = None
-        shard.add_example(example)
+        try:
+            if (shard.stored_examples if self._own else len(shard)) >= self.shard_size:
+                self._finish_shard()
+                shard = self.current_shard = self._new_shard()
+                self._filling = True
+            tally = self._tokens
+            if tally is not None:
+                tally.add(example)
+                if not tally.active:
+                    self._tokens = None
+            shard.add_example(example)
+        except UnpicklableExampleError as exc:
+            raise self._unpicklable(exc) from exc.__cause__
+
+    def _unpicklable(self, exc: UnpicklableExampleError) -> UnpicklableExampleError:
+        """A shard's ``exc`` as the dataset's: the example numbered in the dataset; the writer
+        is closed, and what it had begun removed (the uploaded objects too)."""
+        shard = Path(exc.path).name
+        index = int(shard) * self.shard_size + exc.index if shard.isdigit() else exc.index
+        where = f"shard {shard}, block {exc.index // self.block_size}"
+        self._closed = True
+        problems = self._abandon()
+        if self._uploads is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        cause = exc.__cause__
+        error = UnpicklableExampleError(
+            f"{self._shown()}: example {index} ({where}) does not pickle ({type(cause).__name__}: "
+            f"{cause}); the writer is closed and the dataset it had begun removed",
+            self._shown(),
+            index,
+        )
+        for problem in problems:
+            note(error, f"atlas_fast: abandoning {self.path}: {problem}")
+        return error
 
     def _finish_shard(self, last: bool = False) -> None:
         """Close the current shard: on the pool (workers > 1: see the class) or here."""
@@ -715,6 +765,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         try:
             self._finish_shard(last=True)
             self._finisher.collect(wait=True)
+        except UnpicklableExampleError as exc:
+            raise self._unpicklable(exc) from exc.__cause__
         except BaseException as exc:
             problems = self._abandon()
             self._say_incomplete(f"closing it raised {type(exc).__name__}", problems, exc)
@@ -907,6 +959,17 @@ def _uploads_for(
         return uploads
     dest = open_destination(path, storage_options, overwrite=bool(overwrite), who=who)
     return ShardUploads(dest, staging_dir=staging_dir, staging_bytes=staging_bytes)
+
+
+def _first_unpicklable(examples: list):
+    """The position of the first of ``examples`` that does not pickle alone (None: each
+    does; the block as a whole does not)."""
+    for k, example in enumerate(examples):
+        try:
+            pickle.dumps(example)
+        except Exception:
+            return k
+    return None
 
 
 def _create_directory(path: Path, who: str, what: str) -> None:

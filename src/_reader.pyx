@@ -693,6 +693,9 @@ cdef class ShardCore:
         cdef _Entry e = self._cache._get((self._tag, b))
         return None if e is None else e.examples
 
+    def _held(self, Py_ssize_t b):
+        return self._held_c(b)
+
     def _ahead(self, Py_ssize_t b):
         cdef _RABuffer data = self._take_ahead(b)
         return None if data is None else self._store_ahead((self._tag, b), b, data)
@@ -896,7 +899,7 @@ cdef class ShardCore:
             return None
         return _ra_take(<void*>self, b)
 
-    cdef list _held(self, Py_ssize_t b):
+    cdef list _held_c(self, Py_ssize_t b):
         """For ``iter``: block ``b``'s examples if the cache holds the block (a hit; held as
         its pickle, it is unpickled whole, as _miss does), else None (a miss)."""
         key = (self._tag, b)
@@ -1009,7 +1012,7 @@ def _read_in_order(pairs):
             if not ahead:
                 return
             reader, b = ahead.popleft()
-            examples = reader._held(b)
+            examples = reader._held_c(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
                 if not (reader._compressed and reader._source is None and _ra_skip_one()):

@@ -13,31 +13,45 @@ import pytest
 
 from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
 
-
-def _default_fixtures() -> Path:
-    """``../shared/fixtures/reference`` beside the checkout (also from a git worktree nested
-    deeper): the nearest ancestor of the repository holding it."""
-    here = Path(__file__).resolve().parents[1]
-    for parent in here.parents:
-        candidate = parent / "shared" / "fixtures" / "reference"
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "shared" / "fixtures" / "reference"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# An extra source of reference-written datasets, laid out as tests/golden (each case a folder
+# holding dataset/ and expected.pkl): its cases run as "extra:<name>" beside the golden ones.
+EXTRA_FIXTURES = os.environ.get("ATLAS_FAST_FIXTURES") or None
+_EXTRA = "extra:"
 
 
-_DEFAULT_FIXTURES = _default_fixtures()
-FIXTURES = Path(os.environ.get("ATLAS_FAST_FIXTURES", _DEFAULT_FIXTURES))
+def _cases_in(folder: Path) -> list:
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "dataset").is_dir())
 
 
 def fixture_cases() -> list:
-    """Names of the reference-written datasets under FIXTURES (empty if it is absent)."""
-    if not FIXTURES.is_dir():
-        return []
-    return sorted(p.name for p in FIXTURES.iterdir() if (p / "dataset").is_dir())
+    """The reference-written datasets: tests/golden's cases, then ATLAS_FAST_FIXTURES's."""
+    cases = _cases_in(GOLDEN)
+    if EXTRA_FIXTURES is not None:
+        extra = _cases_in(Path(EXTRA_FIXTURES))
+        if not extra:
+            raise RuntimeError(f"ATLAS_FAST_FIXTURES={EXTRA_FIXTURES} holds no <case>/dataset")
+        cases += [_EXTRA + name for name in extra]
+    return cases
+
+
+def case_folder(case: str) -> Path:
+    """The folder of a case of ``fixture_cases()``: its ``dataset`` and ``expected.pkl``."""
+    if case.startswith(_EXTRA):
+        return Path(EXTRA_FIXTURES) / case[len(_EXTRA) :]
+    return GOLDEN / case
+
+
+def case_dataset(case: str) -> Path:
+    """The reference-written dataset of a case of ``fixture_cases()``."""
+    return case_folder(case) / "dataset"
 
 
 def load_expected(case: str) -> list:
-    with open(FIXTURES / case / "expected.pkl", "rb") as f:
+    """The examples the dataset of ``case`` holds, in order."""
+    with open(case_folder(case) / "expected.pkl", "rb") as f:
         return pickle.load(f)
 
 
@@ -141,7 +155,17 @@ def reference_read(root) -> list:
     return examples
 
 
-REFERENCE_WHEEL = FIXTURES.parent.parent / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
+def _reference_wheel() -> Path | None:
+    """The reference's wheel in ``shared/peers`` of an ancestor of the checkout (the team's
+    machines), if any."""
+    for parent in Path(__file__).resolve().parents:
+        wheel = parent / "shared" / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
+        if wheel.is_file():
+            return wheel
+    return None
+
+
+REFERENCE_WHEEL = _reference_wheel()
 
 
 def reference_examples(root) -> list:
@@ -157,7 +181,7 @@ def reference_examples(root) -> list:
     try:
         import torch_atlas_ds
     except ImportError:
-        if not (REFERENCE_WHEEL.is_file() and importlib.util.find_spec("torch")):
+        if REFERENCE_WHEEL is None or not importlib.util.find_spec("torch"):
             return reference_read(root)
         sys.path.append(str(REFERENCE_WHEEL))  # a pure-Python wheel imports as a zip
         import torch_atlas_ds

@@ -31,7 +31,7 @@ import numpy as np
 import pickle_forms
 import pytest
 from corrupt import write_blocks, write_dataset
-from helpers import FIXTURES, fixture_cases
+from helpers import case_dataset
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +40,7 @@ from atlas_fast.cli.verify import verify
 
 _LONG = int(os.environ.get("ATLAS_FAST_FUZZ_EXAMPLES", "0") or 0)
 MAX_EXAMPLES = _LONG or 40
-FIXTURE_BASES = ["mixed_s0_b8", "mixed_s1_b8", "mixed_s2_b8", "mixed_s3_b8", "one_example_s2"]
+FIXTURE_BASES = ["mixed_s0_b4", "mixed_s1_b4", "mixed_s2_b4", "mixed_s3_b4", "one_example_s2"]
 FIXTURE_BASES += ["tiny_index_s0", "block1_s3", "eleven_shards_s1"]
 
 META_VALUES = [-1, 0, 1, 2, 3, 4, 7, 100, 2**31, 2**63, 2**64, -(2**63), 1.5, "1", None, True]
@@ -56,10 +56,7 @@ OUTCOMES: Counter = Counter()
 def bases(tmp_path_factory) -> list:
     """Intact datasets to damage: fixture copies and our own (strategies 0-3, checksums)."""
     root = tmp_path_factory.mktemp("fuzz-bases")
-    found = []
-    for case in FIXTURE_BASES:
-        if case in fixture_cases():
-            found.append(FIXTURES / case / "dataset")
+    found = [case_dataset(case) for case in FIXTURE_BASES]  # tests/golden: always there
     for strategy in range(4):
         path = root / f"ours_s{strategy}"
         write_dataset(path, strategy, n=60, shard_size=30, block_size=3, checksums=True)

@@ -18,6 +18,7 @@ import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
+from .. import atlas
 from .._checks import check_int
 from .._errors import destination_exists
 from .._format import (
@@ -40,7 +41,6 @@ from .._writing.upload import (
     staging_left,
     upload_shard,
 )
-from ..atlas import AtlasDataset
 from ..writer import AtlasDatasetShardWriter, pickle_block, train_dictionary
 from ._rows import example_to_row, plan_read_tasks, row_to_example
 
@@ -689,7 +689,7 @@ class AtlasDatasource(Datasource):
         if not isinstance(item_column, str) or not item_column:
             raise ValueError(f"item_column must be a non-empty string, not {item_column!r}")
         if not hasattr(dataset, "shards"):
-            dataset = AtlasDataset(dataset, trusted=trusted, allowed_globals=allowed_globals)
+            dataset = atlas.AtlasDataset(dataset, trusted=trusted, allowed_globals=allowed_globals)
         self.dataset = dataset
         self.item_column = item_column
 
