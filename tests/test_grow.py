@@ -147,21 +147,23 @@ def test_a_strategy_2_dataset_that_fell_back_to_1_takes_appends_with_2(tmp_path,
 # -- readers opened before ----------------------------------------------------------------
 
 
-def test_a_reader_opened_before_keeps_reading_the_old_dataset(tmp_path, atlas):
+# 10 shards (0-9), widened by the append; 11 shards (00-10), not widened
+@pytest.mark.parametrize("count", [190, 220])
+def test_a_reader_opened_before_keeps_reading_the_old_dataset(tmp_path, atlas, count):
     examples = make_examples(300)
     root = tmp_path / "ds"
-    write_dataset(root, examples[:190], shard_size=20, block_size=4)  # 10 shards: 0-9
+    write_dataset(root, examples[:count], shard_size=20, block_size=4)
     old = atlas.AtlasDataset(root)
     assert same(old[0], examples[0])  # shard 0 opened, the others not yet
     shard = old.shards[5]  # made, not opened
-    append(root, examples[190:])  # 15 shards: 00-14
-    assert len(old) == 190
-    assert same([old[i] for i in range(190)], examples[:190])
+    append(root, examples[count:])  # 15 shards: 00-14
+    assert len(old) == count
+    assert same([old[i] for i in range(count)], examples[:count])
     assert same([shard[i] for i in range(len(shard))], examples[100:120])
-    # Closed, then read again: every shard's files reopened under their widened names.
+    # Closed, then read again: every shard's files reopened under their (widened) names.
     old.close()
     shard.close()
-    assert same([old[i] for i in range(0, 190, 7)], examples[0:190:7])
+    assert same([old[i] for i in range(0, count, 7)], examples[0:count:7])
     assert same(shard[3], examples[103])
     old.close()
     check_reads(atlas, root, examples)
