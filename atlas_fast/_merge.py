@@ -27,7 +27,14 @@ from ._format import (
     parse_json_object,
 )
 from ._writing.commit import dump_meta_atomic
-from ._writing.grow import Aside, final_names, link_tree, open_existing, remove_leftovers
+from ._writing.grow import (
+    Aside,
+    final_names,
+    link_folder,
+    link_tree,
+    open_existing,
+    remove_leftovers,
+)
 from ._writing.upload import is_remote
 
 __all__ = ["merge", "plan_strategy"]
@@ -132,7 +139,9 @@ def merge(sources, dst, *, storage_options=None) -> AtlasDatasetMetadata:
     otherwise the merged dataset has strategy 3 (``plan_strategy``), and each shard of a
     strategy-2 source carries that source's dictionary as its own ``zstd_dict.bin``.
     Root files other than meta.json and the shared dictionary are not carried over: each
-    describes its own dataset's shards.
+    describes its own dataset's shards; but a token index (``tokens*.idx``) that every
+    local source has, covering all its shards, is merged: the entries of each, in order
+    (read from the index files alone: no shard is read).
 
     ``dst`` must be absent (or an empty directory; for a URL, hold no object). Atomic as
     every write: the merged dataset is built in a folder next to ``dst`` and renamed into
@@ -171,6 +180,7 @@ def merge(sources, dst, *, storage_options=None) -> AtlasDatasetMetadata:
         sizes = _link_shards(opened, aside, strategy)
         if strategy == _SHARED and opened[0].dict_bytes is not None:
             os.link(opened[0].root / DICT_FILE, aside.dir / DICT_FILE)
+        _merge_token_indexes(opened, aside.dir)
         metadata = AtlasDatasetMetadata(VERSION, sizes, int(strategy))
         aside.commit_new(metadata._asdict())
     except BaseException:
@@ -190,14 +200,40 @@ def _link_shards(opened: list, aside: Aside, strategy: int) -> list:
             source.names, source.shard_strategies, source.metadata.shard_sizes
         ):
             target = aside.dir / next(names)
+            shard = os.fspath(source.root / name)
             if shard_strategy == _SHARED and strategy != _SHARED:
-                aside.copied += link_tree(source.root / name, target, skip=(META_FILE, DICT_FILE))
+                skip = (META_FILE, DICT_FILE)
+                aside.copied += link_folder(shard, os.fspath(target), skip)[0]
                 os.link(source.root / DICT_FILE, target / DICT_FILE)
                 _own_dictionary_meta(source.root / name / META_FILE, target / META_FILE)
             else:
-                aside.copied += link_tree(source.root / name, target)
+                aside.copied += link_folder(shard, os.fspath(target))[0]
             sizes.append(size)
     return sizes
+
+
+def _merge_token_indexes(opened: list, where: Path) -> list:
+    """The merged dataset's token index for each field every source has one of that covers
+    all its shards: their entries one after the other, written at ``where`` (no shard read:
+    an entry is keyed by its shard's files, which a merge links unchanged). The names
+    written."""
+    from ._token_index import covering_entries, field_of, index_files, write_index
+
+    written = []
+    for name in index_files(opened[0].root):
+        field = field_of(opened[0].root / name)
+        if field is ...:
+            continue
+        entries = []
+        for source in opened:
+            found = covering_entries(source.root / name, field, source.metadata.shard_sizes)
+            if found is None:
+                break
+            entries += found
+        else:
+            write_index(where / name, field, entries)
+            written.append(name)
+    return written
 
 
 def _own_fields(meta_bytes: bytes, where) -> dict:

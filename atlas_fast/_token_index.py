@@ -37,6 +37,9 @@ from ._errors import TokenIndexError
 
 __all__ = [
     "FORMAT_VERSION",
+    "covering_entries",
+    "field_of",
+    "index_files",
     "MAGIC",
     "ShardEntry",
     "TokenIndex",
@@ -419,6 +422,41 @@ class Tally:
                 )
             )
         return out
+
+
+def covering_entries(path, field, sizes: list) -> list | None:
+    """The entries of the token index at ``path`` when it is one of ``field`` whose shards
+    are exactly those of ``sizes`` (one entry per shard, each of that many examples), in
+    shard order; else None (no index there, a malformed one, another field, other shards).
+    Reads the index alone: what grows a dataset's index without reading its shards."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        index = TokenIndex(path)
+    except TokenIndexError:
+        return None
+    if index.field != field or len(index.shards) != len(sizes):
+        return None
+    if [int(e) for e in index.shards["examples"]] != [int(s) for s in sizes]:
+        return None
+    return [index.entry(k) for k in range(len(sizes))]
+
+
+def index_files(root) -> list:
+    """The names of the token index files at the root of the local dataset ``root``."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith("tokens.") and n.endswith(".idx"))
+
+
+def field_of(path):
+    """The field the token index at ``path`` was made for, or ``...`` when it is not one."""
+    try:
+        return TokenIndex(path).field
+    except TokenIndexError:
+        return ...
 
 
 def index_dataset(root, field=None, progress=None) -> Path:

@@ -56,6 +56,7 @@ from ._format import (
     dump_meta,
     read_shard_metadata,
 )
+from ._token_index import covering_entries
 from ._writing.blocks import DIRECT_WRITE_MIN as DIRECT_WRITE_MIN  # the value, documented
 from ._writing.blocks import (
     BlockStore,
@@ -537,6 +538,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         # append=True to a local path: the dataset locked and checked, the new shards
         # written aside (``_writing.grow.LocalAppend``).
         self._append = None
+        self._old_token_entries = []  # append=True: the old shards' token index entries
         self._first = 0  # the number of the first shard this writer writes
         self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
         try:
@@ -580,10 +582,20 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._tokens = _token_tally(
             token_index, token_field, options.shard_size, options.block_size, self._uploads
         )
-        if append:
-            # The dataset's token index is carried over as it is (``carry_root_files``): it
-            # is kept per shard, so the new shards get their entries on first use.
-            self._tokens = None
+        if append and self._uploads is None and not self._append.existing.count:
+            pass  # a dataset of no shard: its index is the new shards' alone
+        elif append and self._tokens is not None:
+            # The grown dataset's index: the old one's entries (read from it, no shard
+            # read), then the new shards' from the tally; written into the aside tree
+            # before the commit (``_write_grown_token_index``). Without an old index
+            # covering every old shard, the old file is carried over as it is.
+            name = self._tokens_file()
+            sizes = self._append.existing.metadata.shard_sizes
+            self._old_token_entries = covering_entries(
+                self._append.existing.root / name, self._tokens.field, sizes
+            )
+            if self._old_token_entries is None:
+                self._tokens = None
         try:
             if append:
                 if self._uploads is not None:
@@ -797,6 +809,27 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         entries = self._tokens.entries(dirs, self.shard_sizes)
         write_index(self.path / index_name(self._tokens.field), self._tokens.field, entries)
 
+    def _tokens_file(self) -> str:
+        from ._token_index import index_name
+
+        return index_name(self._tokens.field)
+
+    def _write_grown_token_index(self, sizes: list) -> tuple:
+        """A local append of token sequences: the grown dataset's token index (the old
+        entries, then the new shards') written into the aside tree; the root files written
+        there (not carried over from the old root)."""
+        if self._tokens is None or not sizes:
+            return ()
+        from ._token_index import write_index
+
+        dirs = [self._dir / str(self._first + k) for k in range(len(sizes))]
+        if not all((d / "index.npy").is_file() for d in dirs):
+            return ()  # shard writers that are not ours (see _write_token_index)
+        entries = self._old_token_entries + self._tokens.entries(dirs, sizes)
+        name = self._tokens_file()
+        write_index(self._dir / name, self._tokens.field, entries)
+        return (name,)
+
     def _commit_append(self) -> None:
         """``append=True``, every new shard finished: the grown dataset committed (an empty
         last shard, the only one when nothing was added, is not kept)."""
@@ -806,7 +839,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
             shutil.rmtree(self._dir / str(self._first + len(sizes)), ignore_errors=True)
         try:
             if self._append is not None:
-                self._append.commit(sizes, int(self.compression_strategy))
+                written = self._write_grown_token_index(sizes)
+                self._append.commit(sizes, int(self.compression_strategy), written=written)
             else:
                 from ._writing.grow_remote import commit_remote_append
 

@@ -147,17 +147,24 @@ def test_a_strategy_2_dataset_that_fell_back_to_1_takes_appends_with_2(tmp_path,
 # -- readers opened before ----------------------------------------------------------------
 
 
-def test_a_reader_opened_before_keeps_reading_the_old_dataset(tmp_path, atlas):
+# 10 shards (0-9), widened by the append; 11 shards (00-10), not widened
+@pytest.mark.parametrize("count", [190, 220])
+def test_a_reader_opened_before_keeps_reading_the_old_dataset(tmp_path, atlas, count):
     examples = make_examples(300)
     root = tmp_path / "ds"
-    write_dataset(root, examples[:190], shard_size=20, block_size=4)  # 10 shards: 0-9
+    write_dataset(root, examples[:count], shard_size=20, block_size=4)
     old = atlas.AtlasDataset(root)
     assert same(old[0], examples[0])  # shard 0 opened, the others not yet
     shard = old.shards[5]  # made, not opened
-    append(root, examples[190:])  # 15 shards: 00-14
-    assert len(old) == 190
-    assert same([old[i] for i in range(190)], examples[:190])
+    append(root, examples[count:])  # 15 shards: 00-14
+    assert len(old) == count
+    assert same([old[i] for i in range(count)], examples[:count])
     assert same([shard[i] for i in range(len(shard))], examples[100:120])
+    # Closed, then read again: every shard's files reopened under their (widened) names.
+    old.close()
+    shard.close()
+    assert same([old[i] for i in range(0, count, 7)], examples[0:count:7])
+    assert same(shard[3], examples[103])
     old.close()
     check_reads(atlas, root, examples)
 
@@ -437,3 +444,91 @@ def test_an_append_through_a_symlink_grows_the_folder_it_names(tmp_path, atlas):
     assert (tmp_path / "link").is_symlink()
     check_reads(atlas, tmp_path / "link", examples)
     assert siblings(real) == ["link"]
+
+
+# -- the token index ----------------------------------------------------------------------
+
+
+def _reads_no_shard(monkeypatch) -> None:
+    """Building index entries (``build_entries``) is what reads shards' blocks for the
+    index: a private name, patched to fail, so that opening with a complete index is shown
+    to read the index and the metadata alone."""
+    from atlas_fast import _token_index
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the token index was built from the shards")
+
+    monkeypatch.setattr(_token_index, "build_entries", fail)
+
+
+def _windows_match(atlas, root, docs, seq_len) -> None:
+    from token_helpers import Model, assert_rows
+
+    from atlas_fast.tokens import TokenSequences
+
+    ts = TokenSequences(atlas.AtlasDataset(root), seq_len, index="require")
+    assert ts.index_path == root / "tokens.idx"
+    assert_rows(ts.__getitems__(list(range(len(ts)))), Model(docs).windows(seq_len))
+
+
+@pytest.mark.parametrize("strategy", [0, 2, 3])
+@pytest.mark.parametrize("old", [90, 60])  # 9 shards then 15: widening; 6 then 15
+def test_an_append_writes_the_grown_datasets_token_index(
+    tmp_path, atlas, monkeypatch, strategy, old
+):
+    import numpy as np
+    from token_helpers import make_docs, write_docs
+
+    docs = make_docs(11, 150, np.uint16, long=1)
+    options = {"strategy": strategy, "shard_size": 10, "block_size": 2}
+    root = write_docs(tmp_path / "ds", docs[:old], **options)
+    write_docs(root, docs[old:], append=True, **options)
+    # The index of the same shards written at once: the same bytes.
+    once = write_docs(tmp_path / "once", docs, **options)
+    assert (root / "tokens.idx").read_bytes() == (once / "tokens.idx").read_bytes()
+    _reads_no_shard(monkeypatch)
+    _windows_match(atlas, root, docs, 7)
+    assert same(reference_examples(root), docs)
+
+
+def test_an_append_without_an_old_index_leaves_the_index_to_its_first_use(tmp_path, atlas):
+    import numpy as np
+    from token_helpers import make_docs, write_docs
+
+    docs = make_docs(12, 60, np.uint16)
+    root = write_docs(tmp_path / "ds", docs[:40], shard_size=20, token_index=False)
+    write_docs(root, docs[40:], shard_size=20, append=True)
+    assert not (root / "tokens.idx").exists()
+    from atlas_fast.tokens import TokenSequences
+
+    ts = TokenSequences(atlas.AtlasDataset(root), 5)  # built now, from the shards
+    assert ts.num_tokens == sum(len(d) for d in docs)
+
+
+def test_a_merge_of_token_datasets_merges_their_indexes(tmp_path, atlas, monkeypatch):
+    import numpy as np
+    from token_helpers import make_docs, write_docs
+
+    from atlas_fast import _token_index
+
+    parts = [make_docs(20 + k, 40 + 15 * k, np.uint32, long=k % 2) for k in range(3)]
+    sources = []
+    for k, docs in enumerate(parts):  # strategies 2 with three dictionaries, and 0
+        sources.append(
+            write_docs(tmp_path / f"s{k}", docs, strategy=(2, 2, 0)[k], shard_size=16, block_size=2)
+        )
+    atlas_fast.merge(sources, tmp_path / "m")
+    merged = tmp_path / "m"
+    everything = [d for docs in parts for d in docs]
+    # The same index as one built by reading the merged dataset's shards.
+    built = tmp_path / "built"
+    shutil.copytree(merged, built)
+    (built / "tokens.idx").unlink()
+    _token_index.index_dataset(built)
+    assert (merged / "tokens.idx").read_bytes() == (built / "tokens.idx").read_bytes()
+    _reads_no_shard(monkeypatch)
+    _windows_match(atlas, merged, everything, 5)
+    # A source without an index: the merged dataset has none (it is built on first use).
+    (sources[1] / "tokens.idx").unlink()
+    atlas_fast.merge(sources, tmp_path / "m2")
+    assert not (tmp_path / "m2" / "tokens.idx").exists()

@@ -41,6 +41,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+import stat
 import sys
 import threading
 import uuid
@@ -119,7 +120,11 @@ class ExistingDataset:
 def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDataset:
     """The dataset at ``root``, checked whole: an ``AtlasFormatError`` naming ``root`` and the
     problem when it is not a dataset (or not all of it is here, or a file of it is damaged).
-    ``check_files``: also each shard's index.npy against its data.bin and its dictionary."""
+    ``check_files``: also each shard's index.npy (its offsets, the last one data.bin's size)
+    and dictionary file (there, not empty), read as a reader reads them on a shard's first
+    use; the blocks are not decoded (``atlas-fast verify`` does that).
+
+    Paths are plain strings here: this runs once per shard before every append."""
     root = Path(root)
     prefix = f"{root}: {who} needs a whole, readable Atlas dataset here"
     if not root.is_dir():
@@ -141,8 +146,9 @@ def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDatase
             if names or (root / DICT_FILE).exists():
                 dict_bytes = read_dict_file(root / DICT_FILE)
         shard_metadatas = []
+        top = os.fspath(root)
         for number, name in enumerate(names):
-            shard_dir = root / name
+            shard_dir = os.path.join(top, name)
             shard = read_shard_metadata(shard_dir)
             if shard.stored_examples != metadata.shard_sizes[number]:
                 raise AtlasFormatError(
@@ -161,11 +167,27 @@ def open_existing(root, who: str, *, check_files: bool = True) -> ExistingDatase
             if check_files:
                 load_offsets(shard_dir, shard)
                 if shard.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-                    read_dict_file(shard_dir / DICT_FILE)
+                    _check_dict_file(os.path.join(shard_dir, DICT_FILE))
             shard_metadatas.append(shard)
     except AtlasFormatError as exc:
         raise AtlasFormatError(f"{prefix}: {exc}") from exc
     return ExistingDataset(root, metadata, names, shard_metadatas, dict_bytes)
+
+
+def _check_dict_file(path: str) -> None:
+    """A shard's own dictionary: a regular file, not empty (its bytes are the readers' to
+    check, as zstd loads them: reading every dictionary here would cost more than the
+    append's links)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing (the compression strategy needs it)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot be read: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise AtlasFormatError(f"{path}: not a regular file")
+    if not st.st_size:
+        raise AtlasFormatError(f"{path}: empty dictionary")
 
 
 def _listed(names: list) -> str:
@@ -309,11 +331,12 @@ _removals: list = []
 _removals_lock = threading.Lock()
 
 
-def _remove_later(path: Path) -> None:
+def _remove_later(path: Path, shards=()) -> None:
+    """Remove the tree ``path`` on a thread of its own (see the module); ``shards``: its
+    shard folders' ``(name, file names)`` (``Aside.link_old``), unlinked by name."""
     thread = threading.Thread(
-        target=shutil.rmtree,
-        args=(path,),
-        kwargs={"ignore_errors": True},
+        target=_remove_tree,
+        args=(os.fspath(path), shards),
         name="atlas-fast-old-tree",
         daemon=True,
     )
@@ -321,6 +344,24 @@ def _remove_later(path: Path) -> None:
         _removals[:] = [t for t in _removals if t.is_alive()]
         _removals.append(thread)
     thread.start()
+
+
+def _remove_tree(path: str, shards) -> None:
+    """Remove the tree ``path``: the shard folders whose files are known by name first (an
+    unlink per file and an ``rmdir``: ``shutil.rmtree`` would list and stat each again),
+    then whatever is left."""
+    join = os.path.join
+    for name, files in shards:
+        folder = join(path, name)
+        try:
+            if files is None:
+                continue  # not all plain files: left to rmtree
+            for file in files:
+                os.unlink(join(folder, file))
+            os.rmdir(folder)
+        except OSError:
+            pass  # something else in it: left to rmtree
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_for_removals() -> None:
@@ -348,6 +389,31 @@ def _link_or_copy(src: str, dst: str) -> bool:
             raise
     shutil.copy2(src, dst, follow_symlinks=False)
     return False
+
+
+def link_folder(src: str, dst: str, skip=()) -> tuple:
+    """Make ``dst`` a folder of hard links to the files of the folder ``src`` (but those
+    named in ``skip``; a folder inside as a tree of links; a file copied where no link can
+    be made): ``(files copied, the names linked)``, the names None when ``src`` held more
+    than plain files. Plain strings and ``os.listdir``, no ``DirEntry`` objects: appends
+    and merges run this once per shard."""
+    src, dst = src + os.sep, dst + os.sep
+    os.mkdir(dst)
+    copied = 0
+    entries = os.listdir(src)
+    if skip:
+        entries = [e for e in entries if e not in skip]
+    names = entries
+    for entry in entries:
+        try:
+            os.link(src + entry, dst + entry, follow_symlinks=False)
+        except OSError:  # a folder, or no hard links here
+            names = None
+            if os.path.isdir(src + entry) and not os.path.islink(src + entry):
+                copied += link_tree(src + entry, dst + entry)
+            elif not _link_or_copy(src + entry, dst + entry):
+                copied += 1
+    return copied, names
 
 
 def link_tree(src, dst, skip=()) -> int:
@@ -426,19 +492,6 @@ def exchange(new: Path, root: Path) -> None:
     os.rename(old, new)
 
 
-def _fsync_dir(path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every file system flushes a directory
-    finally:
-        os.close(fd)
-
-
 # -- the aside tree -------------------------------------------------------------------------
 
 
@@ -477,23 +530,30 @@ class Aside:
         self._unlock()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def place_shards(self, sources: list, names: list, *, link: bool) -> None:
-        """Put the shard folders ``sources`` into the aside folder as ``names``: hard-linked
-        (``link``: the old dataset's, which stay where they are) or moved (new ones)."""
-        for source, name in zip(sources, names):
-            target = self.dir / name
-            if Path(source) == target:
-                continue
-            if link:
-                self.copied += link_tree(source, target)
-            else:
-                os.rename(source, target)
+    def link_old(self, existing: ExistingDataset, names: list) -> list:
+        """Hard-link each shard folder of ``existing`` into the aside folder under ``names``
+        (its final names; ``link_folder``). The old tree is not touched. Returns each
+        shard's file names, in order: what the removal of the old tree unlinks by name
+        (``_remove_tree``).
 
-    def commit_append(self, existing: ExistingDataset, new_dirs: list, fields: dict) -> None:
+        The append's cost beyond writing its shards is this loop: a ``mkdir``, a listing
+        and a link per file, per old shard."""
+        top, aside = os.fspath(existing.root) + os.sep, os.fspath(self.dir) + os.sep
+        files = []
+        for name, target in zip(existing.names, names):
+            copied, entries = link_folder(top + name, aside + target)
+            self.copied += copied
+            files.append(entries)
+        return files
+
+    def commit_append(
+        self, existing: ExistingDataset, new_dirs: list, fields: dict, written=()
+    ) -> None:
         """The dataset at ``root``, grown: ``existing``'s shards, then the shard folders
         ``new_dirs`` (inside ``dir``, in order), under one width; the root's other files
-        carried over; ``fields`` the new root meta.json. Then exchanged with the old root,
-        and the old tree removed."""
+        carried over, but those named in ``written`` (written anew in ``dir`` by the
+        caller: the grown token index); ``fields`` the new root meta.json. Then exchanged
+        with the old root, and the old tree removed."""
         names = final_names(existing.count + len(new_dirs), existing.width)
         old, new = names[: existing.count], names[existing.count :]
         # New shards first: their temporary names are numbers >= the old count, never the
@@ -504,13 +564,13 @@ class Aside:
                 if target.exists():
                     raise FileExistsError(f"{target}: in the way of shard {source}")
                 os.rename(source, target)
-        self.place_shards([existing.root / n for n in existing.names], old, link=True)
-        self.copied += carry_root_files(existing.root, self.dir)
+        files = self.link_old(existing, old)
+        self.copied += carry_root_files(existing.root, self.dir, skip=written)
         self._seal(fields)
         exchange(self.dir, self.root)
         self._unlock()
-        _fsync_dir(self.root.parent)
-        _remove_later(self.dir)  # the old tree: its files live on in root
+        # The old tree: its files live on in root. Removed on a thread (see the module).
+        _remove_later(self.dir, list(zip(existing.names, files)))
 
     def commit_new(self, fields: dict) -> None:
         """The aside folder (shards placed, root files written) becomes the new dataset at
@@ -528,11 +588,15 @@ class Aside:
                 ) from None
             raise
         self._unlock()
-        _fsync_dir(self.root.parent)
 
     def _seal(self, fields: dict) -> None:
+        # The one flush of the commit, as a first write flushes its root meta.json: the
+        # commit marker on disk before the step that publishes it (the exchange, or the
+        # rename). Every other file and folder of the tree was made before it, and a
+        # journaling file system commits metadata in order: after a power cut, a tree
+        # whose exchange survived is whole. The exchange itself reaches the disk with the
+        # file system's next commit (a power cut before that: the old dataset).
         dump_meta_atomic(self.dir / META_FILE, fields)
-        _fsync_dir(self.dir)
 
 
 class LocalAppend:
@@ -574,17 +638,18 @@ class LocalAppend:
     def shard_dir(self, number: int) -> Path:
         return self.aside.dir / str(number)
 
-    def commit(self, sizes: list, strategy: int | None = None) -> AtlasDatasetMetadata:
+    def commit(self, sizes: list, strategy: int | None = None, written=()) -> AtlasDatasetMetadata:
         """Commit the new shards ``first ..`` (their ``sizes``, in order) and the dataset's
-        ``strategy`` (default: as it was): the grown dataset's metadata. No shard: nothing
-        changes."""
+        ``strategy`` (default: as it was): the grown dataset's metadata. ``written``: root
+        files the caller wrote into the aside folder, which replace the old root's. No
+        shard: nothing changes."""
         old = self.existing.metadata
         strategy = self.strategy if strategy is None else strategy
         metadata = AtlasDatasetMetadata(old.version, [*old.shard_sizes, *sizes], strategy)
         try:
             if sizes:
                 new = [self.shard_dir(self.first + k) for k in range(len(sizes))]
-                self.aside.commit_append(self.existing, new, metadata._asdict())
+                self.aside.commit_append(self.existing, new, metadata._asdict(), written)
             else:
                 self.aside.abandon()
                 metadata = old

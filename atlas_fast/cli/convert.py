@@ -43,7 +43,8 @@ _OWN = {
     "src": {"metavar": "SRC", "help": "the dataset to convert (file or directory)"},
     "dst": {
         "metavar": "DST",
-        "help": "the Atlas dataset to write (must not exist): a path, or a URL (s3://, gs://, "
+        "help": "the Atlas dataset to write (must not exist; with --append, the one to grow): a "
+        "path, or a URL (s3://, gs://, "
         "az://) to write to object storage",
     },
     "--from": {
@@ -69,6 +70,12 @@ _GROUPS = {
             "appears",
         },
         "--quiet": {"action": "store_true", "help": "no progress bar"},
+        "--append": {
+            "action": "store_true",
+            "help": "add the examples after the last one of the Atlas dataset at DST (its "
+            "compression strategy and shared dictionary kept; atomic: DST holds the old "
+            "dataset or the grown one); not with --ray or --overwrite",
+        },
         "--ray": {
             "action": "store_true",
             "help": "write on Ray Data through atlas_fast.ray.write_atlas (the ray extra; Ray "
@@ -176,6 +183,8 @@ def run(args) -> int:
 
     if args.ray and args.workers is not None:
         return _error("--ray and --workers exclude each other (Ray decides the parallelism)")
+    if args.append and (args.ray or args.overwrite):
+        return _error("--append excludes --ray and --overwrite")
     if args.workers is not None:
         try:
             check_int("--workers", args.workers, minimum=1)
@@ -206,6 +215,11 @@ def run(args) -> int:
     if problem:
         return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()
+    unchanged = (
+        f"the dataset at {args.dst} is unchanged"
+        if args.append
+        else f"no dataset was written at {args.dst}"
+    )
     try:
         summary = convert(
             args.src,
@@ -215,13 +229,13 @@ def run(args) -> int:
             verify=args.verify,
             progress=show_bar or None,
             ray=args.ray,
+            append=args.append,
             **remote,
             **options,
         )
     except KeyboardInterrupt:
         print(
-            f"atlas-fast convert: interrupted; nothing was written at {args.dst} "
-            "(the partial output was removed)",
+            f"atlas-fast convert: interrupted; {unchanged} (the partial output was removed)",
             file=sys.stderr,
         )
         return 130
@@ -236,11 +250,11 @@ def run(args) -> int:
     ) as exc:
         if isinstance(exc, FileExistsError):
             return _error(exc.strerror or str(exc))  # the sentence, without "[Errno 17]"
-        return _error(f"{exc}\nno dataset was written at {args.dst}")
+        return _error(f"{exc}\n{unchanged}")
     except Exception as exc:
         if not args.ray:
             raise
         # Ray wraps a task's error (its text keeps the file and line) in its own types.
-        return _error(f"{exc}\nno dataset was written at {args.dst}")
+        return _error(f"{exc}\n{unchanged}")
     print(summary)
     return 0

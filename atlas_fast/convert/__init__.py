@@ -59,6 +59,7 @@ def convert(
     overwrite=False,
     staging_dir=None,
     staging_bytes=None,
+    append=False,
     **options,
 ):
     """Convert the dataset at ``src``, in format ``fmt`` (a key of ``FORMATS``), into a new
@@ -100,6 +101,20 @@ def convert(
     ``verify=True`` too, the dataset is converted into that directory whole, verified, then
     uploaded.
 
+    ``append=True`` adds the converted examples after the last one of the Atlas dataset at
+    ``dst`` instead (of ``dst/<split>`` for each split of a source that has splits), as
+    ``AtlasDatasetWriter(..., append=True)`` does (docs/growing.md): its compression
+    strategy is kept (``compression_strategy`` must be it, or 2 for a dataset stored with
+    1), its shared dictionary compresses the new shards (none is trained), and
+    ``shard_size``, ``block_size`` and the level apply to the new shards only. Each dataset
+    is opened and checked before the source is read (a path that holds no dataset, a
+    damaged one, or another strategy raises ``AtlasFormatError`` or
+    ``InvalidArgumentError``, and nothing is written); the shards are written and verified
+    (``verify``) in the staging directory, then each dataset grows at once, atomically as
+    an append does: locally the grown dataset swapped in, to a URL its root meta.json put.
+    Not with ``ray`` or ``overwrite``. A dataset of token sequences with a token index
+    gets the grown index too (its new shards' entries read from them alone).
+
     Malformed input raises ``SourceError``, whose message starts with the file and position.
     """
     from ._run import run_conversion
@@ -140,6 +155,7 @@ def convert(
         staging_bytes=(
             None if staging_bytes is None else check_int("staging_bytes", staging_bytes, minimum=1)
         ),
+        append=_flag("append", append),
     )
     if fmt == "flat-tokens" and "://" not in str(dst):
         # Token sequences: each dataset written gets its token index (TokenSequences).
@@ -148,9 +164,19 @@ def convert(
         dst = Path(dst)
         split = [] if (dst / "meta.json").is_file() else sorted(dst.iterdir())
         for root in [dst] if not split else split:
+            if append and (root / "tokens.idx").is_file():
+                continue  # grown with the dataset (or left to its next TokenSequences)
             if (root / "meta.json").is_file():
                 index_dataset(root, progress=progress)
     return summary
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        from .._errors import InvalidArgumentTypeError
+
+        raise InvalidArgumentTypeError(f"{name} must be True or False, not {value!r}")
+    return value
 
 
 def _for_format(fmt: str):

@@ -47,6 +47,7 @@ class ConvertSummary:
     datasets: list = field(default_factory=list)  # (split or None, examples, shards)
     strategy: int | None = None  # the compression strategy asked
     strategies: list = field(default_factory=list)  # the one each dataset was written with
+    appended: bool = False  # append=True: the shards were added to the dataset(s) at dst
 
     def __str__(self) -> str:
         rate = self.examples / self.seconds if self.seconds > 0 else 0.0
@@ -56,7 +57,8 @@ class ConvertSummary:
         )
         return (
             f"converted {_count(self.examples, 'example')} ({self.fmt}) into "
-            f"{_count(self.shards, 'shard')}{self._strategy_text()} at {where}: "
+            f"{_count(self.shards, 'shard')}{self._strategy_text()} "
+            f"{'appended to' if self.appended else 'at'} {where}: "
             f"{_size(self.bytes_in)} in, {_size(self.bytes_out)} out, "
             f"{self.seconds:.1f} s ({rate:,.0f} examples/s)"
             + (", verified" if self.verified else "")
@@ -146,15 +148,25 @@ def run_conversion(
     overwrite: bool = False,
     staging_dir=None,
     staging_bytes=None,
+    append: bool = False,
 ) -> ConvertSummary:
     """Convert the sources ``list_sources()`` returns into DST (see ``convert``)."""
     from .._writing.upload import is_remote
     from ..storage import local_path
 
+    if append and ray:
+        raise ValueError(
+            f"{dst}: append=True does not run on Ray here: append a Ray Dataset with "
+            "atlas_fast.ray.write_atlas(..., mode='append')"
+        )
+    if append and overwrite:
+        raise ValueError(f"{dst}: append=True and overwrite=True: choose one")
     if is_remote(dst):
         from ._upload import RemoteDestination
 
-        remote = RemoteDestination(dst, storage_options, overwrite, staging_dir, staging_bytes)
+        remote = RemoteDestination(
+            dst, storage_options, overwrite, staging_dir, staging_bytes, append=append
+        )
         try:
             return _run(
                 list_sources,
@@ -166,6 +178,7 @@ def run_conversion(
                 progress,
                 options,
                 ray,
+                append,
             )
         finally:
             remote.remove()
@@ -176,21 +189,31 @@ def run_conversion(
     if staging_bytes is not None:
         raise ValueError(f"{dst}: staging_bytes is for a URL DST")
     dst = Path(local_path(dst))
-    check_destination(dst)
-    return _run(list_sources, dst, None, fmt, workers, verify, progress, options, ray)
+    if not append:
+        check_destination(dst)
+    return _run(list_sources, dst, None, fmt, workers, verify, progress, options, ray, append)
 
 
-def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray):
+def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray, append=False):
     from .._format import read_dataset_metadata
 
     started = time.monotonic()
     pool = Serial(1 if ray else workers)
     staging = None
     streamed: list = []  # a conversion to a URL: the strategy each dataset was written with
+    growths = None  # append=True: the datasets grown (``_append.Growths``)
+    bytes_out = None
     ok = False
     try:
         sources = list_sources()
         _check_sources(sources)
+        if append:  # every dataset opened and checked before anything is read or written
+            from ._append import Growths
+
+            splits = [source.split for source in sources]
+            growths = Growths(dst, splits, options["compression_strategy"], remote)
+            if remote is not None:
+                remote.growths = growths
         # The worker processes start now, with the format's modules imported (pyarrow: a
         # fifth of a second in each), and no more of them than the parts to share.
         processes = min(pool.cores, max(len(source.parts) for source in sources))
@@ -219,9 +242,14 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
                     )
             else:
                 stream = None
+                known = None
+                source_options = options
+                if growths is not None:
+                    source_options = growths.options(source.split, options)
+                    known = growths.dict_bytes(source.split)
                 if remote is not None:  # each shard uploaded once named (see _stream)
                     work = staging.work(s)
-                    stream = remote.stream(source, pool.gate, options, verify, work / "dict")
+                    stream = remote.stream(source, pool.gate, source_options, verify, work / "dict")
                 examples, shards, written = _convert_source(
                     pool,
                     source,
@@ -230,13 +258,19 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
                     label,
                     verify,
                     progress,
-                    options,
+                    source_options,
                     stream,
                     remote,
+                    known,
                 )
                 streamed.append(written)
             summary.datasets.append((source.split, examples, shards))
-        if remote is None or (ray and verify):
+        if growths is not None and remote is None:
+            bytes_out = _tree_bytes(staging.out)
+            for source in sources:
+                out = staging.out if source.split is None else staging.out / source.split
+                growths.commit_local(source.split, out, fmt)
+        elif remote is None or (ray and verify):
             staging.move_in()
         if remote is not None:
             if ray and verify:
@@ -247,6 +281,8 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
     finally:
         if not ok and remote is not None:
             pool.gate.fail()
+        if not ok and growths is not None:
+            growths.abandon()
         pool.close(kill=not ok)
         if staging is not None:
             staging.remove()
@@ -263,19 +299,23 @@ def _run(list_sources, dst, remote, fmt, workers, verify, progress, options, ray
     summary.examples = sum(e for _, e, _ in summary.datasets)
     summary.shards = sum(n for _, _, n in summary.datasets)
     summary.bytes_in = sum(p.nbytes for source in sources for p in source.parts)
-    summary.bytes_out = _tree_bytes(dst) if remote is None else remote.stored_bytes(ray, verify)
+    if bytes_out is None:
+        bytes_out = _tree_bytes(dst) if remote is None else remote.stored_bytes(ray, verify)
+    summary.bytes_out = bytes_out
     summary.verified = bool(verify)
+    summary.appended = bool(append)
     summary.seconds = time.monotonic() - started
     return summary
 
 
 def _convert_source(
-    pool, source, work, root, label, verify, progress, options, stream=None, remote=None
+    pool, source, work, root, label, verify, progress, options, stream=None, remote=None, known=None
 ):
     """Write ``source`` with the pool's workers (into ``work``), commit it at ``root`` and
     verify it if asked, or (``stream``, a ``_stream.ShardStream``: a URL DST) upload its
     shards as they come and store all of it but the root meta.json; returns (examples,
-    shards, the compression strategy written)."""
+    shards, the compression strategy written). ``known``: the strategy-2 dictionary of the
+    dataset appended to (see ``_write_stealing``)."""
     from .._format import CompressionStrategy
     from .._writing.commit import commit_staged_shards
 
@@ -284,7 +324,7 @@ def _convert_source(
     strategy = CompressionStrategy(options["compression_strategy"])
     bar = Progress(progress, sum(p.nbytes for p in parts), _phase_name("converting", source))
     try:
-        results, shared = _write_stealing(pool, parts, runs, work, options, bar, stream)
+        results, shared = _write_stealing(pool, parts, runs, work, options, bar, stream, known)
     except BaseException:
         if stream is not None:
             stream.close()  # its verification stops
@@ -334,18 +374,22 @@ def _threads(pool, runs: int) -> int:
     return max(1, pool.cores // runs)
 
 
-def _write_stealing(pool, parts, runs, work, options, bar, stream=None):
+def _write_stealing(pool, parts, runs, work, options, bar, stream=None, known=None):
     """Every run starts at once (work stealing, spill files, the dictionary handed over by
-    files); returns (the runs' results, the shared dictionary or None)."""
+    files); returns (the runs' results, the shared dictionary or None). ``known``: the
+    strategy-2 dictionary of the dataset appended to, used by every run (none trained)."""
     from .._format import CompressionStrategy
 
     dict_dir = work / "dict"
     dict_dir.mkdir(parents=True)
+    if known is not None:
+        DictionaryHandOver(dict_dir).publish(known)
     ranges = _ranges(runs)
     threads = _threads(pool, len(runs))
     strategy = CompressionStrategy(options["compression_strategy"])
     spill_dir = None
-    if len(runs) > 1 and strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+    shared = strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    if len(runs) > 1 and shared and known is None:
         spill_dir = pool.spill_dir(work.name)
     tasks = [
         (
@@ -360,6 +404,7 @@ def _write_stealing(pool, parts, runs, work, options, bar, stream=None):
                 threads,
                 spill_dir,
                 stream is not None,
+                known is not None,
             ),
         )
         for k in range(len(runs))

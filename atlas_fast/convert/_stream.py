@@ -125,8 +125,12 @@ class ShardStream:
     the width of the first names; ``verify``: the label errors name the dataset by, or
     None; ``dict_dir``: where the strategy-2 dictionary is published."""
 
-    def __init__(self, uploads, gate, parts, *, lower=1, verify=None, dict_dir=None) -> None:
+    def __init__(
+        self, uploads, gate, parts, *, lower=1, verify=None, dict_dir=None, first=0
+    ) -> None:
         self.uploads = uploads
+        # An append: the dataset's shards before these (they are numbered after them).
+        self.first = first
         self.gate = gate
         self.parts = parts
         self.lower = max(1, lower)
@@ -191,21 +195,24 @@ class ShardStream:
         path = Path(path)
         self.sizes.append(read_shard_metadata(path).stored_examples)
         self.stored_bytes += size
-        width = len(str(max(self.lower, self.opened, index + 1) - 1))
-        name = str(index).zfill(width)
+        number = self.first + index
+        width = len(str(self.first + max(self.lower, self.opened, index + 1) - 1))
+        name = str(number).zfill(width)
         self.gate.named(size)
         if self._verifier is None:
-            self.uploads.put(path, index, name, size)
+            self.uploads.put(path, number, name, size)
         else:
-            self._verifying.append(self._verifier.submit(self._verified, path, index, name, size))
+            self._verifying.append(
+                self._verifier.submit(self._verified, path, index, number, name, size)
+            )
 
-    def _verified(self, path: Path, index: int, name: str, size: int) -> None:
+    def _verified(self, path: Path, index: int, number: int, name: str, size: int) -> None:
         try:
             self._checker.shard(path, index)
         except BaseException:
             self.gate.stored(size)  # it never goes up: the conversion fails
             raise
-        self.uploads.put(path, index, name, size)
+        self.uploads.put(path, number, name, size)
 
     # -- the end -----------------------------------------------------------------------------
 

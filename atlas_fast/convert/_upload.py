@@ -28,6 +28,7 @@ from .._writing.upload import (
     remove_objects,
     upload_dataset,
 )
+from ..storage import Location
 from ..storage._upload import Destination
 
 __all__ = ["RemoteDestination"]
@@ -40,9 +41,20 @@ class RemoteDestination:
     the root meta.jsons; ``fail`` removes what was uploaded."""
 
     def __init__(
-        self, url, storage_options=None, overwrite=False, staging_dir=None, staging_bytes=None
+        self,
+        url,
+        storage_options=None,
+        overwrite=False,
+        staging_dir=None,
+        staging_bytes=None,
+        *,
+        append=False,
     ) -> None:
-        self.dest = open_destination(url, storage_options, overwrite=overwrite, who="convert")
+        if append:  # the datasets there are opened by ``_append.Growths`` (``growths``)
+            self.dest = Destination(Location(url, storage_options))
+        else:
+            self.dest = open_destination(url, storage_options, overwrite=overwrite, who="convert")
+        self.growths = None
         self.url = self.dest.location.url
         self.storage_options = storage_options
         self.limit = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
@@ -74,14 +86,20 @@ class RemoteDestination:
         if counts and None not in counts:
             lower = -(-sum(counts) // options["shard_size"])
         label = self.label(source.split) if verify else None
+        first = 0 if self.growths is None else self.growths.items[source.split].count
         return ShardStream(
-            uploads, gate, source.parts, lower=lower, verify=label, dict_dir=dict_dir
+            uploads, gate, source.parts, lower=lower, verify=label, dict_dir=dict_dir, first=first
         )
 
     def seal(self, stream, sizes: list, strategy: int, shared) -> None:
         """Every shard of ``stream``'s dataset stored under its final name, the shared
         dictionary (``shared``: bytes or None) put; its root meta.json waits for ``commit``."""
         uploads = stream.uploads
+        if self.growths is not None:  # an append: committed by ``commit``
+            growth = self.growths.items[stream_split(self, uploads)]
+            self.sealed.append((uploads, (growth, list(sizes), int(strategy), shared)))
+            self.bytes_out += stream.stored_bytes
+            return
         fields = AtlasDatasetMetadata(VERSION, list(sizes), int(strategy))._asdict()
         uploads.seal(fields, dict_bytes=shared)
         self.sealed.append((uploads, fields))
@@ -92,7 +110,10 @@ class RemoteDestination:
     def commit(self) -> None:
         """Each dataset's root meta.json, once all are stored: the last objects."""
         for uploads, fields in self.sealed:
-            uploads.put_meta(fields)
+            if self.growths is not None:
+                _commit_append(uploads, *fields)
+            else:
+                uploads.put_meta(fields)
             uploads.close()
 
     def upload(self, splits: list) -> None:
@@ -116,6 +137,8 @@ class RemoteDestination:
                 uploads.abandon()
             except Exception:
                 pass
+        if self.growths is not None:  # an append: DST's datasets are left as they were
+            return
         try:  # DST held nothing before: all under it is this conversion's
             remove_objects(self.dest, self.dest.names())
             self.dest.abort_uploads()
@@ -126,3 +149,24 @@ class RemoteDestination:
         for _, uploads in self.uploads:
             uploads.close()
         shutil.rmtree(self.top, ignore_errors=True)
+
+
+def stream_split(remote: RemoteDestination, uploads):
+    """The split whose dataset ``uploads`` stores."""
+    for split, found in remote.uploads:
+        if found is uploads:
+            return split
+    raise KeyError("uploads of no split")
+
+
+def _commit_append(uploads, growth, sizes: list, strategy: int, shared) -> None:
+    """An append to a URL: the new shards (uploaded under the numbers after the last)
+    committed by the grown dataset's root meta.json; a dataset of no shard takes the
+    dictionary its first new shard trained."""
+    from .._format import DICT_FILE
+    from .._writing.grow_remote import commit_remote_append
+
+    new = uploads.uploaded(len(sizes))
+    if shared is not None and growth.dict_bytes is None and sizes:
+        growth.dest.put_bytes(DICT_FILE, shared)
+    commit_remote_append(growth, new, sizes, strategy)

@@ -31,6 +31,9 @@ class WriteJob:
     # A conversion to a URL: the run tells the converting process of its groups and shards
     # (``Worker.event``) and waits at the staging gate after each shard (see ``_stream``).
     stream: bool = False
+    # An append to a dataset that has its dictionary (``convert --append``): it is
+    # published in ``dict_dir`` before the runs start, and no run trains one.
+    dict_known: bool = False
 
     @property
     def first(self) -> bool:
@@ -80,6 +83,8 @@ class RunWriter:
         self.claims = Claims(job.parts, job.ranges, job.run, worker.table, worker.watch)
         self.worker = worker
         self.event = worker.event if job.stream else None
+        if job.dict_known and not self.known:
+            self._learn_dict(True)
 
     def run(self) -> tuple:
         """Write the run. Returns (groups, counts): groups ``(first part index, shard

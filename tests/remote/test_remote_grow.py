@@ -89,3 +89,69 @@ def test_merge_to_s3_from_local_and_from_the_same_bucket(s3, atlas, tmp_path):
         assert json.loads(objects[f"{name}/meta.json"])["compression_strategy"] in (1, 3)
     with pytest.raises(FileExistsError):
         atlas_fast.merge([s3.url("a")], s3.url("m"))
+
+
+def _documents(n: int, seed: int = 0) -> list:
+    words = ["shard", "block", "atlas", "zstd", "x" * 50]
+    return [
+        {"id": i, "text": " ".join(words[(i * 7 + k + seed) % 5] for k in range(i % 30))}
+        for i in range(n)
+    ]
+
+
+def write_jsonl(path, docs) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("strategy", [2, 3])
+def test_convert_append_to_s3_widens_and_reads_back(s3, atlas, tmp_path, strategy, workers):
+    from atlas_fast.convert import convert
+
+    docs = _documents(260, seed=strategy)
+    url = s3.url("conv")
+    write_dataset(url, docs[:150], shard_size=20, block_size=2, compression_strategy=strategy)
+    dict_before = stored(s3, "conv").get("zstd_dict.bin")
+    for k in range(3):
+        write_jsonl(tmp_path / "src" / f"{k}.jsonl", docs[150 + 37 * k : 150 + 37 * (k + 1)])
+    write_jsonl(tmp_path / "src" / "3.jsonl", docs[150 + 111 :])
+    summary = convert(
+        tmp_path / "src",
+        url,
+        "jsonl",
+        append=True,
+        workers=workers,
+        verify=True,
+        shard_size=20,
+        block_size=2,
+        compression_strategy=strategy,
+    )
+    assert summary.examples == 110 and summary.verified
+    objects = stored(s3, "conv")
+    count = len(json.loads(objects["meta.json"])["shard_sizes"])
+    assert count > 10
+    assert folders(objects) == [f"{k:02d}" for k in range(count)]  # widened: no old name left
+    assert objects.get("zstd_dict.bin") == dict_before  # reused, not trained
+    assert same(read_all(atlas, url), docs)
+    assert same(reference_examples(download(objects, tmp_path / "copy")), docs)
+    assert open_uploads(s3) == []
+
+
+def test_convert_append_to_s3_refuses_bad_input_and_leaves_it(s3, tmp_path):
+    from atlas_fast.convert import SourceError, convert
+
+    write_jsonl(tmp_path / "src" / "a.jsonl", _documents(30))
+    with pytest.raises(AtlasFormatError, match="nothing-here"):
+        convert(tmp_path / "src", s3.url("nothing-here"), "jsonl", append=True)
+    assert stored(s3, "nothing-here") == {}
+    url = s3.url("ds")
+    write_dataset(url, make_examples(60), shard_size=20, block_size=4, compression_strategy=3)
+    before = stored(s3, "ds")
+    with pytest.raises(InvalidArgumentError, match="compression_strategy 3"):
+        convert(tmp_path / "src", url, "jsonl", append=True, compression_strategy=1)
+    (tmp_path / "src" / "b.jsonl").write_text("{broken\n")
+    with pytest.raises(SourceError):
+        convert(tmp_path / "src", url, "jsonl", append=True, compression_strategy=3, workers=1)
+    assert stored(s3, "ds") == before
+    assert open_uploads(s3) == []
