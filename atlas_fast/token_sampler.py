@@ -18,10 +18,12 @@ import numpy as np
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
 from ._order import sampler_bases as _sampler_bases
+from ._token_index import sorted_unique
 
 __all__ = ["TokenShuffleSampler"]
 
 _EPOCHS_KEPT = 2  # epoch layouts kept (a DataLoader's iterator may run into the next epoch)
+_CHUNK_MIN = 8  # batches of a lane computed together, at least
 
 
 def _check_schedule(schedule, seq_len: int) -> tuple:
@@ -256,20 +258,24 @@ class TokenShuffleSampler(*_sampler_bases()):
             j += 1
         return np.concatenate(starts), np.concatenate(lengths)
 
-    def _batch_keys(self, layout: _Epoch, step: int) -> list:
-        """The keys of this rank's batch ``step``."""
-        lane, rounds = step % self.lanes, step // self.lanes
-        length = self._seq_len(step)
-        pos = self._consumed(lane, rounds)
-        total = self.batch_size * length
-        starts, lengths = self._lane_ranges(layout, lane, pos, total)
+    def _chunk(self, layout: _Epoch, lane: int, r0: int, r1: int) -> list:
+        """The batches of rounds ``[r0, r1)`` of lane ``lane`` (steps ``lane + r * lanes``),
+        computed together: ``[(keys, blocks), ...]``, ``blocks`` the global blocks each batch
+        reads (ascending)."""
+        g, bsz = self.lanes, self.batch_size
+        lengths = [self._seq_len(r * g + lane) for r in range(r0, r1)]
+        row_bounds = np.zeros(len(lengths) * bsz + 1, dtype=np.int64)
+        np.cumsum(np.repeat(np.array(lengths, dtype=np.int64), bsz), out=row_bounds[1:])
+        total = int(row_bounds[-1])
+        starts, lengths_ = self._lane_ranges(layout, lane, self._consumed(lane, r0), total)
         # Cut at the rows' ends, then at the permuted blocks' ends.
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        cuts = np.union1d(offsets, np.arange(0, total + 1, length))
+        offsets = np.zeros(len(lengths_) + 1, dtype=np.int64)
+        np.cumsum(lengths_, out=offsets[1:])
+        cuts = sorted_unique(np.concatenate((offsets, row_bounds)))
         seg = np.searchsorted(offsets, cuts[:-1], side="right") - 1
         x = starts[seg] + (cuts[:-1] - offsets[seg])
         n = np.diff(cuts)
-        row = cuts[:-1] // length
+        row = np.searchsorted(row_bounds, cuts[:-1], side="right") - 1
         bstarts = layout.starts
         i0 = np.searchsorted(bstarts, x, side="right") - 1
         i1 = np.searchsorted(bstarts, x + n - 1, side="right") - 1
@@ -280,31 +286,65 @@ class TokenShuffleSampler(*_sampler_bases()):
         hi = np.minimum(x[piece] + n[piece], bstarts[i + 1])
         keep = hi > lo
         i, lo, hi, piece = i[keep], lo[keep], hi[keep], piece[keep]
-        glo = layout.block_first[layout.perm[i]] + (lo - bstarts[i])
+        block = layout.perm[i]
+        glo = layout.block_first[block] + (lo - bstarts[i])
         rows = row[piece]
+        # The blocks of each batch.
+        n_blocks = len(layout.perm)
+        touched = sorted_unique((rows // bsz) * n_blocks + block)
+        batch_of, block_of = np.divmod(touched, n_blocks)
+        block_bounds = np.searchsorted(batch_of, np.arange(len(lengths) + 1))
         # Ranges contiguous in the concatenation are joined.
         join = np.ones(len(glo), dtype=bool)
         join[1:] = (rows[1:] != rows[:-1]) | (glo[1:] != glo[:-1] + (hi[:-1] - lo[:-1]))
         heads = np.flatnonzero(join)
         sizes = np.add.reduceat(hi - lo, heads) if len(heads) else heads
-        gstart, growrow = glo[heads].tolist(), rows[heads].tolist()
-        keys: list = [[] for _ in range(self.batch_size)]
-        for r, s, c in zip(growrow, gstart, sizes.tolist()):
-            keys[r] += (s, c)
-        return [tuple(k) for k in keys]
+        flat = np.empty(2 * len(heads), dtype=np.int64)
+        flat[0::2] = glo[heads]
+        flat[1::2] = sizes
+        items = flat.tolist()
+        bounds = (2 * np.searchsorted(rows[heads], np.arange(len(row_bounds)))).tolist()
+        keys = [tuple(items[a:b]) for a, b in itertools.pairwise(bounds)]
+        return [
+            (keys[k * bsz : (k + 1) * bsz], block_of[block_bounds[k] : block_bounds[k + 1]])
+            for k in range(len(lengths))
+        ]
+
+    def _chunk_rounds(self, lane: int, r0: int, steps: int) -> int:
+        """The end of the chunk of lane ``lane`` from round ``r0``: about a group of pieces'
+        worth of batches (at least _CHUNK_MIN), within the epoch's ``steps``."""
+        per_batch = self.batch_size * self._seq_len(r0 * self.lanes + lane)
+        rounds = max(_CHUNK_MIN, -(-self.group_pieces * self.piece_tokens // per_batch))
+        last = (steps - 1 - lane) // self.lanes + 1  # rounds of this lane in the epoch
+        return min(r0 + rounds, last)
+
+    def _plans(self, epoch: int, start: int):
+        """``(step, keys, blocks)`` of this rank's batches of ``epoch`` from step ``start``,
+        each lane's computed a chunk of rounds at a time."""
+        layout = self._layout(epoch)
+        steps = self.steps()
+        g = self.lanes
+        pending: dict = {}  # lane -> (first round, [(keys, blocks), ...])
+        for step in range(start, steps):
+            lane, r = step % g, step // g
+            got = pending.get(lane)
+            if got is None or not got[0] <= r < got[0] + len(got[1]):
+                end = self._chunk_rounds(lane, r, steps)
+                got = pending[lane] = (r, self._chunk(layout, lane, r, end))
+            keys, blocks = got[1][r - got[0]]
+            yield step, keys, blocks
 
     def batches(self, epoch: int | None = None, start: int = 0):
         """The keys of each batch of this rank's ``epoch`` (default: the current one) from
         step ``start``, one list per step."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, minimum=0)
-        layout = self._layout(epoch)
-        for step in range(start, self.steps()):
-            yield self._batch_keys(layout, step)
+        for _, keys, _ in self._plans(epoch, start):
+            yield keys
 
     def __iter__(self):
         start, self._start = self._start, 0
         self._yielded = start * self.batch_size
-        for keys in self.batches(self.epoch, start):
+        for _, keys, _ in self._plans(self.epoch, start):
             for key in keys:
                 self._yielded += 1
                 yield key

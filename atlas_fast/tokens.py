@@ -7,6 +7,7 @@ The guide is docs/tokens.md; the order that goes with it, ``TokenShuffleSampler`
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from pathlib import Path
@@ -353,6 +354,10 @@ class TokenSequences(*torch_data_bases("Dataset")):
     def _segments(self, keys: list) -> tuple:
         """``(length, starts, counts)`` of the keys: their row length and each range, in
         order."""
+        if keys and all(type(k) is tuple for k in keys):
+            fast = self._tuple_segments(keys)
+            if fast is not None:
+                return fast
         starts, counts = [], []
         length = None
         total = self._index.total
@@ -387,9 +392,32 @@ class TokenSequences(*torch_data_bases("Dataset")):
             np.array(counts, dtype=np.int64),
         )
 
+    def _tuple_segments(self, keys: list):
+        """``_segments`` of keys that are all tuples of ints, with numpy; None when one is not
+        well formed (the loop then says which)."""
+        sizes = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        if (sizes < 2).any() or (sizes % 2).any():
+            return None
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(keys), dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if len(flat) != int(sizes.sum()):
+            return None
+        starts, counts = flat[0::2], flat[1::2]
+        rows = np.add.reduceat(counts, np.cumsum(sizes // 2) - sizes // 2)
+        if (
+            (starts < 0).any()
+            or (counts < 0).any()
+            or (starts + counts > self._index.total).any()
+            or (rows != rows[0]).any()
+        ):
+            return None
+        return int(rows[0]), starts, counts
+
     def _check_shards(self, shards) -> None:
         index = self._index
-        for s in np.unique(shards).tolist():
+        for s in set(shards.tolist()):
             if s in self._verified:
                 continue
             reader = self.dataset._reader(s)
@@ -436,7 +464,7 @@ class TokenSequences(*torch_data_bases("Dataset")):
             hi = np.minimum(starts[seg] + counts[seg], cum[g + 1].astype(np.int64))
             keep = hi > lo
             g, lo, hi, seg = g[keep], lo[keep], hi[keep], seg[keep]
-            unique, slot = np.unique(g, return_inverse=True)
+            unique, slot = _ti.sorted_unique(g, inverse=True)
             pieces = np.stack(
                 (slot, lo - cum[g].astype(np.int64), hi - lo, out[seg] + (lo - starts[seg])), axis=1
             ).astype(np.int64)
@@ -490,7 +518,7 @@ class TokenSequences(*torch_data_bases("Dataset")):
             b = local // sizes
             first = self._index.first
             g = first[shards] + b
-            unique, slot = np.unique(g, return_inverse=True)
+            unique, slot = _ti.sorted_unique(g, inverse=True)
             pieces = np.stack(
                 (slot, local - b * sizes, np.full(n, length), np.arange(n) * length), axis=1
             ).astype(np.int64)
