@@ -12,6 +12,7 @@ does not depend on the number of DataLoader workers.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
 
@@ -344,10 +345,43 @@ class TokenShuffleSampler(*_sampler_bases()):
     def __iter__(self):
         start, self._start = self._start, 0
         self._yielded = start * self.batch_size
-        for _, keys, _ in self._plans(self.epoch, start):
+        plans = self._plans(self.epoch, start)
+        if self.num_workers:  # read in the workers: hints given here would reach no reader
+            for _, keys, _ in plans:
+                for key in keys:
+                    self._yielded += 1
+                    yield key
+            return
+        for keys in self._hinted(plans):
             for key in keys:
                 self._yielded += 1
                 yield key
+
+    def _hinted(self, plans):
+        """The keys of ``plans``, naming to the sequences' dataset (``prefetch``) the blocks
+        of the batches up to about a group of pieces ahead: read in this process, its core
+        decodes them ahead while the batches before are read."""
+        horizon = max(
+            1,
+            -(-self.group_pieces * self.piece_tokens // (self.batch_size * self.schedule[0][1])),
+        )
+        named: set = set()
+        ahead: deque = deque()
+        useful = True
+        for plan in plans:
+            ahead.append(plan)
+            if len(ahead) <= horizon and useful:
+                continue
+            if useful:
+                new = [b for _, _, blocks in ahead for b in blocks.tolist() if b not in named]
+                if new:
+                    named.update(new)
+                    useful = self._sequences._prefetch_blocks(new) is not False
+                    if len(named) > 4096:
+                        named = set(new)
+            yield ahead.popleft()[1]
+        while ahead:
+            yield ahead.popleft()[1]
 
     # -- resuming ---------------------------------------------------------------------------
 

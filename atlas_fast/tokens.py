@@ -166,6 +166,7 @@ class TokenSequences(*torch_data_bases("Dataset")):
         self.dataset = dataset
         self._core = dataset._backend
         self._verified: set = set()  # shards checked against their entry in this process
+        self._block_examples = None  # each global block's first example (_prefetch_blocks)
         self._index = self._open_index(index, progress)
         self._check_ids(info)
         if packed:
@@ -338,6 +339,25 @@ class TokenSequences(*torch_data_bases("Dataset")):
         if self.packed:
             return self._packed(keys)
         return self._documents(keys)
+
+    def _prefetch_blocks(self, blocks) -> bool:
+        """A hint (``TokenShuffleSampler``'s): global blocks ``blocks`` are read next, named to
+        the dataset's ``prefetch``; False once that is of no use to it."""
+        prefetch = getattr(self.dataset, "prefetch", None)
+        if prefetch is None:
+            return False
+        firsts = self._block_examples
+        if firsts is None:
+            index = self._index
+            starts = np.asarray(self.dataset.cumulative_shard_sizes, dtype=np.int64)
+            starts = np.concatenate(([0], starts[:-1]))
+            blocks_per = np.diff(index.first)
+            sizes = [self.dataset._reader(s)._block_size for s in range(len(blocks_per))]
+            within = np.arange(int(index.first[-1])) - np.repeat(index.first[:-1], blocks_per)
+            firsts = self._block_examples = np.repeat(starts, blocks_per) + within * np.repeat(
+                sizes, blocks_per
+            )
+        return prefetch(firsts[np.asarray(blocks, dtype=np.int64)].tolist())
 
     def _window_number(self, k) -> int:
         if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):

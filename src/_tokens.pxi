@@ -784,7 +784,9 @@ cdef _TokenBlock _tk_block(ShardCore reader, Py_ssize_t b, object field, bint ca
         else:
             reader._cache._misses += 1
     if e is None:
-        data = reader._decoded(b, True, True)
+        data = reader._take_ahead(b) if cache else None  # named by prefetch(), decoded ahead
+        if data is None:
+            data = reader._decoded(b, True, True)
         if cache:
             # Kept as its pickle (a second read unpickles it whole), with its documents'
             # places; an uncompressed block is a view of the mapping: charged its table.
@@ -909,6 +911,8 @@ def gather_tokens(DatasetCore dataset, shards, blocks, expected, pieces, targets
     cdef int64_t* copied_ptr = NULL
     cdef int64_t[::1] copied_view
     copied = np.zeros(n_pieces, dtype=np.int64) if docs else None
+    if dataset._hints is not None:  # blocks named by prefetch(): decoded ahead from now
+        dataset._queue_hints()
     try:
         if slot_docs == NULL or slot_starts == NULL or slot_count == NULL:
             raise MemoryError()

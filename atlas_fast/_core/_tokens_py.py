@@ -141,6 +141,8 @@ def gather_tokens(
     """Copy the pieces (see the module's doc) into the flat outputs; with ``docs`` return how
     many tokens each piece copied (int64), else None."""
     copied = np.zeros(len(pieces), dtype=np.int64) if docs else None
+    if getattr(dataset, "_hints", None) is not None:  # named by prefetch(): decoded ahead now
+        dataset._queue_hints()
     order = np.argsort(pieces[:, 0], kind="stable")
     bounds = np.searchsorted(pieces[order, 0], np.arange(len(shards) + 1))
     for slot in range(len(shards)):
