@@ -314,24 +314,6 @@ def build_entries(dataset, shards: list, field, core, progress=None, workers=Non
     return entries
 
 
-def sorted_unique(values, inverse: bool = False):
-    """The distinct values of the 1-D integer array ``values``, ascending (and with
-    ``inverse``, where each value is among them): ``np.unique`` by a sort, which for the small
-    arrays of one batch costs a tenth of numpy 2's hash-based ``np.unique``."""
-    if not inverse:
-        v = np.sort(values)
-        keep = np.ones(len(v), dtype=bool)
-        keep[1:] = v[1:] != v[:-1]
-        return v[keep]
-    order = np.argsort(values, kind="stable")
-    v = values[order]
-    keep = np.ones(len(v), dtype=bool)
-    keep[1:] = v[1:] != v[:-1]
-    where = np.empty(len(v), dtype=np.int64)
-    where[order] = np.cumsum(keep) - 1
-    return v[keep], where
-
-
 def writable_dir(path: Path) -> bool:
     """Whether a file can be created in the directory ``path``."""
     try:

@@ -16,10 +16,10 @@ from collections import deque
 
 import numpy as np
 
+from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
 from ._order import sampler_bases as _sampler_bases
-from ._token_index import sorted_unique
 
 __all__ = ["TokenShuffleSampler"]
 

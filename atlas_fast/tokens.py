@@ -17,6 +17,7 @@ import numpy as np
 from . import _token_index as _ti
 from ._checks import check_int
 from ._compat import torch_data_bases
+from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, TokenIndexError
 
 __all__ = ["TokenSequences", "collate"]
@@ -468,26 +469,14 @@ class TokenSequences(*torch_data_bases("Dataset")):
 
     def _packed(self, keys: list) -> dict:
         length, starts, counts = self._segments(keys)
-        targets, inputs, positions = self._outputs(len(keys), length, 0)
+        # Not cleared: the pieces cover every position of every row.
+        shape = (len(keys), length)
+        targets = np.empty(shape, dtype=self.dtype)
+        inputs = np.empty(shape, dtype=self.dtype)
+        positions = np.empty(shape, dtype=self._positions_dtype)
         out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
-        cum = self._index.cum
-        live = counts > 0
-        starts, counts, out = starts[live], counts[live], out[live]
-        pieces = np.zeros((0, 4), dtype=np.int64)
-        if len(starts):
-            g0 = np.searchsorted(cum, starts, side="right") - 1
-            g1 = np.searchsorted(cum, starts + counts - 1, side="right") - 1
-            n = g1 - g0 + 1
-            seg = np.repeat(np.arange(len(starts)), n)
-            g = g0[seg] + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
-            lo = np.maximum(starts[seg], cum[g].astype(np.int64))
-            hi = np.minimum(starts[seg] + counts[seg], cum[g + 1].astype(np.int64))
-            keep = hi > lo
-            g, lo, hi, seg = g[keep], lo[keep], hi[keep], seg[keep]
-            unique, slot = _ti.sorted_unique(g, inverse=True)
-            pieces = np.stack(
-                (slot, lo - cum[g].astype(np.int64), hi - lo, out[seg] + (lo - starts[seg])), axis=1
-            ).astype(np.int64)
+        unique, pieces = self._core.token_pieces(self._index.cum, starts, counts, out)
+        if len(pieces):
             shards, blocks, expected = self._blocks(unique)
             self._core.gather_tokens(
                 self.dataset,
@@ -538,7 +527,7 @@ class TokenSequences(*torch_data_bases("Dataset")):
             b = local // sizes
             first = self._index.first
             g = first[shards] + b
-            unique, slot = _ti.sorted_unique(g, inverse=True)
+            unique, slot = sorted_unique(g, inverse=True)
             pieces = np.stack(
                 (slot, local - b * sizes, np.full(n, length), np.arange(n) * length), axis=1
             ).astype(np.int64)

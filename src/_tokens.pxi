@@ -986,3 +986,97 @@ def block_token_stats(ShardCore reader, Py_ssize_t first, Py_ssize_t stop, field
     if not any_token:
         return counts, None, None
     return counts, low, high
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void qsort(void* base, size_t n, size_t size,
+               int (*cmp)(const void*, const void*) noexcept nogil)
+
+
+cdef int _tk_cmp(const void* a, const void* b) noexcept nogil:
+    cdef int64_t x = (<const int64_t*>a)[0]
+    cdef int64_t y = (<const int64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef inline Py_ssize_t _tk_block_of(const uint64_t* cum, Py_ssize_t n_blocks,
+                                    uint64_t t) noexcept nogil:
+    """The last block whose first token is at or before ``t`` (searchsorted right, minus 1)."""
+    cdef Py_ssize_t lo = 0
+    cdef Py_ssize_t hi = n_blocks + 1
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cum[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def token_pieces(cum, starts, counts, out):
+    """The compiled ``_tokens_py.token_pieces`` (see there)."""
+    cdef const uint64_t[::1] c_cum = cum
+    cdef const int64_t[::1] c_starts = np.ascontiguousarray(starts, dtype=np.int64)
+    cdef const int64_t[::1] c_counts = np.ascontiguousarray(counts, dtype=np.int64)
+    cdef const int64_t[::1] c_out = np.ascontiguousarray(out, dtype=np.int64)
+    cdef Py_ssize_t n = c_starts.shape[0]
+    cdef Py_ssize_t n_blocks = c_cum.shape[0] - 1
+    cdef Py_ssize_t r, g, total = 0, k = 0, n_unique = 0, lo, hi, mid
+    cdef int64_t s, c, a, b
+    cdef const uint64_t* cp
+    if c_counts.shape[0] != n or c_out.shape[0] != n:
+        raise ValueError("starts, counts and out differ in length")
+    if n_blocks < 0:
+        raise ValueError("an empty block table")
+    cp = &c_cum[0]
+    for r in range(n):
+        s, c = c_starts[r], c_counts[r]
+        if c <= 0:
+            continue
+        if s < 0 or <uint64_t>(s + c) > cp[n_blocks]:
+            raise IndexError(f"tokens [{s}, {s + c}) out of range for {cp[n_blocks]} tokens")
+        total += (_tk_block_of(cp, n_blocks, <uint64_t>(s + c - 1))
+                  - _tk_block_of(cp, n_blocks, <uint64_t>s) + 1)
+    pieces = np.empty((total, 4), dtype=np.int64)
+    gs = np.empty(total, dtype=np.int64)
+    cdef int64_t[:, ::1] c_pieces = pieces
+    cdef int64_t[::1] c_gs = gs
+    with nogil:
+        for r in range(n):
+            s, c = c_starts[r], c_counts[r]
+            if c <= 0:
+                continue
+            g = _tk_block_of(cp, n_blocks, <uint64_t>s)
+            while c > 0:
+                a = <int64_t>cp[g]
+                b = <int64_t>cp[g + 1]
+                if b > s:  # (blocks without a token are passed over)
+                    b = b - s if b - s < c else c
+                    c_pieces[k, 0] = g
+                    c_pieces[k, 1] = s - a
+                    c_pieces[k, 2] = b
+                    c_pieces[k, 3] = c_out[r] + (c_counts[r] - c)
+                    c_gs[k] = g
+                    k += 1
+                    s += b
+                    c -= b
+                g += 1
+        if k:
+            qsort(&c_gs[0], k, sizeof(int64_t), _tk_cmp)
+            n_unique = 1
+            for r in range(1, k):
+                if c_gs[r] != c_gs[n_unique - 1]:
+                    c_gs[n_unique] = c_gs[r]
+                    n_unique += 1
+        for r in range(k):
+            g = c_pieces[r, 0]
+            lo, hi = 0, n_unique
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if c_gs[mid] < g:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            c_pieces[r, 0] = lo
+    return gs[:n_unique].copy(), pieces[:k]

@@ -54,11 +54,11 @@ from .._format import (
 from ._objsize import ChargeMeter
 from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
 from ._shards import ShardOpener, open_files, shard_layout
-from ._tokens_py import block_token_stats, gather_tokens
+from ._tokens_py import block_token_stats, gather_tokens, token_pieces
 
 # What CoreModule (atlas_fast._contract) declares
 __all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
-__all__ += ["block_token_stats", "gather_tokens"]
+__all__ += ["block_token_stats", "gather_tokens", "token_pieces"]
 
 BACKEND = "python"
 
