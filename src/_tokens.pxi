@@ -83,6 +83,30 @@ cdef extern from *:
             case 3: TK_FROM(uint64_t) default: TK_FROM(int64_t)
         }
     }
+    #define TK_MINMAX(T) { const unsigned char* restrict s_ = p; \
+        T v_; memcpy(&v_, s_, sizeof(T)); int64_t lo_ = (int64_t)v_, hi_ = lo_; \
+        for (Py_ssize_t i_ = 1; i_ < n; i_++) { memcpy(&v_, s_ + i_ * sizeof(T), sizeof(T)); \
+            int64_t x_ = (int64_t)v_; lo_ = x_ < lo_ ? x_ : lo_; hi_ = x_ > hi_ ? x_ : hi_; } \
+        *low = lo_; *high = hi_; return; }
+    /* The smallest and largest of n >= 1 elements of type code at p (uint64: as int64). */
+    static void tk_minmax(const unsigned char* p, int code, Py_ssize_t n, int64_t* low,
+                          int64_t* high) {
+        if (code & TK_SWAP) {
+            int64_t lo = tk_load(p, code), hi = lo;
+            int size = 1 << (code & 3);
+            for (Py_ssize_t i = 1; i < n; i++) {
+                int64_t v = tk_load(p + i * size, code);
+                lo = v < lo ? v : lo; hi = v > hi ? v : hi;
+            }
+            *low = lo; *high = hi; return;
+        }
+        switch (code & 7) {
+            case 0: TK_MINMAX(uint8_t) case 4: TK_MINMAX(int8_t)
+            case 1: TK_MINMAX(uint16_t) case 5: TK_MINMAX(int16_t)
+            case 2: TK_MINMAX(uint32_t) case 6: TK_MINMAX(int32_t)
+            case 3: TK_MINMAX(uint64_t) default: TK_MINMAX(int64_t)
+        }
+    }
     /* start, start + 1, ... into dst (type dc). */
     static void tk_iota(void* dst, int dc, int64_t start, Py_ssize_t n) {
         Py_ssize_t i;
@@ -107,6 +131,8 @@ cdef extern from *:
                     Py_ssize_t n) noexcept nogil
     void tk_iota(void* dst, int dc, int64_t start, Py_ssize_t n) noexcept nogil
     void tk_store(void* dst, int dc, int64_t v) noexcept nogil
+    void tk_minmax(const unsigned char* p, int code, Py_ssize_t n, int64_t* low,
+                   int64_t* high) noexcept nogil
     const int TK_SIGNED
     const int TK_SWAP
 
@@ -963,26 +989,24 @@ def block_token_stats(ShardCore reader, Py_ssize_t first, Py_ssize_t stop, field
     cdef Py_ssize_t b, k, j
     cdef int64_t low = 0
     cdef int64_t high = 0
-    cdef int64_t v
+    cdef int64_t lo, hi
     cdef bint any_token = False
     cdef tk_doc* doc
-    cdef Py_ssize_t size
     for b in range(first, stop):
         blk = _tk_block(reader, b, field, False)
         c_counts[b - first] = blk.starts[blk.count]
         with nogil:
             for k in range(blk.count):
                 doc = &blk.docs[k]
-                size = 1 << (doc.code & 3)
-                for j in range(doc.n):
-                    v = tk_load(doc.p + j * size, doc.code)
-                    if not any_token:
-                        low = high = v
-                        any_token = True
-                    elif v < low:
-                        low = v
-                    elif v > high:
-                        high = v
+                if doc.n == 0:
+                    continue
+                tk_minmax(doc.p, doc.code, doc.n, &lo, &hi)
+                if not any_token:
+                    low, high = lo, hi
+                    any_token = True
+                else:
+                    low = lo if lo < low else low
+                    high = hi if hi > high else high
     if not any_token:
         return counts, None, None
     return counts, low, high
