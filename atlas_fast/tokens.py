@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -203,9 +204,17 @@ class TokenSequences(*torch_data_bases("Dataset")):
         if self._index_path is not None:  # a pickled copy: the file its original used
             found = _ti.TokenIndex(self._index_path)
             return self._located(found, numbers, sizes)
-        remote = getattr(ds, "_remote", None) is not None
-        root_file = None if remote else Path(ds.root) / name
-        cache_file = _ti.cache_folder(ds.root) / name
+        remote = getattr(ds, "_remote", None)
+        if remote is None:
+            root_file = Path(ds.root) / name
+            cache_file = _ti.cache_folder(ds.root) / name
+        else:
+            # In object storage: the index at the URL's root (its writer's), copied once into
+            # the cache folder of this version of the dataset, where a built one goes too.
+            root_file = None
+            cache_file = _ti.cache_folder(ds.root, remote.identity) / name
+            if mode != "rebuild" and not cache_file.is_file():
+                root_file = self._fetch_index(remote, name, cache_file)
         best, best_reused = None, -1
         if mode != "rebuild":
             for path in (root_file, cache_file):
@@ -269,6 +278,24 @@ class TokenSequences(*torch_data_bases("Dataset")):
             stacklevel=4,
         )
         return self._in_memory(entries, len(sizes))
+
+    @staticmethod
+    def _fetch_index(remote, name: str, target: Path):
+        """The dataset's own index ``name`` from its root in object storage, saved as
+        ``target`` (when its folder cannot be written, as a temporary file: fetched again
+        next time); its path, or None when the dataset has none."""
+        data = remote.root_file(name, _ti.MAX_INDEX_BYTES)
+        if data is None:
+            return None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _ti.write_atomic(target, data)
+            return target
+        except OSError:
+            fd, tmp = tempfile.mkstemp(prefix="atlas-fast-tokens-", suffix=".idx")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return Path(tmp)
 
     def _in_memory(self, entries: dict, n: int) -> _Located:
         counts = [np.asarray(entries[k].counts, dtype=np.int64) for k in range(n)]
