@@ -82,6 +82,11 @@ class TokenShuffleSampler(*_sampler_bases()):
     ``schedule``: ``[(first step, seq_len), ...]`` from step 0, a sequence-length
     curriculum (default: the sequences' ``seq_len`` throughout).
 
+    Without DataLoader workers (``num_workers`` unset or 0) the sampler names the blocks of
+    the batches about a group ahead to the dataset (``prefetch``), whose core decodes them
+    ahead while the batches before are read; with workers it names none (they read
+    elsewhere).
+
     The order depends on ``(seed, epoch)``, the dataset, ``num_replicas``, ``lanes``,
     ``piece_tokens``, ``group_pieces``, ``batch_size`` and the schedule, never on the number
     of workers. ``set_epoch(e)`` before each epoch; ``set_step(s)`` (or ``load_state_dict``)

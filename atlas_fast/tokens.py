@@ -28,10 +28,33 @@ _INDEX_MODES = ("auto", "rebuild", "require")
 
 def collate(batch: dict) -> dict:
     """A ``DataLoader``'s ``collate_fn`` for ``TokenSequences``: the batch's arrays as torch
-    tensors, without a copy (``torch.from_numpy``); other values as they are."""
+    tensors, without a copy (``torch.from_numpy``); other values as they are. Arrays that
+    are parts of one array (a packed batch's ``targets``, ``inputs`` and ``positions``)
+    become views of one tensor: a DataLoader worker then hands the batch over in one
+    shared-memory segment, not one per field (each costs milliseconds to make)."""
     import torch
 
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    out = {}
+    whole = {}  # id of a shared base array -> its tensor
+    for key, value in batch.items():
+        if not isinstance(value, np.ndarray):
+            out[key] = value
+            continue
+        base = value.base
+        if (
+            isinstance(base, np.ndarray)
+            and base.dtype == value.dtype
+            and base.flags.c_contiguous
+            and value.flags.c_contiguous
+        ):
+            tensor = whole.get(id(base))
+            if tensor is None:
+                tensor = whole[id(base)] = torch.from_numpy(base).reshape(-1)
+            at = (value.ctypes.data - base.ctypes.data) // value.itemsize
+            out[key] = tensor[at : at + value.size].view(value.shape)
+        else:
+            out[key] = torch.from_numpy(value)
+    return out
 
 
 def _shard_numbers(dataset) -> list:
@@ -91,7 +114,10 @@ class TokenSequences(*torch_data_bases("Dataset")):
     windows with 8 bytes per block, memory-mapped. Datasets written by atlas_fast carry it;
     for others it is built on first use by a parallel pass over the blocks (a progress bar
     when stderr is a terminal, or ``progress=True``), saved at the root when writable, else in
-    ``$XDG_CACHE_HOME/atlas-fast/tokens``. ``index="rebuild"`` builds it afresh,
+    ``$XDG_CACHE_HOME/atlas-fast/tokens``. A dataset in object storage: the index at its root
+    (its writer puts one there) fetched once into that cache folder, keyed by the dataset's
+    version (the ETag of its root meta.json), where a built one goes too.
+    ``index="rebuild"`` builds it afresh,
     ``index="require"`` refuses to build one. A shard rewritten since its entry was made is a
     ``TokenIndexError`` at its first read, never other tokens.
 
@@ -496,11 +522,15 @@ class TokenSequences(*torch_data_bases("Dataset")):
 
     def _packed(self, keys: list) -> dict:
         length, starts, counts = self._segments(keys)
-        # Not cleared: the pieces cover every position of every row.
+        # Not cleared: the pieces cover every position of every row. One array holds the
+        # three when they share a dtype (collate makes one tensor of it).
         shape = (len(keys), length)
-        targets = np.empty(shape, dtype=self.dtype)
-        inputs = np.empty(shape, dtype=self.dtype)
-        positions = np.empty(shape, dtype=self._positions_dtype)
+        if self._positions_dtype == self.dtype:
+            targets, inputs, positions = np.empty((3, *shape), dtype=self.dtype)
+        else:
+            targets = np.empty(shape, dtype=self.dtype)
+            inputs = np.empty(shape, dtype=self.dtype)
+            positions = np.empty(shape, dtype=self._positions_dtype)
         out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
         unique, pieces = self._core.token_pieces(self._index.cum, starts, counts, out)
         if len(pieces):
