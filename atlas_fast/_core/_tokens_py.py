@@ -114,15 +114,23 @@ def block_token_stats(reader, first: int, stop: int, field) -> tuple:
     core ``reader`` (int64 array), and the smallest and largest id among them (None, None:
     no token)."""
     counts = np.zeros(max(stop - first, 0), dtype=np.int64)
-    low = high = None
+    lows, highs = [], []
     for b in range(first, stop):
-        tokens, _ = block_tokens(reader, b, field)
-        counts[b - first] = len(tokens)
-        if len(tokens):
-            lo, hi = int(tokens.min()), int(tokens.max())
-            low = lo if low is None else min(low, lo)
-            high = hi if high is None else max(high, hi)
-    return counts, low, high
+        # A pass: each block decoded and unpickled once, not kept in the cache.
+        examples = reader._unpickle(reader._decoded(b), b)
+        n = 0
+        for j, x in enumerate(examples):
+            a = as_tokens(x, field, _where(reader, b, j))
+            if len(a):
+                n += len(a)
+                lows.append(a.min())
+                highs.append(a.max())
+                if a.dtype == np.uint64 and int(highs[-1]) > np.iinfo(np.int64).max:
+                    raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+        counts[b - first] = n
+    if not lows:
+        return counts, None, None
+    return counts, int(min(lows)), int(max(highs))
 
 
 def token_pieces(cum, starts, counts, out) -> tuple:
