@@ -437,6 +437,75 @@ def bench_corpora(run: dict) -> str:
     return "; ".join(parts)
 
 
+# -- bench_tokens.py ----------------------------------------------------------------------
+
+_TOKEN_RIVALS = {
+    "memmap": "a numpy.memmap gather of the same windows",
+    "floor": "decompress each block touched once, then copy",
+    "litdata": "LitData TokensLoader",
+    "by hand": "AtlasDataset.__getitem__, concatenated by hand",
+    "plain pass": "a plain pass (for x in dataset)",
+}
+
+
+def tokens_table(run: dict) -> str:
+    """bench_tokens.py's rows: atlas_fast against each rival, tokens/s, CPU ns/token and
+    the ratio (median of paired runs) with its target."""
+    rows = []
+    sections = [run.get("rows", {}), run.get("litdata", {}).get("rows", {}), run.get("index", {})]
+    for section in sections:
+        for case, row in section.items():
+            mine = row.get("atlas_fast") or row.get("index build")
+            for name, compared in row.get("compared", {}).items():
+                rival = row["plain pass" if name == "index build" else name]
+                met = "met" if compared["met"] else "**missed**"
+                rows.append(
+                    [
+                        case,
+                        _TOKEN_RIVALS["plain pass" if name == "index build" else name],
+                        _rate(mine["tokens_per_s"]),
+                        _rate(rival["tokens_per_s"]),
+                        f"{mine['cpu_ns_per_token']:.2f} / {rival['cpu_ns_per_token']:.2f}",
+                        _ratio(compared["ratio"]),
+                        f"{compared['target']} ({met})",
+                    ]
+                )
+    header = [
+        "case",
+        "against",
+        "atlas_fast tokens/s",
+        "theirs",
+        "CPU ns/token (ours / theirs)",
+        "ratio",
+        "target",
+    ]
+    table = _table(header, rows, ["---", "---"] + ["---:"] * 5)
+    lit = run.get("litdata", {})
+    if not lit.get("available", True):
+        table += f"\n\nLitData rows skipped: {lit.get('reason')}"
+    opened = run.get("open")
+    if opened:
+        table += (
+            f"\n\nOpening the zstd dataset ({opened['how']}): files opened "
+            + ", ".join(f"`{f}` ({opened['bytes'].get(f, 0):,} bytes)" for f in opened["files"])
+            + "; no shard file."
+        )
+    return table
+
+
+def tokens_run(run: dict) -> str:
+    settings = run["settings"]
+    load = run["machine"].get("load_average_before")
+    extra = (
+        f"; {settings['reps']} repetitions of {settings['batches']} batches; "
+        f"{settings['tokens']:,} tokens in {settings['documents']:,} documents"
+    )
+    if load:
+        after = run["machine"]["load_average_after"]
+        extra += f"; load average {load[0]:.1f} before, {after[0]:.1f} after"
+    return run_line(run, extra)
+
+
 # -- the documents --------------------------------------------------------------------------
 
 
@@ -458,7 +527,15 @@ def performance_blocks() -> dict:
         "bench-documents": bench_table(bench, "documents"),
         "bench-tokens": bench_table(bench, "tokens"),
         "bench-blobs": bench_table(bench, "blobs"),
+        **_tokens_blocks(),
     }
+
+
+def _tokens_blocks() -> dict:
+    if not (RESULTS / "bench_tokens.json").is_file():
+        return {}
+    tokens = load("bench_tokens")
+    return {"tokens-run": tokens_run(tokens), "tokens": tokens_table(tokens)}
 
 
 def readme_blocks() -> dict:
