@@ -11,10 +11,11 @@ from __future__ import annotations
 import numbers
 import operator
 import reprlib
+from collections.abc import Mapping
 
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 
-__all__ = ["check_fraction", "check_int", "shown"]
+__all__ = ["check_fraction", "check_int", "check_state", "shown"]
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
@@ -71,3 +72,19 @@ def check_fraction(name: str, value) -> float:
     if not 0 <= value <= 1:  # NaN too
         raise InvalidArgumentError(rule)
     return value if type(value) in (int, float) else float(value)
+
+
+def check_state(who: str, state, required: tuple) -> Mapping:
+    """``state``, given to ``who.load_state_dict``: a mapping holding the ``required`` keys
+    (what ``state_dict()`` returns), or an error naming what is wrong."""
+    if not isinstance(state, Mapping):
+        raise InvalidArgumentTypeError(
+            f"{who}.load_state_dict: state must be a dict (from state_dict()), not {shown(state)}"
+        )
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise InvalidArgumentError(
+            f"{who}.load_state_dict: state lacks {', '.join(map(repr, missing))} (give what "
+            f"state_dict() returned), not {shown(dict(state))}"
+        )
+    return state

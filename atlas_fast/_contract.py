@@ -27,8 +27,9 @@ A block held whole is charged what its examples take as Python objects: its deco
 size times the ratio of objects to pickle bytes the cache has measured lately, never less than
 the pickle's size (``atlas_fast._core._objsize.ChargeMeter``), so that a budget bounds memory
 whether the examples are text and arrays (about their pickle's size) or rows of small objects
-(several times more). A block held as its pickle only (after partial decoding) is charged its
-size.
+(several times more). A block held as its pickle only (after partial decoding, the compiled
+core) is charged its size; a block the Python core remembers only in its place (decoded whole
+for one random read, its examples freed) the few hundred bytes its entry takes.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),
@@ -310,6 +311,10 @@ class BatchSource(Protocol):
 
     def _lookup(self, b: int) -> list | None:
         """Block ``b``'s cached examples or None, counted as a hit or a miss."""
+
+    def _held(self, b: int) -> list | None:
+        """For ``iter``: as ``_lookup``, but a block the cache holds as its pickle only (or
+        remembers only, the Python core) is a hit, unpickled (decoded) and held whole."""
 
     def _ahead(self, b: int) -> list | None:
         """Block ``b``'s examples if it was decoded ahead (``prefetch``), now cached, or None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
@@ -18,6 +19,7 @@ __all__ = [
     "ObjectNotFoundError",
     "StorageError",
     "TokenIndexError",
+    "UnpicklableExampleError",
     "UnsafePickleError",
     "destination_exists",
 ]
@@ -50,6 +52,12 @@ class TokenIndexError(AtlasFormatError):
     malformed: the message names the file, the shard and what differs."""
 
 
+class DatasetBusyError(AtlasFormatError):
+    """Another process is appending to (or merging into) this dataset right now: raised at
+    once, nothing written (``AtlasDatasetWriter(..., append=True)``, ``write_atlas(...,
+    mode="append")``)."""
+
+
 class UnsafePickleError(pickle.UnpicklingError):
     """A block of an untrusted dataset refers to a global that is not allowed.
 
@@ -71,6 +79,24 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
 
     A ``TypeError`` too, as the sampler and the readers' cache arguments raised before.
     """
+
+
+class UnpicklableExampleError(InvalidArgumentError, pickle.PicklingError):
+    """An example given to a writer (``add_example``) does not pickle.
+
+    The message names the directory being written and the example (``index``: its number in
+    the order added, from 0; ``path``: the directory); pickle's own error is its
+    ``__cause__``. The writer is closed, and the directory it had begun is removed (nothing
+    half-written is left). An ``InvalidArgumentError`` and a ``pickle.PicklingError``.
+    """
+
+    def __init__(self, message="", path=None, index=None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.path, self.index))
 
 
 def destination_exists(

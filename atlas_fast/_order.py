@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 
 from ._checks import check_int as _check_int
-from ._compat import torch_data_bases, torch_installed
+from ._compat import torch_installed
 
 # Layouts of passes a BlockOrder keeps: at most _LAYOUTS, and more than two only while they
 # hold at most _LAYOUT_BLOCKS blocks together.
@@ -38,13 +38,7 @@ __all__ = [
     "distributed_defaults",
     "extent_blocks",
     "extents_of",
-    "sampler_bases",
 ]
-
-
-def sampler_bases() -> tuple:
-    """``(torch.utils.data.Sampler,)`` when torch imports, else ``()``."""
-    return torch_data_bases("Sampler")
 
 
 def distributed_defaults() -> tuple:
@@ -373,7 +367,8 @@ def begin_iteration(sampler) -> tuple:
 
 class Counted:
     """How many indices of an iteration were handed out (``count()``, plus ``start``), the
-    iteration (``iterate``) handing out the indices of its chunks (arrays) one at a time
+    iteration (``iterate``) handing out the indices of its chunks (arrays, or lists of keys)
+    one at a time
     through ``itertools.chain``: no Python frame per index."""
 
     def __init__(self, start: int = 0) -> None:
@@ -388,7 +383,7 @@ class Counted:
 
     def _lists(self, chunks):
         for chunk in chunks:
-            items = chunk.tolist()
+            items = chunk if type(chunk) is list else chunk.tolist()
             if items:
                 self._done += self._size
                 self._current = current = iter(items)

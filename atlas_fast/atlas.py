@@ -22,7 +22,7 @@ import numpy as np
 
 from ._backend import core as _core
 from ._checks import check_int
-from ._compat import torch_data_bases
+from ._compat import lazy_classes, torch_data_bases
 from ._contract import cache_limits
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._format import (
@@ -36,6 +36,7 @@ from ._format import (
     read_dict_file,
     read_shard_metadata,
     shard_dir_names,
+    widened_shard_dir,
 )
 from ._safe_pickle import make_loads
 from .storage import Location
@@ -47,7 +48,7 @@ from .storage._dataset import (
     to_local,
 )
 
-__all__ = [
+__all__ = [  # noqa: F822 (the readers are made by __getattr__, at the end)
     "AtlasDataset",
     "AtlasDatasetShard",
     "AtlasDatasetMetadata",
@@ -55,11 +56,24 @@ __all__ = [
     "CompressionStrategy",
 ]
 
-_TORCH_BASES = torch_data_bases("Dataset")
-
 
 def _rebuild(cls, args, kwargs):
     return cls(*args, **kwargs)
+
+
+def _check_root(who: str, root) -> None:
+    """A reader's ``root`` is a path or a URL: refused, naming it, when it is neither."""
+    if not isinstance(root, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(
+            f"{who}: root must be a path (str or os.PathLike) or a URL, not "
+            f"{type(root).__name__} ({root!r:.80})"
+        )
+
+
+def _named_as(public: str, init) -> None:
+    """Python's own argument errors (an unknown keyword, a missing argument) name the
+    function by its qualified name: the public class's, not this module's mixin's."""
+    init.__qualname__ = f"{public}.__init__"
 
 
 # -- trusted / allowed_globals (safe loading) -----------------------------------------------
@@ -229,6 +243,7 @@ class _ShardMethods(_Settings):
         _dataset_cache=None,
         _source=None,
     ):
+        _check_root("AtlasDatasetShard", root)
         limits = self._init_settings(
             cache_blocks,
             cache_bytes,
@@ -350,6 +365,9 @@ class _Shards(Sequence):
             shard_class = sys.modules[self._module].AtlasDatasetShard
             source = None if self._remote is None else self._remote.source(k)
             mmap_index, dict_bytes = self._args
+            if source is None and not os.path.isdir(self._dirs[k]):
+                # Opened before an append that widened the names: the same shard, renamed.
+                self._dirs[k] = widened_shard_dir(self._dirs[k]) or self._dirs[k]
             shard = shard_class(
                 self._dirs[k],
                 mmap_index,
@@ -396,7 +414,7 @@ class _DatasetMethods(_Settings):
     ``root`` may be a URL: ``s3://bucket/path``, ``gs://``, ``az://``, ``http(s)://``,
     ``file://``, or any other fsspec scheme (``hf://`` ...). Credentials and endpoints come
     from the standard environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP, or the GCS and Azure ones) or from
+    AWS_SECRET_ACCESS_KEY, AWS_REGION, or the GCS and Azure ones) or from
     ``storage_options`` (see ``atlas_fast.storage``). Opening reads the root meta.json alone
     (and a strategy-2 dataset's shared dictionary); nothing is listed: the shards are those it
     counts. Blocks are fetched by exact byte ranges, neighbours merged into large requests for
@@ -425,6 +443,7 @@ class _DatasetMethods(_Settings):
         cache_dir=None,
         cache_dir_bytes=None,
     ):
+        _check_root("AtlasDataset", root)
         limits = self._init_settings(
             cache_blocks,
             cache_bytes,
@@ -518,26 +537,41 @@ class _DatasetMethods(_Settings):
         )
 
 
-def _reader_classes(core, module: str):
-    """The public reader classes over a backend's ``core``, named as members of ``module``.
+_named_as("AtlasDatasetShard", _ShardMethods.__init__)
+_named_as("AtlasDataset", _DatasetMethods.__init__)
+
+
+def _reader_classes(core, module: str) -> dict:
+    """The public reader classes over a backend's ``core``, named as members of ``module``:
+    ``{"AtlasDataset": ..., "AtlasDatasetShard": ...}``, subclasses of torch's ``Dataset``
+    when torch is installed (it is imported now).
 
     ``atlas_fast.atlas`` holds them over the selected backend and ``atlas_fast._python`` over
-    the pure-Python one (for parity tests and benchmarks); both pickle by name.
+    the pure-Python one (for parity tests and benchmarks); both pickle by name. Each module
+    makes them on first lookup (``_compat.lazy_classes``), so that importing atlas_fast does
+    not import torch.
     """
+    torch_bases = torch_data_bases("Dataset")
 
-    class AtlasDatasetShard(_ShardMethods, core.ShardCore, *_TORCH_BASES):
+    class AtlasDatasetShard(_ShardMethods, core.ShardCore, *torch_bases):
         __doc__ = _ShardMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDatasetShard"
         _backend = core
 
-    class AtlasDataset(_DatasetMethods, core.DatasetCore, *_TORCH_BASES):
+    class AtlasDataset(_DatasetMethods, core.DatasetCore, *torch_bases):
         __doc__ = _DatasetMethods.__doc__
         __module__ = module
         __qualname__ = "AtlasDataset"
         _backend = core
 
-    return AtlasDataset, AtlasDatasetShard
+    return {"AtlasDataset": AtlasDataset, "AtlasDatasetShard": AtlasDatasetShard}
 
 
-AtlasDataset, AtlasDatasetShard = _reader_classes(_core, __name__)
+def _make_readers() -> dict:
+    return _reader_classes(_core, __name__)
+
+
+__getattr__, __dir__ = lazy_classes(
+    globals(), {"AtlasDataset": _make_readers, "AtlasDatasetShard": _make_readers}
+)

@@ -20,6 +20,11 @@ decides which source fills each position of the training stream and yields mixtu
   position costs O(stages x sources) (the past is never replayed); it does not depend on the
   number of DataLoader workers, nor on the number of ranks at a fixed global batch size.
   Each source's consumed examples are always a prefix of its order.
+- **Token sources.** Sources that are packed ``TokenSequences`` make a mixture of rows of
+  tokens: a position is a row, every row of a step has the step's ``seq_len`` (a
+  ``seq_len_schedule`` may change it at given steps), so the example proportions are token
+  proportions. A token source is read in the token order of ``TokenShuffleSampler`` (one
+  lane), its rows cut at the length of the step that reads them from where its pass stands.
 """
 
 from __future__ import annotations
@@ -39,17 +44,25 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ._checks import check_state
+from ._compat import lazy_classes, torch_subclass
 from ._contract import normalize_index
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._order import (
     BlockOrder,
     begin_iteration,
     block_lengths,
     check_int,
     distributed_defaults,
-    sampler_bases,
 )
 
-__all__ = ["MixtureDataset", "MixtureSampler", "from_config"]
+# The token classes' bodies: their public classes, over torch's bases, are made on first
+# lookup (_compat.lazy_classes), which would import torch with this module.
+from .token_sampler import _check_schedule
+from .token_sampler import _TokenShuffleSampler as TokenShuffleSampler
+from .tokens import _TokenSequences as TokenSequences
+
+__all__ = ["MixtureDataset", "MixtureSampler", "from_config"]  # noqa: F822 (see __getattr__)
 
 # Per-window targets are exact when their common denominator is at most this; otherwise
 # they are rounded to multiples of 1/_QUANTUM of an example (the proportions then hold to
@@ -75,6 +88,14 @@ class MixtureDataset:
     ``locate(i)`` is ``(name, index in that source)``; ``index(name, j)`` the inverse.
     ``__getitems__`` (what a DataLoader calls for a batch) reads each source's share with the
     source's own ``__getitems__``. Picklable when the sources are (DataLoader workers).
+
+    **Token sources**: when the sources are packed ``TokenSequences`` (all of them, with one
+    ``dtype``, and ``varlen`` alike), a key is also ``(name, key of that source)`` (a window
+    number, or the tuple of token ranges ``MixtureSampler`` and ``TokenShuffleSampler``
+    give), and ``__getitems__`` returns one dict of 2-D arrays, row ``r`` read for key
+    ``r``, as ``TokenSequences.__getitems__`` does (with ``varlen``, ``cu_seqlens`` and
+    ``max_seqlen`` of the whole batch). Rows of a batch must have one length. ``token_rows``
+    says whether the sources are token sources.
     """
 
     def __init__(self, sources: Mapping) -> None:
@@ -107,6 +128,7 @@ class MixtureDataset:
         self._total = int(self._ends[-1])
         # Per source: a function of a list of indices returning their examples.
         self._readers = [_batch_reader(d) for d in self._datasets]
+        self.token_rows = _token_sources(self.names, self._datasets)
 
     def __getstate__(self) -> dict:
         return {"sources": self._sources}
@@ -149,8 +171,22 @@ class MixtureDataset:
         return self._starts_list[k] + normalize_index(j, self._ends_list[k] - self._starts_list[k])
 
     def __getitem__(self, i):
+        if isinstance(i, tuple) and self.token_rows:
+            s, key = self._token_key(i)
+            return self._datasets[s][key]
         name, j = self.locate(i)
         return self._sources[name][j]
+
+    def _token_key(self, key) -> tuple:
+        """(source, key of that source) of a key of a token mixture."""
+        if isinstance(key, tuple):
+            if len(key) != 2 or not isinstance(key[0], str):
+                raise InvalidArgumentTypeError(
+                    f"a key of a token mixture is an int or (source name, key), not {key!r}"
+                )
+            return self._index_of(key[0]), key[1]
+        name, j = self.locate(key)
+        return self._position[name], j
 
     def _split(self, indices):
         """(source of each index, index within it) as arrays, all checked as ``locate``."""
@@ -167,7 +203,10 @@ class MixtureDataset:
         return src, idx - self._starts[src]
 
     def __getitems__(self, indices) -> list:
-        """The examples at ``indices``, in that order: each source's share read at once."""
+        """The examples at ``indices``, in that order: each source's share read at once (a
+        token mixture: one dict of 2-D arrays, see the class's docstring)."""
+        if self.token_rows:
+            return self._token_batch(indices)
         if not len(indices):
             return []
         src, local = self._split(indices)
@@ -188,6 +227,44 @@ class MixtureDataset:
         back[order] = np.arange(len(order))
         return list(itemgetter(*back.tolist())(got))
 
+    def _token_batch(self, keys) -> dict:
+        """The rows of ``keys`` as one dict of 2-D arrays: each source's rows read by one
+        call, straight into their rows of the batch."""
+        keys = list(keys)
+        where: dict = {}  # source -> (rows, their keys)
+        length = None
+        for r, key in enumerate(keys):
+            s, k = self._token_key(key)
+            n = sum(k[1::2]) if isinstance(k, tuple) else self._datasets[s].seq_len
+            if length is None:
+                length = n
+            elif n != length:
+                raise InvalidArgumentError(
+                    f"the rows of a batch must have one length: key {r} ({key!r}) has {n} "
+                    f"tokens, key 0 {length}"
+                )
+            rows, ks = where.setdefault(s, ([], []))
+            rows.append(r)
+            ks.append(k)
+        first = self._datasets[0]
+        shape = (len(keys), first.seq_len if length is None else length)
+        out = {
+            "inputs": np.zeros(shape, first.dtype),
+            "targets": np.zeros(shape, first.dtype),
+            "positions": np.zeros(shape, first._positions_dtype),
+        }
+        into = (out["targets"], out["inputs"], out["positions"])
+        for s, (rows, ks) in where.items():
+            self._datasets[s]._packed(ks, into=(*into, np.array(rows, dtype=np.int64)))
+        if first.varlen:  # each row's start, and where each of its ranges starts
+            starts = [
+                r * shape[1] + offset
+                for r, key in enumerate(keys)
+                for offset in _range_offsets(self._token_key(key)[1])
+            ]
+            out.update(TokenSequences._varlen(out["positions"], np.array(starts, np.int64)))
+        return out
+
     def _read(self, s: int, local: list) -> list:
         out = self._readers[s](local)
         return out if type(out) is list else list(out)
@@ -197,6 +274,8 @@ class MixtureDataset:
         ``prefetch`` (see ``AtlasDataset``). False once no source can use hints."""
         if not len(indices):
             return True
+        if self.token_rows:
+            return False
         src, local = self._split(indices)
         useful = False
         for s in dict.fromkeys(src.tolist()):
@@ -215,6 +294,40 @@ class MixtureDataset:
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}={len(d)}" for n, d in zip(self.names, self._datasets))
         return f"MixtureDataset({parts})"
+
+
+def _token_sources(names, datasets) -> bool:
+    """Whether the sources are token sources (packed TokenSequences alike in dtype and
+    varlen); a mixture of token sources and others is refused."""
+    tokens = [isinstance(d, TokenSequences) for d in datasets]
+    if not any(tokens):
+        return False
+    if not all(tokens):
+        other = names[tokens.index(False)]
+        raise InvalidArgumentTypeError(
+            f"source {other!r} is not a TokenSequences, but {names[tokens.index(True)]!r} is: "
+            "a mixture's sources are all token sequences or none"
+        )
+    for name, d in zip(names, datasets):
+        if not d.packed:
+            raise InvalidArgumentError(
+                f"source {name!r}: a mixture of token sources reads packed rows, and these "
+                "are documents (packed=False)"
+            )
+        for what in ("dtype", "varlen"):
+            if getattr(d, what) != getattr(datasets[0], what):
+                raise InvalidArgumentError(
+                    f"source {name!r} has {what}={getattr(d, what)!r}, {names[0]!r} "
+                    f"{getattr(datasets[0], what)!r}: the rows of a batch are one array"
+                )
+    return True
+
+
+def _range_offsets(key) -> list:
+    """Where each range of a token key starts in its row (a window number: one range)."""
+    if not isinstance(key, tuple):
+        return [0]
+    return list(itertools.accumulate(key[1:-1:2], initial=0))
 
 
 def _batch_reader(dataset):
@@ -532,10 +645,82 @@ def _name_entropy(name: str) -> tuple:
     return tuple(int.from_bytes(digest[k : k + 4], "little") for k in range(0, 16, 4))
 
 
+def _token_seed(seed: int, name: str) -> int:
+    """The seed of a token source's order: the mixture's seed and the source's name."""
+    words = _name_entropy(name)
+    return (seed << 128) | sum(w << (32 * k) for k, w in enumerate(words))
+
+
+def _advance(cursor: tuple, rows: int, length: int, tokens: int) -> tuple:
+    """``(pass, offset)`` after ``rows`` rows of ``length`` from ``cursor`` in passes of
+    ``tokens`` tokens, a row that would run past its pass's end starting the next pass."""
+    e, o = cursor
+    if rows <= 0:
+        return cursor
+    fit = max(0, (tokens - o) // length)
+    if rows <= fit:
+        return e, o + rows * length
+    q, r = divmod(rows - fit, tokens // length)
+    return (e + q, tokens // length * length) if r == 0 else (e + 1 + q, r * length)
+
+
+class _TokenSource:
+    """A token source as a mixture reads it: pass ``e`` is epoch ``e`` of ``order`` (a
+    ``TokenShuffleSampler`` of one lane, one rank, batches of one row), its token stream cut
+    into rows in turn, each of the length of the step that reads it; a row that would run
+    past the pass's end starts the next pass (what is left, less than a row, is not read in
+    that pass). ``phases``: ``(first rows, cursors, lengths)`` of the seq_len schedule's
+    steps: the rows read before each, where the pass stood then, the length from then on."""
+
+    def __init__(self, sequences, seed, piece_tokens, group_pieces, window_blocks) -> None:
+        self.order = TokenShuffleSampler(
+            sequences,
+            batch_size=1,
+            seed=seed,
+            lanes=1,
+            piece_tokens=piece_tokens,
+            group_pieces=group_pieces,
+            window_blocks=window_blocks,
+            num_replicas=1,
+            rank=0,
+        )
+        self.tokens = sequences.num_tokens
+
+    def phases(self, firsts: list, lengths: list) -> tuple:
+        cursors = [(0, 0)]
+        for k in range(1, len(firsts)):
+            rows = firsts[k] - firsts[k - 1]
+            cursors.append(_advance(cursors[-1], rows, lengths[k - 1], self.tokens))
+        return firsts, cursors, lengths
+
+    def cursor(self, phases: tuple, j: int) -> tuple:
+        """``(pass, offset)`` after the source's first ``j`` rows."""
+        firsts, cursors, lengths = phases
+        k = bisect_right(firsts, j) - 1
+        return _advance(cursors[k], j - firsts[k], lengths[k], self.tokens)
+
+    def rows(self, phases: tuple, lo: int, hi: int) -> list:
+        """The keys of the source's rows ``lo .. hi`` (its stream positions)."""
+        firsts, _, lengths = phases
+        keys: list = []
+        order = self.order
+        while lo < hi:
+            k = bisect_right(firsts, lo) - 1
+            length = lengths[k]
+            e, o = self.cursor(phases, lo)
+            if o + length > self.tokens:
+                e, o = e + 1, 0
+            end = hi if k + 1 == len(firsts) else min(hi, firsts[k + 1])
+            n = min(end - lo, (self.tokens - o) // length)
+            keys += order._rows(order._layout(e), 0, o, n, length)
+            lo += n
+        return keys
+
+
 # -- the sampler ----------------------------------------------------------------------------------
 
 
-class MixtureSampler(*sampler_bases()):
+class _MixtureSampler:
     """Which source fills each position of a training stream, as indices of a MixtureDataset.
 
     ``weights``: source name -> weight, relative (normalised to sum 1); a source left out (or
@@ -573,6 +758,21 @@ class MixtureSampler(*sampler_bases()):
     after ``k`` global steps (what a training loop knows; the sampler itself runs ahead of
     training behind a DataLoader that prefetches). torchdata's StatefulDataLoader saves and
     restores it by itself.
+
+    **Token sources** (a mixture of packed ``TokenSequences``): a position is a row and every
+    row of a step has that step's length, so the weights count tokens (``unit`` is
+    ``"tokens"``, ``tokens`` is not needed) and a global batch holds each source's exact
+    share of its tokens, rounded to whole rows. ``seq_len_schedule=[(0, 512), (10_000,
+    2048)]`` (first global step, row length; default: the sources' ``seq_len``, which must
+    then agree) changes the length at any step. The sampler yields keys ``(name, ranges)``,
+    which ``MixtureDataset`` reads. Source ``name`` is read in the token order of a
+    ``TokenShuffleSampler`` of one lane (its passes that sampler's epochs, with a seed made of
+    the mixture's and the source's name, and ``group_pieces`` from ``window_blocks``);
+    ``piece_tokens`` (int, or name -> int; default: the first row length) is that sampler's:
+    give the longest row length, so that rows never split a piece. Each row takes the next
+    tokens of its source's pass, so a length change repeats or skips no token; a row that
+    would run past the pass's end starts the next pass (the rest, less than a row, is left
+    out of that pass).
     """
 
     def __init__(
@@ -584,7 +784,7 @@ class MixtureSampler(*sampler_bases()):
         seed=0,
         schedule=None,
         window=None,
-        unit="examples",
+        unit=None,
         tokens=None,
         epoch_length=None,
         max_repeats=None,
@@ -592,6 +792,8 @@ class MixtureSampler(*sampler_bases()):
         window_blocks=8,
         num_replicas=None,
         rank=None,
+        seq_len_schedule=None,
+        piece_tokens=None,
     ):
         if not isinstance(mixture, MixtureDataset):
             raise TypeError(f"MixtureSampler needs a MixtureDataset, not {type(mixture).__name__}")
@@ -614,22 +816,48 @@ class MixtureSampler(*sampler_bases()):
                 f"num_replicas ({self.num_replicas})"
             )
         self.batch_size = self.global_batch_size // self.num_replicas
+        self._token_rows = mixture.token_rows
+        if self._token_rows:
+            unit = self._token_unit(unit, tokens)
+        elif seq_len_schedule is not None or piece_tokens is not None:
+            raise InvalidArgumentError(
+                "seq_len_schedule and piece_tokens are for a mixture of TokenSequences"
+            )
+        elif unit is None:
+            unit = "examples"
         if unit not in ("examples", "tokens"):
             raise ValueError(f"unit must be 'examples' or 'tokens', not {unit!r}")
         self.unit = unit
         self._lengths = {name: len(d) for name, d in mixture.sources.items()}
-        self._tokens = self._token_totals(tokens) if unit == "tokens" else None
+        if self._token_rows:
+            self._tokens = {n: d.num_tokens for n, d in mixture.sources.items()}
+        else:
+            self._tokens = self._token_totals(tokens) if unit == "tokens" else None
         if unit == "examples" and tokens is not None:
             raise ValueError("tokens is for unit='tokens'")
         self.window_blocks = self._per_source("window_blocks", window_blocks, 1)
         self._max_repeats = (
             None if max_repeats is None else self._per_source("max_repeats", max_repeats, 1)
         )
-        self._blocks = {name: _source_blocks(name, d) for name, d in mixture.sources.items()}
-        for name, dataset in mixture.sources.items():
-            reserve = getattr(dataset, "cache_reserve", None)
-            if reserve is not None:
-                reserve(2 * self.window_blocks[name])
+        self.seq_len_schedule = None
+        self._token_params = {}  # token source -> (piece_tokens, group_pieces), None: defaults
+        if self._token_rows:
+            self.seq_len_schedule = self._seq_lens(seq_len_schedule)
+            pieces = (
+                {} if piece_tokens is None else self._per_source("piece_tokens", piece_tokens, 1)
+            )
+            self._token_params = {n: (pieces.get(n), None) for n in self.names}
+            self._blocks = {}
+        else:
+            self._blocks = {name: _source_blocks(name, d) for name, d in mixture.sources.items()}
+            for name, dataset in mixture.sources.items():
+                reserve = getattr(dataset, "cache_reserve", None)
+                if reserve is not None:
+                    reserve(2 * self.window_blocks[name])
+        self._token_sources: dict = {}  # name -> _TokenSource
+        self._phases_of = (None, None)  # (schedule version, name -> phases)
+        for name in self._token_params:  # now: each reserves its blocks in its source's cache
+            self._token_source(name)  # before a DataLoader's workers copy the datasets
 
         if (weights is None) == (schedule is None):
             raise ValueError("give weights or a schedule (one of them)")
@@ -637,7 +865,11 @@ class MixtureSampler(*sampler_bases()):
             schedule = [(0, weights)]
         self._stages = self._build_schedule(schedule)
         first = self._stages[0]
-        if epoch_length is None:
+        if epoch_length is None and self._token_rows:
+            rows = self.seq_len_schedule[0][1]
+            held = sum(self._tokens[n] // rows for n in first.names)
+            epoch_length = max(1, held // self.global_batch_size) * self.global_batch_size
+        elif epoch_length is None:
             held = sum(self._lengths[n] for n in first.names)
             steps = max(1, held // self.global_batch_size)
             epoch_length = steps * self.global_batch_size
@@ -662,6 +894,39 @@ class MixtureSampler(*sampler_bases()):
         self._version = 0  # bumped by every schedule change
 
     # -- arguments ------------------------------------------------------------------------
+
+    @staticmethod
+    def _token_unit(unit, tokens) -> str:
+        if unit not in (None, "tokens"):
+            raise InvalidArgumentError(
+                f"unit={unit!r}: the sources are token sequences, whose rows of a step have one "
+                "length: the weights count tokens (leave unit out, or give 'tokens')"
+            )
+        if tokens is not None:
+            raise InvalidArgumentError(
+                "tokens: the sources are token sequences, whose token counts are known"
+            )
+        return "tokens"
+
+    def _seq_lens(self, schedule) -> tuple:
+        """The seq_len schedule, ``((first step, length), ...)``; every token source must
+        hold a row of the longest."""
+        if schedule is None:
+            lengths = {n: d.seq_len for n, d in self.mixture.sources.items()}
+            if len(set(lengths.values())) > 1:
+                raise InvalidArgumentError(
+                    f"the sources' seq_len differ ({lengths}): give seq_len_schedule, "
+                    "e.g. [(0, 2048)]"
+                )
+            schedule = [(0, next(iter(lengths.values())))]
+        pairs = _check_schedule(schedule, None)
+        longest = max(length for _, length in pairs)
+        for name, total in self._tokens.items():
+            if total < longest:
+                raise InvalidArgumentError(
+                    f"source {name!r} holds {total} tokens, fewer than one row of {longest}"
+                )
+        return pairs
 
     def _per_source(self, what: str, value, minimum: int) -> dict:
         if isinstance(value, Mapping):
@@ -725,9 +990,9 @@ class MixtureSampler(*sampler_bases()):
                 f"every weight is zero (step {step}): at least one source needs a positive weight"
             )
         for name in positive:
-            if not self._lengths[name]:
+            if not (self._tokens[name] if self._token_rows else self._lengths[name]):
                 raise ValueError(f"source {name!r} has no examples, but weight {weights[name]}")
-        if self.unit == "tokens":
+        if self.unit == "tokens" and not self._token_rows:
             missing = [n for n in positive if n not in self._tokens]
             if missing:
                 raise ValueError(f"no token count for {_listed(missing)} (unit='tokens')")
@@ -778,12 +1043,22 @@ class MixtureSampler(*sampler_bases()):
             return
         end = self.total_steps * self.global_batch_size
         consumed = plan.consumed(-(-end // self.window)).tolist()
+        phases = self._token_phases(plan) if self._token_rows else None
         for name, used in zip(self.names, consumed):
             cap = self._max_repeats[name]
-            size = self._lengths[name]
-            if cap is not None and used > cap * size:
+            if cap is None:
+                continue
+            if phases is not None:  # passes over its tokens, the one under way in part
+                size = self._tokens[name]
+                e, o = self._token_source(name).cursor(phases[name], used)
+                what, reads = f"{size} tokens", e + o / size
+                over = e > cap or (e == cap and o > 0)
+            else:
+                size = self._lengths[name]
+                what, reads, over = f"{size} examples", used / size, used > cap * size
+            if over:
                 raise ValueError(
-                    f"source {name!r} ({size} examples) would be read {used / size:.2f} times "
+                    f"source {name!r} ({what}) would be read {reads:.2f} times "
                     f"in {self.total_steps} steps of {self.global_batch_size} under this "
                     f"schedule, more than max_repeats={cap}: lower its weight, raise "
                     "max_repeats, or shorten total_steps"
@@ -845,25 +1120,63 @@ class MixtureSampler(*sampler_bases()):
         self.epoch = check_int("epoch", epoch, 0)
 
     def consumed(self, step: int) -> dict:
-        """Examples of each source that global steps ``0 .. step - 1`` read (all ranks):
-        always the first ones of the source's ``source_order``."""
+        """Examples (token sources: rows) of each source that global steps ``0 .. step - 1``
+        read (all ranks): always the first ones of the source's ``source_order``."""
         step = check_int("step", step, 0)
+        return dict(zip(self.names, self._consumed_in(self._plan, step).tolist()))
+
+    def _consumed_in(self, plan: _Plan, step: int) -> np.ndarray:
         p = step * self.global_batch_size
         n, rest = divmod(p, self.window)
-        counts = self._plan.consumed(n)
+        counts = plan.consumed(n)
         if rest:  # a step ending inside a window
-            src = self._plan.windows(n, n + 1)[0]
+            src = plan.windows(n, n + 1)[0]
             counts = counts + np.bincount(src[:rest], minlength=len(counts))
-        return dict(zip(self.names, counts.tolist()))
+        return counts
 
     def source_order(self, name: str, start: int, stop: int) -> list:
         """Source ``name``'s indices at positions ``start .. stop`` of its stream: its passes
-        (block-shuffled, each reshuffled), one after another, as the mixture reads them."""
+        (block-shuffled, each reshuffled), one after another, as the mixture reads them. A
+        token source's are keys of rows (tuples of token ranges), of the length of the step
+        that reads each."""
         self.mixture._index_of(name)
         start, stop = check_int("start", start, 0), check_int("stop", stop, 0)
         if stop <= start:
             return []
+        if self._token_rows:
+            return self._token_source(name).rows(self._phases()[name], start, stop)
         return _Stream(self._order(name)).take(start, stop).tolist()
+
+    def _token_source(self, name: str) -> _TokenSource:
+        found = self._token_sources.get(name)
+        if found is None:
+            piece, group = self._token_params[name]
+            if piece is None:
+                piece = self.seq_len_schedule[0][1]
+            found = self._token_sources[name] = _TokenSource(
+                self.mixture.sources[name],
+                _token_seed(self.seed, name),
+                piece,
+                group,
+                self.window_blocks[name],
+            )
+        return found
+
+    def _token_phases(self, plan: _Plan) -> dict:
+        """name -> the phases of its rows under ``plan`` (see ``_TokenSource``)."""
+        before = [self._consumed_in(plan, step) for step, _ in self.seq_len_schedule]
+        lengths = [length for _, length in self.seq_len_schedule]
+        return {
+            name: self._token_source(name).phases([int(b[c]) for b in before], lengths)
+            for c, name in enumerate(self.names)
+        }
+
+    def _phases(self) -> dict:
+        version, found = self._phases_of
+        if version != self._version:
+            found = self._token_phases(self._plan)
+            self._phases_of = (self._version, found)
+        return found
 
     def _order(self, name: str) -> BlockOrder:
         order = self._orders.get(name)
@@ -928,6 +1241,8 @@ class MixtureSampler(*sampler_bases()):
         if self.num_replicas > 1:
             positions = positions[((positions + n0 * w) % g) // b == self.rank]
         src, pos = sources[positions], stream[positions]
+        if self._token_rows:
+            return self._make_rows(step, t1, src, pos, cols, bounds)
         # Each source's stream over these windows, end to end in ``joined``.
         first = np.zeros(len(plan.before[0]), dtype=np.int64)
         offset = np.zeros(len(plan.before[0]), dtype=np.int64)
@@ -945,16 +1260,36 @@ class MixtureSampler(*sampler_bases()):
         per_step = out.reshape(t1 - step, b)
         return [(step + k, per_step[k]) for k in range(t1 - step)]
 
+    def _make_rows(self, step, t1, src, pos, cols, bounds) -> list:
+        """``_make`` for token sources: the keys ``(name, ranges)`` of the positions."""
+        phases = self._phases()
+        first = np.zeros(len(self._plan.before[0]), dtype=np.int64)
+        offset = np.zeros(len(self._plan.before[0]), dtype=np.int64)
+        joined: list = []
+        for k, c in enumerate(cols.tolist()):
+            lo_c, hi_c = int(bounds[0, k]), int(bounds[-1, k])
+            if hi_c > lo_c:
+                name = self.names[c]
+                first[c], offset[c] = lo_c, len(joined)
+                joined += self._token_source(name).rows(phases[name], lo_c, hi_c)
+        names = self.names
+        out = [
+            (names[s], joined[i])
+            for s, i in zip(src.tolist(), (offset[src] + pos - first[src]).tolist())
+        ]
+        b = self.batch_size
+        return [(step + k, out[k * b : (k + 1) * b]) for k in range(t1 - step)]
+
     def epoch_indices(self, epoch=None, start: int = 0, stop=None) -> np.ndarray:
         """This rank's indices of ``epoch`` (default: the current one) at its positions
-        ``start .. stop`` of the epoch (default: to the end), as an array; the sampler's
-        iteration is not touched."""
+        ``start .. stop`` of the epoch (default: to the end), as an array (token sources: a
+        list of keys); the sampler's iteration is not touched."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
         share = self.epoch_length // self.num_replicas
         stop = share if stop is None else min(check_int("stop", stop, 0), share)
         start = check_int("start", start, 0)
         if start >= stop:
-            return np.zeros(0, dtype=np.int64)
+            return [] if self._token_rows else np.zeros(0, dtype=np.int64)
         parts = []
         count = 0
         for part in self._plain_steps(epoch, start):
@@ -962,6 +1297,8 @@ class MixtureSampler(*sampler_bases()):
             count += len(parts[-1])
             if count >= stop - start:
                 break
+        if self._token_rows:
+            return list(itertools.chain.from_iterable(parts))
         return np.concatenate(parts)
 
     def _plain_steps(self, epoch: int, skip: int):
@@ -1007,6 +1344,25 @@ class MixtureSampler(*sampler_bases()):
             "sources": dict(self._lengths),
             "window_blocks": dict(self.window_blocks),
             "schedule": [s.as_data() for s in self._stages],
+            **self._token_state(),
+        }
+
+    def _token_state(self) -> dict:
+        """What a token sources' order depends on beyond the rest: the seq_len schedule and
+        each source's tokens and pieces."""
+        if not self._token_rows:
+            return {}
+        sources = {}
+        for name in self.names:
+            order = self._token_source(name).order
+            sources[name] = {
+                "tokens": self._tokens[name],
+                "piece_tokens": order.piece_tokens,
+                "group_pieces": order.group_pieces,
+            }
+        return {
+            "seq_len_schedule": [list(p) for p in self.seq_len_schedule],
+            "token_sources": sources,
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -1014,6 +1370,7 @@ class MixtureSampler(*sampler_bases()):
         epoch after the indices it had handed out, with its schedule (which replaces this
         sampler's; ``set_weights`` may add stages after). Another number of ranks is taken at
         a step boundary; what the order depends on must agree (a ValueError says what not)."""
+        check_state("MixtureSampler", state, ("epoch", "yielded"))
         for key in ("global_batch_size", "window", "epoch_length", "unit"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
@@ -1051,12 +1408,37 @@ class MixtureSampler(*sampler_bases()):
         position = self._position_of(epoch * share + yielded)
         self._check_present(stages, position)
         plan = self._lay_out(stages)
+        if self._token_rows:
+            self._load_token_state(state)
         self.seed = seed
         self._stages, self._plan = stages, plan
         self._version += 1
+        for name in self._token_params:  # in the state's order (seed, pieces)
+            self._token_source(name)
         self.epoch = epoch
         self._counted = None
         self._resume = (epoch, yielded)
+
+    def _load_token_state(self, state: Mapping) -> None:
+        """Adopt the seq_len schedule and the token sources' pieces of ``state``."""
+        params = dict(self._token_params)
+        for name, item in dict(state.get("token_sources", {})).items():
+            if name not in params:
+                continue
+            if item.get("tokens", self._tokens[name]) != self._tokens[name]:
+                raise ValueError(
+                    f"cannot resume: the state has {item['tokens']} tokens of {name!r}, this "
+                    f"mixture {self._tokens[name]}"
+                )
+            params[name] = (
+                check_int("piece_tokens", item["piece_tokens"], 1),
+                check_int("group_pieces", item["group_pieces"], 1),
+            )
+        schedule = self.seq_len_schedule
+        if "seq_len_schedule" in state:
+            schedule = self._seq_lens(state["seq_len_schedule"])
+        self.seq_len_schedule, self._token_params = schedule, params
+        self._token_sources.clear()
 
     def _restore_stage(self, item: Mapping) -> _Stage:
         targets = item["targets"]
@@ -1102,8 +1484,13 @@ class MixtureSampler(*sampler_bases()):
             out["window"] = self.window
         if self._max_repeats is not None:
             out["max_repeats"] = dict(self._max_repeats)
-        if self.unit == "tokens":
+        if self.unit == "tokens" and not self._token_rows:
             out["tokens"] = dict(self._tokens)
+        if self._token_rows:
+            out["seq_len_schedule"] = [list(p) for p in self.seq_len_schedule]
+            pieces = {n: self._token_source(n).order.piece_tokens for n in self.names}
+            same = len(set(pieces.values())) == 1
+            out["piece_tokens"] = next(iter(pieces.values())) if same else pieces
         if len(set(self.window_blocks.values())) == 1:
             out["window_blocks"] = next(iter(self.window_blocks.values()))
         else:
@@ -1130,11 +1517,13 @@ _SAMPLER_KEYS = {
     "max_repeats",
     "total_steps",
     "window_blocks",
+    "seq_len_schedule",
+    "piece_tokens",
 }
 
 
 def from_config(config: Mapping, *, open_dataset=None, **overrides) -> tuple:
-    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping)::
+    """``(MixtureDataset, MixtureSampler)`` from plain data (a YAML mapping):
 
         sources: {web: /data/web, code: {path: /data/code, tokens: 120000000}}
         schedule: [{step: 0, weights: {web: 0.7, code: 0.3}},
@@ -1180,4 +1569,14 @@ def from_config(config: Mapping, *, open_dataset=None, **overrides) -> tuple:
             kwargs[key] = values
     kwargs.update(overrides)
     mixture = MixtureDataset(datasets)
-    return mixture, MixtureSampler(mixture, **kwargs)
+    sampler_class = __getattr__("MixtureSampler")  # made on first lookup
+    return mixture, sampler_class(mixture, **kwargs)
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_MixtureSampler, "Sampler", __name__, "MixtureSampler")
+    return {"MixtureSampler": cls}
+
+
+# ``MixtureSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"MixtureSampler": _make_sampler})

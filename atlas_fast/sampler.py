@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import check_state
+from ._compat import lazy_classes, torch_subclass
+from ._errors import InvalidArgumentError
 from ._order import (
     BlockOrder,
     Counted,
@@ -37,9 +40,8 @@ from ._order import (
     extent_blocks,
     extents_of,
 )
-from ._order import sampler_bases as _sampler_bases
 
-__all__ = ["BlockShuffleSampler", "block_lengths"]
+__all__ = ["BlockShuffleSampler", "block_lengths"]  # noqa: F822 (made by __getattr__)
 
 _check_int = check_int
 
@@ -90,7 +92,7 @@ def _said(dealing) -> str:
     return f"dealt to {dealing[1]} workers in batches of {dealing[0]}" if dealing else "not dealt"
 
 
-class BlockShuffleSampler(*_sampler_bases()):
+class _BlockShuffleSampler:
     """Block-aware shuffling for Atlas datasets, optionally split over distributed ranks.
 
     Each epoch: the blocks (of all shards) are permuted; then the examples of each window of
@@ -146,10 +148,14 @@ class BlockShuffleSampler(*_sampler_bases()):
         extent_bytes=None,
         window_extents=4,
     ):
-        if (batch_size is None) != (num_workers is None):
-            raise ValueError("batch_size and num_workers go together (the DataLoader's)")
         self.batch_size = check_int("batch_size", batch_size, minimum=1, none=True)
         self.num_workers = check_int("num_workers", num_workers, minimum=0, none=True)
+        if (batch_size is None) != (num_workers is None):
+            given, other = ("batch_size", "num_workers")[:: 1 if num_workers is None else -1]
+            raise InvalidArgumentError(
+                f"{given} given without {other}: give both (the DataLoader's batch_size and "
+                "num_workers) or neither"
+            )
         if window_blocks is not None:
             window_blocks = check_int("window_blocks", window_blocks, minimum=1)
         self.window_blocks = window_blocks
@@ -391,6 +397,7 @@ class BlockShuffleSampler(*_sampler_bases()):
         other keys ``state_dict()`` writes are checked against this sampler, since the order
         depends on them.
         """
+        check_state("BlockShuffleSampler", state, ("epoch", "yielded"))
         keys = ("window_blocks", "num_replicas", "rank", "drop_last", "num_examples")
         keys += ("extent_blocks",) + (("window_extents",) if self.extent_blocks else ())
         for key in keys:
@@ -431,3 +438,12 @@ class BlockShuffleSampler(*_sampler_bases()):
             + f"seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_BlockShuffleSampler, "Sampler", __name__, "BlockShuffleSampler")
+    return {"BlockShuffleSampler": cls}
+
+
+# ``BlockShuffleSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"BlockShuffleSampler": _make_sampler})

@@ -16,12 +16,12 @@ from collections import deque
 
 import numpy as np
 
+from ._compat import lazy_classes, torch_subclass
 from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
-from ._order import sampler_bases as _sampler_bases
 
-__all__ = ["TokenShuffleSampler"]
+__all__ = ["TokenShuffleSampler"]  # noqa: F822 (see __getattr__)
 
 _EPOCHS_KEPT = 2  # epoch layouts kept (a DataLoader's iterator may run into the next epoch)
 _CHUNK_MIN = 8  # batches of a lane computed together, at least
@@ -64,7 +64,7 @@ class _Epoch:
         self.epoch = epoch
 
 
-class TokenShuffleSampler(*_sampler_bases()):
+class _TokenShuffleSampler:
     """A block-local shuffled order over a packed ``TokenSequences``, resumable from the step
     alone, with ``seq_len`` free to change between steps.
 
@@ -268,12 +268,27 @@ class TokenShuffleSampler(*_sampler_bases()):
         """The batches of rounds ``[r0, r1)`` of lane ``lane`` (steps ``lane + r * lanes``),
         computed together: ``[(keys, blocks), ...]``, ``blocks`` the global blocks each batch
         reads (ascending)."""
-        g, bsz = self.lanes, self.batch_size
-        lengths = [self._seq_len(r * g + lane) for r in range(r0, r1)]
-        row_bounds = np.zeros(len(lengths) * bsz + 1, dtype=np.int64)
-        np.cumsum(np.repeat(np.array(lengths, dtype=np.int64), bsz), out=row_bounds[1:])
+        g = self.lanes
+        lengths = np.array([self._seq_len(r * g + lane) for r in range(r0, r1)], dtype=np.int64)
+        pos = self._consumed(lane, r0)
+        return self._cut(layout, lane, pos, np.repeat(lengths, self.batch_size), self.batch_size)
+
+    def _rows(self, layout: _Epoch, lane: int, pos: int, count: int, length: int) -> list:
+        """The keys of ``count`` rows of ``length`` tokens from position ``pos`` of lane
+        ``lane``'s shuffled stream (a mixture reads a token source through this too)."""
+        if count == 0:
+            return []
+        return self._cut(layout, lane, pos, np.full(count, length, dtype=np.int64), count)[0][0]
+
+    def _cut(self, layout: _Epoch, lane: int, pos: int, row_lengths, bsz: int) -> list:
+        """Rows of ``row_lengths`` tokens from position ``pos`` of lane ``lane``'s shuffled
+        stream, in batches of ``bsz`` rows: ``[(keys, blocks), ...]``, ``blocks`` the global
+        blocks each batch reads (ascending)."""
+        batches = len(row_lengths) // bsz
+        row_bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=row_bounds[1:])
         total = int(row_bounds[-1])
-        starts, lengths_ = self._lane_ranges(layout, lane, self._consumed(lane, r0), total)
+        starts, lengths_ = self._lane_ranges(layout, lane, pos, total)
         # Cut at the rows' ends, then at the permuted blocks' ends.
         offsets = np.zeros(len(lengths_) + 1, dtype=np.int64)
         np.cumsum(lengths_, out=offsets[1:])
@@ -299,7 +314,7 @@ class TokenShuffleSampler(*_sampler_bases()):
         n_blocks = len(layout.perm)
         touched = sorted_unique((rows // bsz) * n_blocks + block)
         batch_of, block_of = np.divmod(touched, n_blocks)
-        block_bounds = np.searchsorted(batch_of, np.arange(len(lengths) + 1))
+        block_bounds = np.searchsorted(batch_of, np.arange(batches + 1))
         # Ranges contiguous in the concatenation are joined.
         join = np.ones(len(glo), dtype=bool)
         join[1:] = (rows[1:] != rows[:-1]) | (glo[1:] != glo[:-1] + (hi[:-1] - lo[:-1]))
@@ -313,7 +328,7 @@ class TokenShuffleSampler(*_sampler_bases()):
         keys = [tuple(items[a:b]) for a, b in itertools.pairwise(bounds)]
         return [
             (keys[k * bsz : (k + 1) * bsz], block_of[block_bounds[k] : block_bounds[k + 1]])
-            for k in range(len(lengths))
+            for k in range(batches)
         ]
 
     def _chunk_rounds(self, lane: int, r0: int, steps: int) -> int:
@@ -434,3 +449,12 @@ class TokenShuffleSampler(*_sampler_bases()):
             f"group_pieces={self.group_pieces}, seed={self.seed}, epoch={self.epoch}, "
             f"rank={self.rank}/{self.num_replicas})"
         )
+
+
+def _make_sampler() -> dict:
+    cls = torch_subclass(_TokenShuffleSampler, "Sampler", __name__, "TokenShuffleSampler")
+    return {"TokenShuffleSampler": cls}
+
+
+# ``TokenShuffleSampler`` subclasses torch's Sampler: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"TokenShuffleSampler": _make_sampler})

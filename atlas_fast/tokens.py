@@ -17,11 +17,11 @@ import numpy as np
 
 from . import _token_index as _ti
 from ._checks import check_int
-from ._compat import torch_data_bases
+from ._compat import lazy_classes, torch_subclass
 from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, TokenIndexError
 
-__all__ = ["TokenSequences", "collate"]
+__all__ = ["TokenSequences", "collate"]  # noqa: F822 (see __getattr__)
 
 _INDEX_MODES = ("auto", "rebuild", "require")
 
@@ -79,7 +79,7 @@ class _Located:
         self.total = int(cum[-1])
 
 
-class TokenSequences(*torch_data_bases("Dataset")):
+class _TokenSequences:
     """The token sequences of an Atlas dataset, as fixed-length rows for training.
 
     ``dataset``: an ``AtlasDataset`` or a path or URL to open one (``open_kwargs`` passed to
@@ -520,18 +520,24 @@ class TokenSequences(*torch_data_bases("Dataset")):
         positions = np.zeros(shape, dtype=self._positions_dtype)
         return targets, inputs, positions
 
-    def _packed(self, keys: list) -> dict:
+    def _packed(self, keys: list, into=None) -> dict:
+        """The rows of ``keys``; ``into``: ``(targets, inputs, positions, rows)``, arrays of
+        a larger batch to write them to, at ``rows`` (a mixture's batch)."""
         length, starts, counts = self._segments(keys)
-        # Not cleared: the pieces cover every position of every row. One array holds the
-        # three when they share a dtype (collate makes one tensor of it).
-        shape = (len(keys), length)
-        if self._positions_dtype == self.dtype:
-            targets, inputs, positions = np.empty((3, *shape), dtype=self.dtype)
-        else:
-            targets = np.empty(shape, dtype=self.dtype)
-            inputs = np.empty(shape, dtype=self.dtype)
-            positions = np.empty(shape, dtype=self._positions_dtype)
         out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
+        if into is None:
+            # Not cleared: the pieces cover every position of every row. One array holds the
+            # three when they share a dtype (collate makes one tensor of it).
+            shape = (len(keys), length)
+            if self._positions_dtype == self.dtype:
+                targets, inputs, positions = np.empty((3, *shape), dtype=self.dtype)
+            else:
+                targets = np.empty(shape, dtype=self.dtype)
+                inputs = np.empty(shape, dtype=self.dtype)
+                positions = np.empty(shape, dtype=self._positions_dtype)
+        else:
+            targets, inputs, positions, rows = into
+            out = rows[out // length] * length + out % length if len(out) else out
         unique, pieces = self._core.token_pieces(self._index.cum, starts, counts, out)
         if len(pieces):
             shards, blocks, expected = self._blocks(unique)
@@ -549,7 +555,7 @@ class TokenSequences(*torch_data_bases("Dataset")):
                 False,
             )
         batch = {"inputs": inputs, "targets": targets, "positions": positions}
-        if self.varlen:
+        if self.varlen and into is None:
             batch.update(self._varlen(positions, pieces[:, 3] if len(pieces) else pieces[:, 0]))
         return batch
 
@@ -631,4 +637,13 @@ class TokenSequences(*torch_data_bases("Dataset")):
 
 
 def _rebuild(dataset, seq_len, kwargs):
-    return TokenSequences(dataset, seq_len, **kwargs)
+    return __getattr__("TokenSequences")(dataset, seq_len, **kwargs)
+
+
+def _make_sequences() -> dict:
+    cls = torch_subclass(_TokenSequences, "Dataset", __name__, "TokenSequences")
+    return {"TokenSequences": cls}
+
+
+# ``TokenSequences`` subclasses torch's Dataset: made on first lookup (_compat.py).
+__getattr__, __dir__ = lazy_classes(globals(), {"TokenSequences": _make_sequences})

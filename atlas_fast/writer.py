@@ -31,13 +31,21 @@ Converters build on ``pickle_block``, ``AtlasDatasetShardWriter.add_pickled_bloc
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+import shutil
 import warnings
 from pathlib import Path
 
 import zstandard
 
 from ._checks import check_int
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError, destination_exists
+from ._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    UnpicklableExampleError,
+    destination_exists,
+)
 from ._format import (
     DICT_FILE,
     META_FILE,
@@ -280,9 +288,29 @@ class AtlasDatasetShardWriter(_FinishedOnlyOnSuccess):
             self._flush_block()
 
     def _flush_block(self) -> None:
-        block = pickle_examples(self._pending, self.path, self._store.submitted + len(self._blocks))
+        number = self._store.submitted + len(self._blocks)
+        try:
+            block = pickle_examples(self._pending, self.path, number)
+        except Exception as exc:
+            raise self._unpicklable(exc, number) from exc
         self._pending = []
         self._add_block(block)
+
+    def _unpicklable(self, exc: Exception, number: int) -> UnpicklableExampleError:
+        """The error for a block that does not pickle, naming its first example that does
+        not; the writer is closed and its directory removed."""
+        first = self.stored_examples - len(self._pending)
+        bad = _first_unpicklable(self._pending)
+        what = f"example {first + bad}" if bad is not None else f"block {number}"
+        self._closed = True
+        self._abandon()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return UnpicklableExampleError(
+            f"{self.path}: {what} does not pickle ({type(exc).__name__}: {exc}); the shard "
+            "writer is closed and its directory removed",
+            self.path,
+            first + (bad or 0),
+        )
 
     def add_pickled_block(self, block, count) -> None:
         """Append a block pickled elsewhere: ``block`` is ``pickle_block`` of its ``count``
@@ -440,6 +468,23 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
     from the start: then each shard is stored under its final name at once (a wrong count
     costs those copies again, never a wrong dataset). Locally it changes nothing.
 
+    ``append=True`` adds the examples after the last one of the dataset already at ``path``
+    instead (docs/growing.md): its new shards are numbered after its last, written with
+    the dataset's compression strategy (``compression_strategy`` must be that one, or 2 for
+    a dataset stored with 1: the reference's fallback) and, under strategy 2, its shared
+    dictionary; ``shard_size``, ``block_size``, ``compression_level`` and
+    ``compression_dict_size`` apply to the new shards only. The dataset is checked first (as
+    ``atlas-fast verify`` checks its files, blocks aside): a path that is not a whole
+    dataset raises ``AtlasFormatError``, another strategy ``InvalidArgumentError``, and
+    nothing is written. Locally the new shards are written into a folder next to ``path``
+    and the grown dataset swapped in at ``close()`` in one step (the old shards hard-linked,
+    renamed to a wider name when the count crosses a power of ten): after a crash ``path``
+    holds the old dataset or the new one, whole; the next append (or ``atlas-fast verify
+    --repair``) removes what the crash left next to it. To a URL, the new shards are
+    uploaded under names no reader of the old dataset looks at and the root meta.json put
+    last, as for a new dataset (a widening copies the old shards within the store first).
+    Zero examples appended change nothing.
+
     If the ``with`` block raises (or ``close()`` does), the dataset is not finished: no root
     meta.json is written; the shard being filled is abandoned, shards queued on other threads
     are abandoned before they start, those being finished there are waited for (no thread is
@@ -471,20 +516,49 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         expected_examples=None,
         token_index=None,
         token_field=None,
+        append=False,
     ):
         options = WriterOptions.from_arguments(locals())
+        if not isinstance(append, bool):
+            raise InvalidArgumentTypeError(f"append must be True or False, not {append!r}")
+        if append and overwrite:
+            raise InvalidArgumentError("append=True and overwrite=True: choose one")
         # A URL: the dataset is written into a local staging directory, shard by shard, each
         # uploaded and removed locally once finished (``_writing.upload.ShardUploads``).
         self._uploads = _uploads_for(
-            path, storage_options, overwrite, staging_dir, staging_bytes, "AtlasDatasetWriter"
+            path,
+            storage_options,
+            overwrite,
+            staging_dir,
+            staging_bytes,
+            "AtlasDatasetWriter",
+            append=append,
         )
-        if expected_examples is not None:
-            expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+        # append=True to a local path: the dataset locked and checked, the new shards
+        # written aside (``_writing.grow.LocalAppend``).
+        self._append = None
+        self._first = 0  # the number of the first shard this writer writes
+        self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
+        try:
+            if append:
+                strategy = self._grown(path, options)
+                options = dataclasses.replace(options, compression_strategy=strategy)
+            if expected_examples is not None:
+                expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+                if self._uploads is not None:
+                    # The count of shards that many examples make: their names' width from
+                    # the start (the commit renames only if the count turns out otherwise).
+                    shards = -(-expected_examples // options.shard_size)
+                    self._uploads.expected = self._first + shards
+        except BaseException:
             if self._uploads is not None:
-                # The count of shards that many examples make: their names' width from
-                # the start (the commit renames only if the count turns out otherwise).
-                self._uploads.expected = -(-expected_examples // options.shard_size)
+                self._uploads.close()
+            if self._append is not None:
+                self._append.abandon()
+            raise
         self.path = self._uploads.local if self._uploads is not None else Path(local_path(path))
+        # Where the shard folders are written: the dataset's folder, or an append's aside.
+        self._dir = self.path if self._append is None else self._append.aside.dir
         self._url = self._uploads.dest.location.url if self._uploads is not None else None
         self.shard_size = options.shard_size
         self.block_size = options.block_size
@@ -495,8 +569,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self.checksums = options.checksums
         self.workers = options.threads
         self._workers_given = options.workers is not None  # passed on to shard writers if so
-        self.shard_sizes: list = []  # sizes of the shards finished so far
-        self.shared_dict = None  # strategy 2: the dictionary every shard after the first uses
+        self.shard_sizes: list = []  # sizes of the shards finished so far (by this writer)
         self._closed = False
         # workers > 1: shards closed on a pool (``_stored`` is told of each, once closed).
         self._finisher = ShardFinisher(self.workers, self._stored)
@@ -507,19 +580,50 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._tokens = _token_tally(
             token_index, token_field, options.shard_size, options.block_size, self._uploads
         )
+        if append:
+            # The dataset's token index is carried over as it is (``carry_root_files``): it
+            # is kept per shard, so the new shards get their entries on first use.
+            self._tokens = None
         try:
-            _create_directory(self.path, "AtlasDatasetWriter", "dataset")
+            if append:
+                if self._uploads is not None:
+                    self.path.mkdir(parents=True)  # the staging of the new shards
+            else:
+                _create_directory(self.path, "AtlasDatasetWriter", "dataset")
             self.current_shard = self._new_shard()
         except BaseException:
             if self._uploads is not None:
                 self._uploads.close()
+            if self._append is not None:
+                self._append.abandon()
             raise
         self._filling = True
+
+    def _grown(self, path, options) -> CompressionStrategy:
+        """``append=True``: open the dataset at ``path`` for growing (locally: lock it, remove
+        leftovers, check it; to a URL: ``self._uploads`` read it); the strategy its new
+        shards are written with. Its shared dictionary becomes ``shared_dict``."""
+        from ._writing.grow import LocalAppend
+
+        asked = options.compression_strategy
+        if self._uploads is not None:
+            grown = self._uploads.grown
+            strategy = grown.strategy_for(asked)
+            dict_bytes = grown.dict_bytes
+            self._first = grown.count
+        else:
+            self._append = LocalAppend(local_path(path), "AtlasDatasetWriter", asked)
+            strategy = self._append.strategy
+            dict_bytes = self._append.existing.dict_bytes
+            self._first = self._append.first
+        if dict_bytes is not None:  # else a dataset of no shard: its first new one trains
+            self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
+        return CompressionStrategy(strategy)
 
     def _new_shard(self):
         """The next shard writer, created through the module attribute (so a patch of
         ``atlas_fast.writer.AtlasDatasetShardWriter`` takes effect), keywords only."""
-        number = len(self.shard_sizes)
+        number = self._first + len(self.shard_sizes)
         strategy = self.compression_strategy
         kwargs = {}
         if number == 0:
@@ -534,7 +638,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         factory = AtlasDatasetShardWriter
         self._own = factory is _SHARD_WRITER
         return factory(
-            path=self.path / str(number),
+            path=self._dir / str(number),
             block_size=self.block_size,
             compression_strategy=strategy,
             compression_level=self.compression_level,
@@ -550,16 +654,40 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._closed:
             raise ValueError(f"{self.path}: the dataset writer is closed")
         shard = self.current_shard
-        if (shard.stored_examples if self._own else len(shard)) >= self.shard_size:
-            self._finish_shard()
-            shard = self.current_shard = self._new_shard()
-            self._filling = True
-        tally = self._tokens
-        if tally is not None:
-            tally.add(example)
-            if not tally.active:
-                self._tokens = None
-        shard.add_example(example)
+        try:
+            if (shard.stored_examples if self._own else len(shard)) >= self.shard_size:
+                self._finish_shard()
+                shard = self.current_shard = self._new_shard()
+                self._filling = True
+            tally = self._tokens
+            if tally is not None:
+                tally.add(example)
+                if not tally.active:
+                    self._tokens = None
+            shard.add_example(example)
+        except UnpicklableExampleError as exc:
+            raise self._unpicklable(exc) from exc.__cause__
+
+    def _unpicklable(self, exc: UnpicklableExampleError) -> UnpicklableExampleError:
+        """A shard's ``exc`` as the dataset's: the example numbered in the dataset; the writer
+        is closed, and what it had begun removed (the uploaded objects too)."""
+        shard = Path(exc.path).name
+        index = int(shard) * self.shard_size + exc.index if shard.isdigit() else exc.index
+        where = f"shard {shard}, block {exc.index // self.block_size}"
+        self._closed = True
+        problems = self._abandon()
+        if self._uploads is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        cause = exc.__cause__
+        error = UnpicklableExampleError(
+            f"{self._shown()}: example {index} ({where}) does not pickle ({type(cause).__name__}: "
+            f"{cause}); the writer is closed and the dataset it had begun removed",
+            self._shown(),
+            index,
+        )
+        for problem in problems:
+            note(error, f"atlas_fast: abandoning {self.path}: {problem}")
+        return error
 
     def _finish_shard(self, last: bool = False) -> None:
         """Close the current shard: on the pool (workers > 1: see the class) or here."""
@@ -568,7 +696,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._filling = False
         strategy = self.compression_strategy
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if len(self.shard_sizes) == 1:  # the others need its dictionary: here
+            if self.shared_dict is None:  # the first shard: the others need its dictionary
                 shard.close()
                 self._share_first_dictionary(Path(shard.path))
                 self._stored(shard)
@@ -587,7 +715,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         """``shard`` is finished (closed here or on the pool): to a URL, it is uploaded."""
         if self._uploads is not None:
             # Shards begun so far (the next one too, unless closing): its name's width.
-            started = len(self.shard_sizes) + (0 if self._closed else 1)
+            started = self._first + len(self.shard_sizes) + (0 if self._closed else 1)
             self._uploads.add(int(Path(shard.path).name), started)
 
     def _share_first_dictionary(self, shard_dir: Path) -> None:
@@ -611,7 +739,7 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 "meta.json but left no dictionary to share",
             )
             raise
-        source.rename(self.path / DICT_FILE)
+        source.rename(self._dir / DICT_FILE)
         self.shared_dict = zstandard.ZstdCompressionDict(dict_bytes)
         metadata = metadata._replace(compression_strategy=int(self.compression_strategy))
         # Not a commit marker (the root meta.json, written last, is): no flush to disk.
@@ -625,11 +753,16 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         try:
             self._finish_shard(last=True)
             self._finisher.collect(wait=True)
+        except UnpicklableExampleError as exc:
+            raise self._unpicklable(exc) from exc.__cause__
         except BaseException as exc:
             problems = self._abandon()
             self._say_incomplete(f"closing it raised {type(exc).__name__}", problems, exc)
             raise
         self._finisher.stop()
+        if self._append is not None or (self._uploads is not None and self._uploads.grown):
+            self._commit_append()
+            return
         metadata = AtlasDatasetMetadata(
             VERSION, list(self.shard_sizes), int(self.compression_strategy)
         )
@@ -683,6 +816,28 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         entries = self._tokens.entries(dirs, self.shard_sizes)
         write_index(self.path / index_name(self._tokens.field), self._tokens.field, entries)
 
+    def _commit_append(self) -> None:
+        """``append=True``, every new shard finished: the grown dataset committed (an empty
+        last shard, the only one when nothing was added, is not kept)."""
+        sizes = list(self.shard_sizes)
+        if sizes and sizes[-1] == 0:
+            sizes.pop()
+            shutil.rmtree(self._dir / str(self._first + len(sizes)), ignore_errors=True)
+        try:
+            if self._append is not None:
+                self._append.commit(sizes, int(self.compression_strategy))
+            else:
+                from ._writing.grow_remote import commit_remote_append
+
+                new = self._uploads.uploaded(len(sizes))
+                strategy = int(self.compression_strategy)
+                commit_remote_append(self._uploads.grown, new, sizes, strategy)
+                self._uploads.close()
+        except BaseException as exc:
+            problems = self._abandon()
+            self._say_incomplete(f"committing it raised {type(exc).__name__}", problems, exc)
+            raise
+
     def abort(self) -> None:
         """Stop without finishing: the shard being written is abandoned (when its writer has
         an ``abort()``), so are the shards queued on other threads that have not started,
@@ -701,6 +856,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         problems += self._finisher.abandon()
         if self._uploads is not None:
             problems += self._uploads.abandon()
+        if self._append is not None:
+            try:
+                self._append.abandon()
+            except Exception as exc:
+                problems.append(f"removing {self._append.aside.dir}: {exc!r}")
         return problems
 
     def _shown(self):
@@ -712,6 +872,8 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
                 "The objects it had uploaded were deleted, its open multipart uploads aborted "
                 "and its local staging directory removed."
             )
+        if self._append is not None:
+            return "The dataset is as it was: the new shards written aside were removed."
         finished, unfinished = [], []
         try:
             for entry in self.path.iterdir():
@@ -753,8 +915,11 @@ def _token_tally(token_index, token_field, shard_size, block_size, uploads):
     return Tally(shard_size, block_size, token_field, required)
 
 
-def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, who):
-    """The ``ShardUploads`` of a writer to the URL ``path``, or None for a local path."""
+def _uploads_for(
+    path, storage_options, overwrite, staging_dir, staging_bytes, who, *, append=False
+):
+    """The ``ShardUploads`` of a writer to the URL ``path``, or None for a local path
+    (``append``: of an append to the dataset there)."""
     from ._writing.upload import ShardUploads, is_remote, open_destination
 
     if not is_remote(path):
@@ -766,8 +931,26 @@ def _uploads_for(path, storage_options, overwrite, staging_dir, staging_bytes, w
         return None
     if staging_bytes is not None:
         staging_bytes = check_int("staging_bytes", staging_bytes, minimum=1)
+    if append:
+        from ._writing.grow_remote import RemoteGrowth
+
+        grown = RemoteGrowth.open(path, storage_options, who)
+        uploads = ShardUploads(grown.dest, staging_dir=staging_dir, staging_bytes=staging_bytes)
+        uploads.grown = grown
+        return uploads
     dest = open_destination(path, storage_options, overwrite=bool(overwrite), who=who)
     return ShardUploads(dest, staging_dir=staging_dir, staging_bytes=staging_bytes)
+
+
+def _first_unpicklable(examples: list):
+    """The position of the first of ``examples`` that does not pickle alone (None: each
+    does; the block as a whole does not)."""
+    for k, example in enumerate(examples):
+        try:
+            pickle.dumps(example)
+        except Exception:
+            return k
+    return None
 
 
 def _create_directory(path: Path, who: str, what: str) -> None:

@@ -1,24 +1,31 @@
-"""The documentation's performance tables, generated from the runs in benchmarks/results/.
+"""The documentation's performance tables and plots, generated from benchmarks/results/.
 
 Each JSON file there is the output of one benchmark run (``--json``), its machine paths
 removed. This script renders them into docs/performance.md, docs/mixtures.md and the README's one
 table, each
-between marker comments (``<!-- tables:NAME -->`` ... ``<!-- /tables:NAME -->``), so that no
-figure in the documentation is typed by hand:
+between marker comments (``<!-- tables:NAME -->`` ... ``<!-- /tables:NAME -->``), and into
+the plots under docs/images/ (SVG, one per benchmark family on the performance page, the
+first of them in the README too), so that no figure in the documentation is typed by hand:
 
-    python benchmarks/tables.py              # rewrite the tables from the committed runs
-    python benchmarks/tables.py --check      # exit 1 if a committed table is out of date
+    python benchmarks/tables.py              # rewrite the tables and plots from the runs
+    python benchmarks/tables.py --check      # exit 1 if a committed table or plot is stale
     python benchmarks/tables.py import RUN.json NAME   # a new run -> results/NAME.json
 
 ``import`` replaces every absolute path in the run (the ``--json`` target, the Python
 executable, the corpus cache) by its last component, so results name no machine's layout.
-tests/test_docs.py checks that the committed tables are what this script renders.
+Drawing needs matplotlib (the ``bench`` or ``docs`` extra); ``--check`` does not: each plot
+records, in its SVG metadata, a digest of the figures it shows and of the code that draws
+it, and the check compares that digest (pixels differ between matplotlib releases, the
+digest does not). tests/test_docs.py checks that the committed tables and plots are what
+this script renders.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
+import inspect
 import json
 import re
 import sys
@@ -29,6 +36,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 MIXTURES = ROOT / "docs" / "mixtures.md"
 README = ROOT / "README.md"
+IMAGES = ROOT / "docs" / "images"
 
 # An absolute POSIX path inside a string (not a URL's path: no ":" right before it).
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:.~/-])/(?:[\w.+@~-]+/)*[\w.+@~-]+")
@@ -506,6 +514,260 @@ def tokens_run(run: dict) -> str:
     return run_line(run, extra)
 
 
+# -- growing datasets (bench_grow.py) ---------------------------------------------------------
+
+
+def grow_table(run: dict) -> str:
+    """Median seconds per case, and the ratios the growing guide quotes."""
+    rows = [[r["case"], f"{r['median_seconds'] * 1000:,.0f} ms"] for r in run["results"]]
+    rows += [[name, f"{value:.2f}"] for name, value in run["ratios"].items()]
+    return _table(["case", "median"], rows)
+
+
+def grow_blocks() -> dict:
+    grow = load("bench_grow")
+    settings = grow["settings"]
+    extra = (
+        f"; {settings['shards']} shards of {settings['shard_examples']:,} examples "
+        f"({settings['shard_bytes'] / 1e6:.1f} MB each); {settings['repeats']} repetitions"
+    )
+    return {"grow-run": run_line(grow, extra), "grow": grow_table(grow)}
+
+
+# -- bench_export.py --------------------------------------------------------------------------
+
+
+def export_table(run: dict) -> str:
+    """Export to Parquet against convert from Parquet, per worker count."""
+    rows = [
+        (
+            row["workers"],
+            _rate(row["convert_examples_per_s"]),
+            _rate(row["export_examples_per_s"]),
+            _ratio(row["export_over_convert"]),
+        )
+        for row in run["rows"]
+    ]
+    table = _table(
+        ["workers", "convert from Parquet", "export to Parquet", "export / convert"], rows
+    )
+    scaling = run["scaling"]
+    return (
+        f"{table}\n\nTwo workers against one: export {_ratio(scaling['export'])}, convert "
+        f"{_ratio(scaling['convert'])}; two processes on a plain CPU loop right after: "
+        f"{_ratio(run['ceiling'])} (the machine's ceiling then)."
+    )
+
+
+# -- plots ---------------------------------------------------------------------------------
+#
+# Each plot is a function of one run returning its figures as plain data ("panels"), drawn
+# by _draw: horizontal bars per item, one bar per core (compiled, Python), on a log scale,
+# with a line at 1.0x. The digest of that data and of this section's code goes in the SVG.
+
+_CORES = (("cython", "atlas_fast[cython]", "#1f5fa8"), ("python", "atlas_fast[python]", "#e8871e"))
+
+
+def backends_panels(run: dict) -> list:
+    """bench_backends: each core's speed in times the reference's, per pattern and dataset."""
+    sections = _rows_by_section(run)
+    panels = []
+    for title, case in BACKEND_COLUMNS:
+        items = []
+        for section, cases in sections.items():
+            row = cases.get(case)
+            if section == "many shards" or row is None:
+                continue
+            items.append(
+                (_dataset(section), {k: _ratio_of(row, f"{k} x ref") for k, _, _ in _CORES})
+            )
+        panels.append((title.replace("`", ""), items))
+    return panels
+
+
+def loader_panels(run: dict) -> list:
+    """bench_loader: each core through a DataLoader, in times the reference's uniform random
+    reading through the same loader (as the loader table's "x reference"), wall clock."""
+    panels = []
+    for section, cases in _rows_by_section(run).items():
+        items = []
+        for case, row in cases.items():
+            values = row["values"]
+            ratio = _pick_ratio(row, "cython x ref")
+            if not (case.endswith(", wall") or case.startswith("default")) or ratio is None:
+                continue
+            if not values.get("cython"):
+                continue
+            per_core = {
+                k: (ratio * values[k] / values["cython"] if values.get(k) else None)
+                for k, _, _ in _CORES
+            }
+            items.append((case.replace(", wall", ""), per_core))
+        if items:
+            panels.append((_dataset(section), items))
+    return panels
+
+
+def formats_panels(run: dict) -> list:
+    """atlas-fast bench: each core, in its fastest Atlas configuration for the pattern, in
+    times the fastest peer format on that pattern, per corpus."""
+    panels = []
+    for corpus in run["corpora"]:
+        best: dict = {}
+        for result in run["results"]:
+            if result["corpus"] != corpus or result["kind"] != "atlas":
+                continue
+            ratio = result.get("ratio_to_best_peer")
+            core = "cython" if "cython" in result["label"] else "python"
+            key = (result["pattern"], core)
+            if ratio is not None and ratio > best.get(key, 0):
+                best[key] = ratio
+        patterns = [p for p in _PATTERNS if any((p, k) in best for k, _, _ in _CORES)]
+        items = [(p, {k: best.get((p, k)) for k, _, _ in _CORES}) for p in patterns]
+        if items:  # a corpus no peer read has nothing to show
+            panels.append((corpus, items))
+    return panels
+
+
+PLOTS = {
+    # file under docs/images -> (results name, panels, title, x-axis label)
+    "backends.svg": (
+        "bench_backends",
+        backends_panels,
+        "atlas_fast against the reference (torch_atlas_ds), same files",
+        "x the reference (above 1: faster)",
+    ),
+    "loader.svg": (
+        "bench_loader",
+        loader_panels,
+        "Through a DataLoader (batch_size=256), wall clock",
+        "x the reference's uniform random reading (above 1: faster)",
+    ),
+    "formats.svg": (
+        "atlas_fast_bench",
+        formats_panels,
+        "Against the formats users come from (atlas-fast bench)",
+        "x the fastest peer format on the pattern (above 1: faster)",
+    ),
+}
+
+
+def _plot_label(text: str) -> str:
+    """A dataset's name (``_dataset``) on two lines, for a plot's narrow axis."""
+    corpus, _, rest = text.partition(", ")
+    stored, _, block = rest.rpartition(", ")
+    return f"{corpus}, {block}\n{stored}" if block else text
+
+
+def _plot_data(name: str) -> tuple:
+    results, panels, title, xlabel = PLOTS[name]
+    run = load(results)
+    machine = run["machine"]
+    when = _date(run["date"])
+    source = run["command"].split(" --", 1)[0]
+    subtitle = f"`{source}`, {when}, {machine.get('cpu_model')}, {machine.get('cores')} cores"
+    return panels(run), f"{title}\n{subtitle}", xlabel
+
+
+def _plot_digest(name: str) -> str:
+    """What a plot shows and the code that draws it, hashed: recorded in its SVG."""
+    panels, title, xlabel = _plot_data(name)
+    code = "".join(
+        inspect.getsource(f)
+        for f in (backends_panels, loader_panels, formats_panels, _plot_label, _draw)
+    )
+    text = json.dumps([name, panels, title, xlabel, code], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_DIGEST = re.compile(r"atlas_fast plot data sha256 ([0-9a-f]{64})")
+
+
+def recorded_digest(path: Path):
+    """The digest a committed plot records, or None (missing, or not one of ours)."""
+    try:
+        match = _DIGEST.search(path.read_text())
+    except OSError:
+        return None
+    return match and match.group(1)
+
+
+def _draw(name: str, path: Path) -> None:
+    """Draw plot ``name`` into ``path``: its panels side by side, bars per core on a log
+    scale, a line at 1.0x (SVG: text as text, fixed ids, no date)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit(
+            "drawing the plots needs matplotlib: pip install 'atlas-fast[docs]'"
+        ) from None
+    matplotlib.use("svg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    panels, title, xlabel = _plot_data(name)
+    first = [label for label, _ in panels[0][1]]
+    same_rows = all([label for label, _ in items] == first for _, items in panels)
+    rows = max(len(items) for _, items in panels)
+    with matplotlib.rc_context(
+        {"svg.hashsalt": "atlas_fast", "svg.fonttype": "none", "font.size": 8}
+    ):
+        fig, axes = plt.subplots(
+            1,
+            len(panels),
+            figsize=(2.3 * len(panels) + 2.2, 0.5 * rows + 1.5),
+            sharey=same_rows,
+            squeeze=False,
+        )
+        values = [v for _, items in panels for _, per in items for v in per.values() if v]
+        low = min([0.5, *values]) / 1.4
+        high = max([2.0, *values]) * 2.2
+        for col, (ax, (panel_title, items)) in enumerate(zip(axes[0], panels)):
+            for k, (key, core_label, color) in enumerate(_CORES):
+                ys = [i + (k - 0.5) * 0.4 for i in range(len(items))]
+                xs = [per.get(key) or 0 for _, per in items]
+                bars = ax.barh(ys, xs, height=0.38, color=color, label=core_label)
+                for bar, x in zip(bars, xs):
+                    if x:
+                        ax.text(
+                            x * 1.06,
+                            bar.get_y() + bar.get_height() / 2,
+                            f"{x:.2f}x",
+                            va="center",
+                            fontsize=6.5,
+                        )
+            ax.axvline(1.0, color="#333333", linewidth=1, linestyle="--")
+            ax.set_xscale("log")
+            ax.set_xlim(low, high)
+            ax.xaxis.set_major_locator(
+                LogLocator(base=10, subs=(1.0, 3.0) if high / low < 300 else (1.0,))
+            )
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            if col == 0 or not same_rows:
+                ax.set_yticks(range(len(items)), [_plot_label(lb) for lb, _ in items])
+            ax.set_ylim(len(items) - 0.5, -0.5)
+            ax.set_title(_plot_label(panel_title), fontsize=8.5, fontweight="bold")
+            ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
+            ax.set_axisbelow(True)
+        fig.supxlabel(xlabel, fontsize=8)
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=8, frameon=False)
+        fig.suptitle(title, x=0.01, ha="left", fontsize=8.5)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(
+            path,
+            format="svg",
+            metadata={
+                "Date": None,
+                "Creator": None,
+                "Description": f"atlas_fast plot data sha256 {_plot_digest(name)}",
+            },
+        )
+        plt.close(fig)
+
+
 # -- the documents --------------------------------------------------------------------------
 
 
@@ -514,6 +776,7 @@ def performance_blocks() -> dict:
     backends = load("bench_backends")
     loader = load("bench_loader")
     bench = load("atlas_fast_bench")
+    export = load("bench_export")
     return {
         "backends-run": run_line(backends),
         "backends": backends_table(backends),
@@ -528,6 +791,11 @@ def performance_blocks() -> dict:
         "bench-tokens": bench_table(bench, "tokens"),
         "bench-blobs": bench_table(bench, "blobs"),
         **_tokens_blocks(),
+        **grow_blocks(),
+        "export-run": run_line(
+            export, f"; {export['documents']:,} documents, medians of {export['repeats']}"
+        ),
+        "export": export_table(export),
     }
 
 
@@ -598,6 +866,12 @@ def main(argv=None) -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(text)
+    for name in PLOTS:
+        path = IMAGES / name
+        if recorded_digest(path) != _plot_digest(name):
+            stale.append(path)
+            if not args.check:
+                _draw(name, path)
     if args.check and stale:
         for path in stale:
             print(f"{_shown(path)}: out of date; run python benchmarks/tables.py")

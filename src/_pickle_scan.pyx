@@ -37,7 +37,7 @@ cimport cython
 
 import pickle
 
-__all__ = ["PickleScanner", "scan", "MAX_PROTOCOL"]
+__all__ = ["PickleScanner", "scan", "bound_check", "MAX_PROTOCOL", "MEMO_SLACK"]
 
 cdef enum:
     PS_MAX_PROTOCOL = 5  # pickle.HIGHEST_PROTOCOL of every CPython this builds for
@@ -51,6 +51,7 @@ cdef extern from *:
     #define PS_FRAME_EDIT 0xFFFFFFFFu
     #define PS_LIMIT 0xFFFFFFF0u
     #define PS_MEMO_SLACK 256u
+    #define PS_BOUND_SLACK 65536u
     """
     # ps_def.end while the object is being built; ps_edit.memo of a FRAME header
     const uint32_t PS_OPEN
@@ -59,6 +60,11 @@ cdef extern from *:
     const uint32_t PS_LIMIT
     # An explicit memo index may exceed its opcode's offset by this much.
     const uint32_t PS_MEMO_SLACK
+    # ps_bound: a memo index may exceed the pickle's length by this much (the memo table it
+    # asks for is then at most 16 bytes per byte of the pickle, plus 1 MiB).
+    const uint32_t PS_BOUND_SLACK
+
+MEMO_SLACK = PS_BOUND_SLACK
 
 # Slot flags.
 cdef enum:
@@ -244,6 +250,63 @@ _classify(b"\x8d\x8e\x96\x95", 4, C_COUNT8)
 _classify(b"ILFSVpgci", 9, C_TEXT)
 _classify(b"\x80", 1, C_PROTO)
 _classify(b".", 1, C_STOP)
+
+# ps_bound's lanes: four walks in step, their positions in registers. One walk is a chain of
+# dependent loads (an opcode, its step, the next opcode); four independent chains overlap in
+# the CPU. Each step is branch-free (a fixed size, plus a 1-byte count's 2 + count); the loop
+# stops when a lane reaches its end or meets an opcode of another kind (the caller steps it).
+cdef extern from *:
+    """
+    static void atlas_bound_lanes(const unsigned char* d, const unsigned char* fixed,
+                                  const unsigned char* count1, size_t* p, const size_t* end) {
+        size_t p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+        const size_t e0 = end[0], e1 = end[1], e2 = end[2], e3 = end[3];
+        while (p0 < e0 && p1 < e1 && p2 < e2 && p3 < e3) {
+            const unsigned char o0 = d[p0], o1 = d[p1], o2 = d[p2], o3 = d[p3];
+            if (!((fixed[o0] | count1[o0]) && (fixed[o1] | count1[o1])
+                  && (fixed[o2] | count1[o2]) && (fixed[o3] | count1[o3])))
+                break;
+            p0 += fixed[o0] + count1[o0] * (size_t)(2 + d[p0 + 1]);
+            p1 += fixed[o1] + count1[o1] * (size_t)(2 + d[p1 + 1]);
+            p2 += fixed[o2] + count1[o2] * (size_t)(2 + d[p2 + 1]);
+            p3 += fixed[o3] + count1[o3] * (size_t)(2 + d[p3 + 1]);
+        }
+        p[0] = p0; p[1] = p1; p[2] = p2; p[3] = p3;
+    }
+    """
+    void atlas_bound_lanes(const unsigned char* d, const unsigned char* fixed,
+                           const unsigned char* count1, size_t* p, const size_t* end) nogil
+
+
+# ps_bound's step over each opcode that has a fixed size and no operand it must check: 1 + its
+# argument's size; _STEP_COUNT1 for a 1-byte count; 0 for the others (4- and 8-byte counts,
+# text, LONG_BINPUT, STOP, unknown).
+cdef enum:
+    _STEP_COUNT1 = 0x80
+cdef unsigned char _BOUND_STEP[256]
+memset(_BOUND_STEP, 0, sizeof(_BOUND_STEP))
+for _k in range(256):
+    if _OP_CLASS[_k] in (C_PUSH, C_EMPTY_LIST, C_MARK, C_FROM_MARK, C_TUPLE_N, C_MERGE2,
+                         C_NEWOBJ_EX, C_APPEND, C_SETITEM, C_BUILD, C_POP, C_MEMOIZE):
+        _BOUND_STEP[_k] = 1
+    elif _OP_CLASS[_k] == C_FIXED:
+        _BOUND_STEP[_k] = 1 + _ARG_SIZE[_k]
+_BOUND_STEP[OP_BINGET] = _BOUND_STEP[OP_BINPUT] = _BOUND_STEP[OP_PROTO] = 2  # BINPUT: <= 255
+_BOUND_STEP[OP_LONG_BINGET] = 5
+for _k in (OP_DUP, OP_BINPERSID, OP_NEXT_BUFFER, OP_READONLY_BUFFER):
+    _BOUND_STEP[_k] = 1
+_BOUND_STEP[OP_EXT1] = 2
+_BOUND_STEP[OP_EXT2] = 3
+_BOUND_STEP[OP_EXT4] = 5
+for _k in range(256):
+    if _OP_CLASS[_k] == C_COUNT1:
+        _BOUND_STEP[_k] = _STEP_COUNT1
+# The same, split for atlas_bound_lanes: a fixed size (0: not one), a 1-byte count (1: one).
+cdef unsigned char _BOUND_FIXED[256]
+cdef unsigned char _BOUND_COUNT1[256]
+for _k in range(256):
+    _BOUND_FIXED[_k] = _BOUND_STEP[_k] if _BOUND_STEP[_k] < _STEP_COUNT1 else 0
+    _BOUND_COUNT1[_k] = _BOUND_STEP[_k] == _STEP_COUNT1
 
 # ---------------------------------------------------------------------------------------------
 # Growing arrays (malloc'd; every failure is reported, never fatal)
@@ -765,6 +828,258 @@ cdef int ps_feed(PickleScan* s, const unsigned char* d, size_t avail, bint final
         if built and s.height > s.fence:
             s.stack[s.height - 1].last_end = <uint32_t>q
         p = <uint32_t>q
+
+
+# ---------------------------------------------------------------------------------------------
+# The bound check: operands the unpickler sizes an allocation by, before reading anything
+
+cdef enum:
+    _BOUND_MORE = 0  # _bound_step: on to the next opcode
+    _BOUND_BAD = 1  # an operand asks for more than the data holds (``out`` filled)
+    _BOUND_END = 2  # the walk ends here: STOP, the end, or the load fails here anyway
+
+
+cdef size_t _bound_slow(const unsigned char* d, size_t n, uint64_t limit, size_t p,
+                        ps_bound_t* out, int* verdict) noexcept nogil:
+    """The opcode at ``p``: the next one's position, or ``*verdict`` set (why the walk ends)."""
+    cdef uint64_t q, v
+    cdef unsigned char op = d[p]
+    cdef unsigned char c
+    cdef unsigned char step = _BOUND_STEP[op]
+    cdef const unsigned char* nl
+    cdef const unsigned char* t
+    if step:
+        if step < _STEP_COUNT1:  # a fixed size, with no operand that sizes anything
+            return p + step
+        if p + 1 >= n:  # a 1-byte count: SHORT_BINUNICODE, SHORT_BINBYTES, ...
+            verdict[0] = _BOUND_END
+            return p
+        q = <uint64_t>p + 2 + d[p + 1]
+        if q > n:
+            verdict[0] = _bound_at(out, op, p, d[p + 1], n - p - 2)
+            return p
+        return <size_t>q
+    c = _OP_CLASS[op]
+    q = <uint64_t>p + 1  # where the argument starts
+    if op == OP_LONG_BINPUT:
+        q += 4
+        if q > n:
+            verdict[0] = _BOUND_END
+            return p
+        v = _le32(d + p + 1)
+        if v >= limit:
+            verdict[0] = _bound_at(out, op, p, v, limit)
+            return p
+    elif c == C_COUNT4 or c == C_COUNT8:
+        q += 4 if c == C_COUNT4 else 8
+        if q > n:
+            verdict[0] = _BOUND_END
+            return p
+        v = _le32(d + p + 1) if c == C_COUNT4 else _le64(d + p + 1)
+        if (op == OP_BINSTRING or op == OP_LONG4) and v > 0x7FFFFFFF:
+            verdict[0] = _BOUND_END  # negative: refused by the unpickler as it is read
+            return p
+        if v > n - q:
+            verdict[0] = _bound_at(out, op, p, v, n - q)
+            return p
+        if op != OP_FRAME:
+            q += v
+    elif c == C_TEXT or op == OP_PERSID:
+        nl = <const unsigned char*>memchr(d + q, 10, n - q) if q < n else NULL
+        if nl == NULL:
+            verdict[0] = _BOUND_END
+            return p
+        if op == OP_PUT:
+            v = 0  # the digits' value (saturated), whatever else the line holds
+            t = d + q
+            while t < nl:
+                if t[0] >= 48 and t[0] <= 57:
+                    if v > (0xFFFFFFFFFFFFFFFFULL - 9) // 10:
+                        v = 0xFFFFFFFFFFFFFFFFULL
+                    else:
+                        v = v * 10 + (t[0] - 48)
+                t += 1
+            if v >= limit:
+                verdict[0] = _bound_at(out, op, p, v, limit)
+                return p
+        q = <uint64_t>(nl - d) + 1
+        if op == OP_GLOBAL or op == OP_INST:
+            nl = <const unsigned char*>memchr(d + q, 10, n - q) if q < n else NULL
+            if nl == NULL:
+                verdict[0] = _BOUND_END
+                return p
+            q = <uint64_t>(nl - d) + 1
+    else:  # STOP, or an opcode the unpickler does not know
+        verdict[0] = _BOUND_END
+        return p
+    return <size_t>q
+
+
+cdef int _bound_walk(const unsigned char* d, size_t n, uint64_t limit, size_t* pp,
+                     size_t end, ps_bound_t* out) noexcept nogil:
+    """Walk from ``*pp`` until the walk ends (its verdict) or reaches ``end`` (_BOUND_MORE, and
+    ``*pp`` the first opcode at or past ``end``)."""
+    cdef size_t p = pp[0]
+    cdef size_t q
+    cdef unsigned char step
+    cdef int verdict = _BOUND_MORE
+    while p < end:
+        step = _BOUND_STEP[d[p]]
+        if step and step < _STEP_COUNT1:  # a fixed size, with no operand that sizes anything
+            p += step
+            continue
+        if step and p + 1 < n:  # a 1-byte count, ending within the data
+            q = p + 2 + d[p + 1]
+            if q <= n:
+                p = q
+                continue
+        p = _bound_slow(d, n, limit, p, out, &verdict)
+        if verdict != _BOUND_MORE:
+            return verdict
+    pp[0] = p
+    return _BOUND_MORE
+
+
+cdef enum:
+    _LANES = 4  # as atlas_bound_lanes
+    _LANE_BYTES = 512  # pickles shorter than _LANES * this are walked in one lane
+    _LANE_TRAIL = 32  # positions a lane records, for the walk before it to join it
+    _DENSITY_OPCODES = 128  # lanes when the first of these opcodes average at most
+    _DENSE_OPCODE_BYTES = 8  # this many bytes
+
+
+cdef int ps_bound(const unsigned char* d, size_t n, ps_bound_t* out) noexcept nogil:
+    """Walk the opcodes of the pickle ``d[0:n]`` as CPython's unpickler reads them, checking
+    every operand it allocates by before it looks at the stream: a memo index (PUT, BINPUT,
+    LONG_BINPUT: the memo table grows to twice the index, zero-filled) must be below
+    ``n + PS_BOUND_SLACK``; a counted argument (BINBYTES, BINBYTES8, BYTEARRAY8 allocate their
+    count first; the others' counts) must end within the data. 1 and ``out`` filled at the
+    first operand that does not; 0 otherwise. The walk ends at STOP, at the end of the data,
+    and where the unpickler fails anyway without allocating (an unknown opcode, a text argument
+    without its newline, a negative count): the load says why. A scan that reached PS_DONE
+    implies this check passes (its memo and count rules are stricter).
+
+    A pickle of some kilobytes is walked in _LANES lanes: lane 0 from its start, lane k from
+    byte k * n / _LANES (maybe inside an argument: a guess), each to the start of the next
+    lane's share. Opcode streams fall into step: once the walk known to be true reaches a
+    position lane k recorded among its first ones, lane k's walk from there is the true one,
+    and its verdict stands; a lane the true walk does not join is walked again."""
+    cdef uint64_t limit = <uint64_t>n + PS_BOUND_SLACK
+    cdef size_t pos[_LANES]
+    cdef size_t ends[_LANES]
+    cdef size_t fast_ends[_LANES]
+    cdef size_t trail[_LANES][_LANE_TRAIL]
+    cdef uint32_t n_trail[_LANES]
+    cdef int verdicts[_LANES]
+    cdef ps_bound_t found[_LANES]
+    cdef size_t p = 0
+    cdef uint32_t j
+    cdef int k, r, _t
+    cdef unsigned char op
+    if n >= _LANES * _LANE_BYTES:
+        # Lanes pay where opcodes are dense (table rows: a few bytes each); where long
+        # arguments dominate (documents, arrays) one walk is short anyway, and lanes started
+        # inside arguments spend it falling into step.
+        for _t in range(_DENSITY_OPCODES):
+            if p >= n:
+                break
+            r = _BOUND_MORE
+            p = _bound_slow(d, n, limit, p, out, &r)
+            if r != _BOUND_MORE:
+                return r == _BOUND_BAD
+    if n < _LANES * _LANE_BYTES or p > _DENSITY_OPCODES * _DENSE_OPCODE_BYTES:
+        return _bound_walk(d, n, limit, &p, n, out) == _BOUND_BAD
+    for k in range(_LANES):
+        pos[k] = p if k == 0 else n * k // _LANES
+        ends[k] = n * (k + 1) // _LANES
+        fast_ends[k] = ends[k] if ends[k] < n - 1 else n - 1  # d[p + 1] is readable below
+        verdicts[k] = _BOUND_MORE
+        n_trail[k] = 0
+    # Each lane's first opcodes, recorded (lane 0's too: simpler, and it is true anyway). A
+    # lane after the first whose guess ends (an unknown opcode, a count past the end: what
+    # starting inside an argument meets) starts again after it, forgetting what it recorded.
+    for _t in range(_LANE_TRAIL):
+        for k in range(_LANES):
+            if verdicts[k] == _BOUND_MORE and pos[k] < ends[k]:
+                trail[k][n_trail[k]] = pos[k]
+                n_trail[k] += 1
+                pos[k] = _bound_slow(d, n, limit, pos[k], &found[k], &verdicts[k])
+                if k and verdicts[k] != _BOUND_MORE:
+                    pos[k] = trail[k][n_trail[k] - 1] + 1
+                    verdicts[k] = _BOUND_MORE
+                    n_trail[k] = 0
+    # The lanes in step while all four take the fast steps; each then finishes alone.
+    while True:
+        for k in range(_LANES):
+            if verdicts[k] != _BOUND_MORE or pos[k] >= fast_ends[k]:
+                break
+        else:
+            atlas_bound_lanes(d, _BOUND_FIXED, _BOUND_COUNT1, pos, fast_ends)
+            for k in range(_LANES):  # the lanes that stopped on another kind of opcode
+                if pos[k] >= fast_ends[k]:
+                    continue
+                op = d[pos[k]]
+                if not (_BOUND_FIXED[op] | _BOUND_COUNT1[op]):
+                    pos[k] = _bound_slow(d, n, limit, pos[k], &found[k], &verdicts[k])
+            continue
+        break
+    for k in range(_LANES):
+        if verdicts[k] == _BOUND_MORE:
+            if pos[k] > n:  # a 1-byte count ran past the data: walk the lane again, with checks
+                pos[k] = trail[k][n_trail[k] - 1]
+            verdicts[k] = _bound_walk(d, n, limit, &pos[k], ends[k], &found[k])
+    # The true walk: lane 0's, then each lane it joins.
+    if verdicts[0] != _BOUND_MORE:
+        out[0] = found[0]
+        return verdicts[0] == _BOUND_BAD
+    p = pos[0]
+    for k in range(1, _LANES):
+        j = 0
+        while True:
+            while j < n_trail[k] and trail[k][j] < p:
+                j += 1
+            if j == n_trail[k]:  # past all lane k recorded: walk its share again
+                r = _bound_walk(d, n, limit, &p, ends[k], out)
+                if r != _BOUND_MORE:
+                    return r == _BOUND_BAD
+                break
+            if trail[k][j] == p:  # joined: lane k's walk is the true one from here
+                if verdicts[k] != _BOUND_MORE:
+                    out[0] = found[k]
+                    return verdicts[k] == _BOUND_BAD
+                p = pos[k]
+                break
+            r = _BOUND_MORE
+            p = _bound_slow(d, n, limit, p, out, &r)
+            if r != _BOUND_MORE:
+                return r == _BOUND_BAD
+    return 0
+
+
+cdef int _bound_at(ps_bound_t* out, unsigned char op, size_t pos, uint64_t value,
+                   uint64_t limit) noexcept nogil:
+    out.op = op
+    out.pos = pos
+    out.value = value
+    out.limit = limit
+    return _BOUND_BAD
+
+
+def bound_check(data):
+    """The first operand of the pickle ``data`` that asks the unpickler for more than the data
+    can hold, as ``(opcode, position, value, limit)``, or None (see ps_bound)."""
+    cdef Py_buffer buf
+    cdef ps_bound_t found
+    cdef int bad
+    PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            bad = ps_bound(<const unsigned char*>buf.buf, <size_t>buf.len, &found)
+    finally:
+        PyBuffer_Release(&buf)
+    if not bad:
+        return None
+    return (found.op, found.pos, found.value, found.limit)
 
 
 # ---------------------------------------------------------------------------------------------

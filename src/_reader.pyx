@@ -44,6 +44,8 @@ cimport cython
 from atlas_fast._core._pickle_scan cimport (
     PS_DONE,
     PickleScan,
+    ps_bound,
+    ps_bound_t,
     ps_feed,
     ps_free,
     ps_nbytes,
@@ -67,7 +69,7 @@ import sys
 from collections import deque
 
 from ._pool import gather, worth_the_pool
-from ._shards import ShardOpener, open_dictionary, shard_layout
+from ._shards import ShardOpener, open_dictionary, renamed_root, shard_layout
 from .._compat import freeze_in_worker
 from .._contract import (
     DEFAULT_CACHE_BYTES,
@@ -91,6 +93,7 @@ from .._format import (
     zstd_dictionary_mismatch,
 )
 from ._objsize import objects_bytes
+from ._pickle_scan_py import unbounded_error
 
 cdef extern from "<fcntl.h>":
     enum:
@@ -248,6 +251,26 @@ cdef void _scratch_give(PickleScan* scan) noexcept:
         _scratch = scan
     else:
         ps_free(scan)
+
+
+cdef int _check_bounded(object data, str data_path, Py_ssize_t b) except -1:
+    """Refuse block ``b``'s pickle ``data`` before it is unpickled if an operand asks the
+    unpickler to allocate by more than the block holds (ps_bound: _pickle_scan_py's rule)."""
+    cdef Py_buffer buf
+    cdef ps_bound_t found
+    cdef int bad
+    PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+    try:
+        if buf.len > _SCAN_NOGIL_BYTES:
+            with nogil:
+                bad = ps_bound(<const unsigned char*>buf.buf, <size_t>buf.len, &found)
+        else:
+            bad = ps_bound(<const unsigned char*>buf.buf, <size_t>buf.len, &found)
+    finally:
+        PyBuffer_Release(&buf)
+    if bad:
+        raise unbounded_error((found.op, found.pos, found.value, found.limit), data_path, b)
+    return 0
 
 
 cdef inline object _item(list examples, Py_ssize_t j):
@@ -514,7 +537,7 @@ cdef class ShardCore:
                 out = self._partial(key, b, j, data)
                 if out is not _WHOLE:
                     return out
-        examples = self._unpickle_c(data, b)
+        examples = self._unpickle_c(data, b, e is not None)
         e = self._cache._put(key, b, examples, _data_size(data))
         if e.examples is not None:  # another thread's copy may have won
             examples = e.examples
@@ -693,6 +716,9 @@ cdef class ShardCore:
         cdef _Entry e = self._cache._get((self._tag, b))
         return None if e is None else e.examples
 
+    def _held(self, Py_ssize_t b):
+        return self._held_c(b)
+
     def _ahead(self, Py_ssize_t b):
         cdef _RABuffer data = self._take_ahead(b)
         return None if data is None else self._store_ahead((self._tag, b), b, data)
@@ -728,6 +754,9 @@ cdef class ShardCore:
         # its source, against the size of the object its first block came from).
         if self._source is not None:
             return self._open_remote_lock_held()
+        moved = renamed_root(self._root)
+        if moved is not None:  # an append widened the shard names since this was made
+            self._root, self._data_path = moved
         offsets = load_offsets(self._root, self._metadata, self._n_blocks == 0)
         cdef const uint64_t[::1] view = offsets
         if view.shape[0] != self._n_blocks + 1:
@@ -824,11 +853,14 @@ cdef class ShardCore:
             return _decompress(PyBytes_AS_STRING(raw), <size_t>got, zdict, self._data_path, b)
         return raw
 
-    cdef list _unpickle_c(self, data, Py_ssize_t b):
-        """Block ``b``'s examples from its pickle bytes, checked to be a list of its length."""
+    cdef list _unpickle_c(self, data, Py_ssize_t b, bint scanned=False):
+        """Block ``b``'s examples from its pickle bytes, checked to be a list of its length;
+        ``scanned``: the bytes a partial read scanned whole (which checked their bounds)."""
         cdef Py_ssize_t expected
         if _first_decode:
             _first_decode_in_process()
+        if not scanned:
+            _check_bounded(data, self._data_path, b)
         try:
             examples = PyObject_CallOneArg(self._loads, data)
         except Exception as exc:
@@ -893,7 +925,7 @@ cdef class ShardCore:
             return None
         return _ra_take(<void*>self, b)
 
-    cdef list _held(self, Py_ssize_t b):
+    cdef list _held_c(self, Py_ssize_t b):
         """For ``iter``: block ``b``'s examples if the cache holds the block (a hit; held as
         its pickle, it is unpickled whole, as _miss does), else None (a miss)."""
         key = (self._tag, b)
@@ -905,8 +937,8 @@ cdef class ShardCore:
         self._cache._hit(e)
         if e.examples is not None:
             return e.examples
-        data = e.data
-        examples = self._unpickle_c(data, b)
+        data = e.data  # a partial read's (_put_partial): scanned
+        examples = self._unpickle_c(data, b, True)
         e = self._cache._put(key, b, examples, _data_size(data))
         return examples if e.examples is None else e.examples
 
@@ -1006,7 +1038,7 @@ def _read_in_order(pairs):
             if not ahead:
                 return
             reader, b = ahead.popleft()
-            examples = reader._held(b)
+            examples = reader._held_c(b)
             if examples is None:
                 data = _ra_take(<void*>reader, b) if reader._compressed else None
                 if not (reader._compressed and reader._source is None and _ra_skip_one()):

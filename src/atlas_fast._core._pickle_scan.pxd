@@ -7,7 +7,7 @@
 # on the same scan; once ps_feed has returned PS_DONE the scan does not change until reset,
 # and ps_plan/ps_synthetic may run on it from any number of threads, without the GIL.
 
-from libc.stdint cimport int32_t, uint32_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t
 
 cdef enum:
     PS_MORE = 0  # scanned as far as the bytes given; more are needed
@@ -94,6 +94,17 @@ cdef void ps_plan_write(const PickleScan* s, const unsigned char* data, const ps
                         unsigned char* out) noexcept nogil
 # Element i's synthetic pickle as bytes, or its fallback reason as an int.
 cdef object ps_synthetic(const PickleScan* s, const unsigned char* data, uint32_t i)
+
+# The bound check (no state: any thread, no GIL): 1 and ``out`` filled when an operand of the
+# pickle d[0:n] asks CPython's unpickler to allocate by more than the data can hold (a memo
+# index at or past n + 65536, a count past the end), else 0.
+ctypedef struct ps_bound_t:
+    unsigned char op
+    size_t pos
+    uint64_t value
+    uint64_t limit
+
+cdef int ps_bound(const unsigned char* d, size_t n, ps_bound_t* out) noexcept nogil
 
 
 # The scan of one block as a Python object (what a cache entry can hold): the C scan and the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from helpers import FIXTURES, fixture_cases
+from helpers import fixture_cases
 
 import atlas_fast
 import atlas_fast._python
@@ -23,6 +23,32 @@ _MODULES = {"cython": atlas_fast.atlas, "python": atlas_fast._python}
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request) -> str:
     return request.param
+
+
+def _applies(mark, params: dict) -> bool:
+    """Whether a test's parameters are among those its ``only`` mark names: ``only(name=value
+    or (values...))`` per parametrized fixture or argument, and/or ``only(predicate)`` over
+    the parameters' dict."""
+    for name, allowed in mark.kwargs.items():
+        if name in params:
+            allowed = allowed if isinstance(allowed, (tuple, list, set)) else (allowed,)
+            if params[name] not in allowed:
+                return False
+    return all(predicate(params) for predicate in mark.args)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test about one backend (or some parameters) is marked ``only(backend="cython")``:
+    its other parametrizations are not tests at all, so they are deselected at collection,
+    not skipped (a skip is left for what a user can act on: a missing server or package)."""
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        applies = all(_applies(mark, params) for mark in item.iter_markers("only"))
+        (kept if applies else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +72,10 @@ def read_ahead_never_backs_off():
     _reader._readahead_backoff(*old)
 
 
-@pytest.fixture(params=fixture_cases() or ["<no fixtures>"])
+@pytest.fixture(params=fixture_cases())
 def reference_case(request) -> str:
-    if request.param == "<no fixtures>":
-        pytest.skip(f"reference fixtures not found at {FIXTURES} (set ATLAS_FAST_FIXTURES)")
+    """A dataset written by the reference package: tests/golden's (ATLAS_FAST_FIXTURES adds
+    more); ``helpers.case_dataset`` and ``helpers.load_expected`` give its files and examples."""
     return request.param
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
-from helpers import FIXTURES
+from helpers import case_dataset
 
 from atlas_fast import AtlasDatasetWriter
 from atlas_fast._format import index_dtype
@@ -47,7 +47,7 @@ def write_dataset(
 
 def copy_case(case: str, dest: Path) -> Path:
     """A private copy of the reference fixture ``case``'s dataset."""
-    shutil.copytree(FIXTURES / case / "dataset", dest)
+    shutil.copytree(case_dataset(case), dest)
     return dest
 
 

@@ -13,31 +13,45 @@ import pytest
 
 from atlas_fast import InvalidArgumentError, InvalidArgumentTypeError
 
-
-def _default_fixtures() -> Path:
-    """``../shared/fixtures/reference`` beside the checkout (also from a git worktree nested
-    deeper): the nearest ancestor of the repository holding it."""
-    here = Path(__file__).resolve().parents[1]
-    for parent in here.parents:
-        candidate = parent / "shared" / "fixtures" / "reference"
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "shared" / "fixtures" / "reference"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# An extra source of reference-written datasets, laid out as tests/golden (each case a folder
+# holding dataset/ and expected.pkl): its cases run as "extra:<name>" beside the golden ones.
+EXTRA_FIXTURES = os.environ.get("ATLAS_FAST_FIXTURES") or None
+_EXTRA = "extra:"
 
 
-_DEFAULT_FIXTURES = _default_fixtures()
-FIXTURES = Path(os.environ.get("ATLAS_FAST_FIXTURES", _DEFAULT_FIXTURES))
+def _cases_in(folder: Path) -> list:
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "dataset").is_dir())
 
 
 def fixture_cases() -> list:
-    """Names of the reference-written datasets under FIXTURES (empty if it is absent)."""
-    if not FIXTURES.is_dir():
-        return []
-    return sorted(p.name for p in FIXTURES.iterdir() if (p / "dataset").is_dir())
+    """The reference-written datasets: tests/golden's cases, then ATLAS_FAST_FIXTURES's."""
+    cases = _cases_in(GOLDEN)
+    if EXTRA_FIXTURES is not None:
+        extra = _cases_in(Path(EXTRA_FIXTURES))
+        if not extra:
+            raise RuntimeError(f"ATLAS_FAST_FIXTURES={EXTRA_FIXTURES} holds no <case>/dataset")
+        cases += [_EXTRA + name for name in extra]
+    return cases
+
+
+def case_folder(case: str) -> Path:
+    """The folder of a case of ``fixture_cases()``: its ``dataset`` and ``expected.pkl``."""
+    if case.startswith(_EXTRA):
+        return Path(EXTRA_FIXTURES) / case[len(_EXTRA) :]
+    return GOLDEN / case
+
+
+def case_dataset(case: str) -> Path:
+    """The reference-written dataset of a case of ``fixture_cases()``."""
+    return case_folder(case) / "dataset"
 
 
 def load_expected(case: str) -> list:
-    with open(FIXTURES / case / "expected.pkl", "rb") as f:
+    """The examples the dataset of ``case`` holds, in order."""
+    with open(case_folder(case) / "expected.pkl", "rb") as f:
         return pickle.load(f)
 
 
@@ -120,6 +134,14 @@ def write_dataset(path, examples, **options) -> None:
             writer.add_example(example)
 
 
+def append_dataset(path, examples, **options) -> None:
+    """``examples`` appended to the dataset at ``path`` (``AtlasDatasetWriter(append=True)``),
+    20 per shard and 4 per block unless ``options`` say otherwise."""
+    options.setdefault("shard_size", 20)
+    options.setdefault("block_size", 4)
+    write_dataset(path, examples, append=True, **options)
+
+
 def reference_read(root) -> list:
     """Read a dataset the way torch_atlas_ds 0.1.0 does, independently of atlas_fast.
 
@@ -133,7 +155,17 @@ def reference_read(root) -> list:
     return examples
 
 
-REFERENCE_WHEEL = FIXTURES.parent.parent / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
+def _reference_wheel() -> Path | None:
+    """The reference's wheel in ``shared/peers`` of an ancestor of the checkout (the team's
+    machines), if any."""
+    for parent in Path(__file__).resolve().parents:
+        wheel = parent / "shared" / "peers" / "torch_atlas_ds-0.1.0-py3-none-any.whl"
+        if wheel.is_file():
+            return wheel
+    return None
+
+
+REFERENCE_WHEEL = _reference_wheel()
 
 
 def reference_examples(root) -> list:
@@ -149,7 +181,7 @@ def reference_examples(root) -> list:
     try:
         import torch_atlas_ds
     except ImportError:
-        if not (REFERENCE_WHEEL.is_file() and importlib.util.find_spec("torch")):
+        if REFERENCE_WHEEL is None or not importlib.util.find_spec("torch"):
             return reference_read(root)
         sys.path.append(str(REFERENCE_WHEEL))  # a pure-Python wheel imports as a zip
         import torch_atlas_ds
@@ -190,16 +222,17 @@ def reference_blocks(root):
 
 
 def fork_check(check) -> tuple:
-    """Fork; the child runs ``check()`` (true: all is well) and writes ``b"ok"``, ``b"wrong
-    examples"`` or the exception it raised to a pipe, then exits. Returns ``(pid, read end)``
-    for ``child_report``; the parent goes on meanwhile."""
+    """Fork; the child runs ``check()`` (true: all is well; bytes: its own report) and writes
+    ``b"ok"``, ``b"wrong examples"``, those bytes or the exception it raised to a pipe, then
+    exits. Returns ``(pid, read end)`` for ``child_report``; the parent goes on meanwhile."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         status = 1
         try:
             os.close(read)
-            os.write(write, b"ok" if check() else b"wrong examples")
+            out = check()
+            os.write(write, out if isinstance(out, bytes) else b"ok" if out else b"wrong examples")
             status = 0
         except BaseException as exc:
             os.write(write, repr(exc).encode()[:500])
@@ -222,6 +255,47 @@ def child_report(pid: int, read: int, timeout: float = 60.0) -> bytes:
         time.sleep(0.02)
     with os.fdopen(read, "rb") as f:
         return f.read()
+
+
+def run_capped(task, headroom: int = 3 << 30, timeout: float = 300.0):
+    """``task()``'s result (pickled back), run in a forked child whose address space is capped
+    ``headroom`` bytes above what it has mapped: a reader that lets a damaged block ask for
+    gigabytes gets a MemoryError there instead of taking the machine's memory. Fails the test
+    with the child's traceback if ``task`` raised; skips where there is no fork or RLIMIT_AS."""
+    if not hasattr(os, "fork") or not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs fork and /proc (RLIMIT_AS over the mapped size)")
+
+    def capped():
+        import resource
+        import traceback
+
+        with open("/proc/self/statm") as f:
+            limit = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + headroom
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            return pickle.dumps(("ok", task()))
+        except BaseException:
+            return pickle.dumps(("raised", traceback.format_exc()[-4000:]))
+
+    report = child_report(*fork_check(capped), timeout)
+    try:
+        kind, value = pickle.loads(report)
+    except Exception:
+        kind, value = "died", report.decode(errors="replace")
+    if kind != "ok":
+        pytest.fail(f"in the capped child ({kind}):\n{value}")
+    return value
+
+
+def memory_errors(exc) -> list:
+    """The MemoryErrors in ``exc``'s chain (its causes and contexts)."""
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
 
 
 # Bad writer options: option, bad value, the error's type and its message, the same

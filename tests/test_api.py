@@ -9,7 +9,7 @@ import textwrap
 from unittest import mock
 
 import pytest
-from helpers import FIXTURES, fixture_cases
+from helpers import case_dataset
 
 import atlas_fast
 import atlas_fast.atlas
@@ -116,7 +116,7 @@ def test_version_constants(atlas):
 
 
 def test_public_attributes(atlas, reference_case):
-    root = FIXTURES / reference_case / "dataset"
+    root = case_dataset(reference_case)
     ds = atlas.AtlasDataset(root)
     assert ds.root == root and ds.mmap_index is True
     assert isinstance(ds.metadata, atlas_fast.AtlasDatasetMetadata)
@@ -230,7 +230,7 @@ def test_patching_the_shard_class_in_the_submodule_is_honoured(tmp_path):
 
 def test_torch_dataset_when_torch_is_installed(atlas, reference_case):
     torch_data = pytest.importorskip("torch.utils.data")
-    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset")
+    ds = atlas.AtlasDataset(case_dataset(reference_case))
     assert isinstance(ds, torch_data.Dataset)
     assert isinstance(ds.shards[0], torch_data.Dataset)
 
@@ -257,9 +257,3 @@ def test_works_without_torch(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok")
-
-
-def test_fixture_cases_present_or_skipped():
-    if not fixture_cases():
-        pytest.skip(f"reference fixtures not found at {FIXTURES}")
-    assert len(fixture_cases()) >= 10

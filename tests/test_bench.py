@@ -232,7 +232,8 @@ def test_the_table_names_patterns_and_readers(tiny_run):
     text = tiny_run[2]
     for pattern in ("sequential pass", "uniformly random", "random batches of 256", "cached"):
         assert pattern in text
-    assert "floor: pickle.loads from mmap" in text
+    assert "baseline: pickle.loads per example" in text
+    assert "floor" not in text  # no row is a bound it is not
     assert "block permutation" in text or "BlockShuffleSampler" in text
 
 
@@ -406,7 +407,7 @@ def test_shuffled_epoch_uses_block_shuffle_sampler_when_present(tmp_path, monkey
             return iter(range(self.n - 1, -1, -1))
 
     with atlas.AtlasDataset(tmp_path / "ds") as ds:
-        monkeypatch.delattr(atlas_fast, "BlockShuffleSampler", raising=False)
+        monkeypatch.setattr(atlas_fast, "BlockShuffleSampler", None)  # as if absent
         it, how = reader.shuffled(ds, seed=5)
         assert sorted(int(x["id"]) for x in it) == list(range(50))
         assert "block permutation computed by the benchmark" in how
@@ -710,3 +711,48 @@ def test_remote_peers_a_failed_read_is_recorded_not_raised(tmp_path):
     with pytest.raises(RuntimeError, match="write failed") as info:
         peers._call(fake, "litdata", ["write"])
     assert not isinstance(info.value, peers.PeerRunFailed)
+
+
+def test_the_corpus_cache_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """ATLAS_FAST_CACHE, else $XDG_CACHE_HOME/atlas_fast (an absolute one: the XDG spec
+    ignores a relative value), else ~/.cache/atlas_fast."""
+    from atlas_fast import __version__
+    from atlas_fast.bench.corpus import default_cache_dir
+
+    leaf = f"bench-{__version__}"
+    monkeypatch.delenv("ATLAS_FAST_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "atlas_fast" / leaf
+    for ignored in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "atlas_fast" / leaf
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "atlas_fast" / leaf
+    monkeypatch.setenv("ATLAS_FAST_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine" / leaf
+
+
+def test_atlas_fast_reads_with_a_cache_smaller_than_the_corpus(tiny_run):
+    """Random reads decode blocks: the readers' cache holds 1/8 of the corpus at most (and
+    no more than the default), as on a dataset larger than its cache; the report says so."""
+    from atlas_fast import DEFAULT_CACHE_BYTES
+    from atlas_fast.bench.runner import atlas_cache_bytes
+
+    _, report, text, _ = tiny_run
+    for entry in report["corpora"].values():
+        size = entry["payload_bytes"]
+        assert entry["atlas_cache_bytes"] == atlas_cache_bytes(size) <= max(1, size // 8)
+    assert atlas_cache_bytes(10**12) == DEFAULT_CACHE_BYTES
+    assert "block cache of 1/8 of each corpus" in text and "page cache" in text
+
+
+def test_how_to_add_the_reference_and_the_peers(monkeypatch):
+    """Not installed: the reason says how to get it (the reference is not on PyPI)."""
+    from atlas_fast.bench import reference
+
+    monkeypatch.setattr(reference.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("ATLAS_FAST_BENCH_HIDE", raising=False)
+    module, why = reference.load()
+    assert module is None
+    assert "not on PyPI" in why and "git+https://github.com/EIDOSLAB/torch-atlas-ds" in why

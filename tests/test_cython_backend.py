@@ -632,6 +632,32 @@ def test_dataset_cache_counts_every_read(atlas, tmp_path):
     assert ds.cache_info()[:2] == (9, 4)
 
 
+@pytest.mark.parametrize("reader", ["dataset", "shard"])
+def test_hit_on_the_block_read_last_makes_it_the_most_recent(atlas, tmp_path, reader):
+    """A hit on the block ``ds[i]`` read last, after a batch made another block the most
+    recent, moves it back to the front: the next miss evicts the batch's block, not it."""
+    examples = _examples(24)
+    write_shard(tmp_path / "0", examples, 4, 0)
+    dump_meta(
+        tmp_path / "meta.json", {"version": 1, "shard_sizes": [24], "compression_strategy": 0}
+    )
+    if reader == "dataset":
+        ds = atlas.AtlasDataset(tmp_path, cache_blocks=2)
+    else:
+        ds = atlas.AtlasDatasetShard(tmp_path / "0", cache_blocks=2)
+    assert ds[1]["id"] == 1  # block 0: a miss
+    assert [e["id"] for e in ds.__getitems__([9, 8])] == [9, 8]  # block 2: a miss, the newest
+    assert ds[2]["id"] == 2  # block 0 again: a hit, now the newest
+    assert ds[17]["id"] == 17  # block 4: a miss, evicts block 2
+    assert ds[3]["id"] == 3  # block 0: still held
+    assert ds[10]["id"] == 10  # block 2: evicted
+    info = ds.cache_info()
+    assert (info.hits, info.misses, info.blocks) == (2, 4, 2)
+    for i in range(24):  # every example, through hits and misses, negative indices too
+        assert_same(ds[i], examples[i])
+        assert_same(ds[i - 24], examples[i])
+
+
 def test_emptied_cached_block_is_not_read_past(atlas, tmp_path):
     path = write_shard(tmp_path / "0", _examples(8), 4, 0)
     shard = atlas.AtlasDatasetShard(path)

@@ -54,7 +54,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert not [line for line in log.splitlines() if line.startswith("WARNING")], log
     # The readers are built at import time: the reference renders them from the live
     # classes, inherited core methods included.
-    readers = (site / "api" / "atlas" / "index.html").read_text()
+    readers = (site / "api" / "atlas.html").read_text()
     for name in (
         "AtlasDataset",
         "AtlasDataset.cache_info",
@@ -63,14 +63,31 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         "AtlasDatasetShard.read_block",
     ):
         assert f'id="atlas_fast.atlas.{name}"' in readers, name
-    assert (
-        'id="atlas_fast.convert.convert_parquet"'
-        in (site / "api" / "convert" / "index.html").read_text()
-    )
-    # Every guide is in the site.
+    assert 'id="atlas_fast.convert.convert_parquet"' in (site / "api" / "convert.html").read_text()
+    # Every guide is in the site, as page.html, and every link between pages names a file
+    # (opened from disk, a link to a folder shows the folder).
     for guide in DOCS.glob("*.md"):
-        page = "index.html" if guide.stem == "index" else f"{guide.stem}/index.html"
-        assert (site / page).exists(), page
+        assert (site / f"{guide.stem}.html").exists(), guide.stem
+    pages = sorted(p for p in site.rglob("*.html") if p.name != "404.html")  # a server's
+    for page in pages:
+        for link in re.findall(r'href="([^"#?]*)(?:[#?][^"]*)?"', page.read_text()):
+            if link and "://" not in link and not link.startswith(("mailto:", "data:")):
+                target = (page.parent / link).resolve()
+                assert target.is_file(), f"{page.relative_to(site)} links to {link}"
+    # The API reference: the prose of docstrings has no reStructuredText "::" left (they
+    # render as Markdown), and every exception class the package exports is documented.
+    api = {p.stem: p.read_text() for p in (site / "api").glob("*.html")}
+    for name, text in api.items():
+        prose = re.sub(r"<(pre|code)\b.*?</\1>", "", text, flags=re.S)
+        prose = re.sub(r"<[^>]+>", "", prose)
+        assert "::" not in prose, f"api/{name}.html shows a literal '::'"
+    import atlas_fast
+
+    errors = [n for n in atlas_fast.__all__ if isinstance(getattr(atlas_fast, n), type)]
+    errors = [n for n in errors if issubclass(getattr(atlas_fast, n), BaseException)]
+    assert len(errors) >= 8
+    for name in errors:
+        assert f'id="atlas_fast.{name}"' in api["atlas_fast"], name
 
 
 def test_the_readme_links_to_files_that_exist():
@@ -289,3 +306,25 @@ def test_a_stale_table_is_rewritten(tmp_path, monkeypatch):
     assert tables.main([]) == 0
     assert page.read_text() == tables.rendered()[page]
     assert tables.main(["--check"]) == 0
+
+
+def test_a_plot_of_changed_results_is_stale(tmp_path, monkeypatch, capsys):
+    """Each plot records a digest of what it shows: results changed and the plot not drawn
+    again fail the check (which needs no matplotlib), naming the plot."""
+    tables = _tables()
+    for name in tables.PLOTS:
+        assert tables.recorded_digest(tables.IMAGES / name) == tables._plot_digest(name), name
+    results = tmp_path / "results"
+    results.mkdir()
+    for run in tables.RESULTS.glob("*.json"):
+        (results / run.name).write_text(run.read_text())
+    run = json.loads((results / "bench_backends.json").read_text())
+    run["rows"][0]["ratios"][1]["value"] *= 2  # the Python core's first ratio
+    (results / "bench_backends.json").write_text(json.dumps(run))
+    monkeypatch.setattr(tables, "RESULTS", results)
+    assert tables.recorded_digest(tables.IMAGES / "backends.svg") != tables._plot_digest(
+        "backends.svg"
+    )
+    assert tables.recorded_digest(tables.IMAGES / "loader.svg") == tables._plot_digest("loader.svg")
+    assert tables.main(["--check"]) == 1
+    assert "docs/images/backends.svg: out of date" in capsys.readouterr().out

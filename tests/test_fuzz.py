@@ -31,7 +31,7 @@ import numpy as np
 import pickle_forms
 import pytest
 from corrupt import write_blocks, write_dataset
-from helpers import FIXTURES, fixture_cases
+from helpers import case_dataset, memory_errors, run_capped
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +40,7 @@ from atlas_fast.cli.verify import verify
 
 _LONG = int(os.environ.get("ATLAS_FAST_FUZZ_EXAMPLES", "0") or 0)
 MAX_EXAMPLES = _LONG or 40
-FIXTURE_BASES = ["mixed_s0_b8", "mixed_s1_b8", "mixed_s2_b8", "mixed_s3_b8", "one_example_s2"]
+FIXTURE_BASES = ["mixed_s0_b4", "mixed_s1_b4", "mixed_s2_b4", "mixed_s3_b4", "one_example_s2"]
 FIXTURE_BASES += ["tiny_index_s0", "block1_s3", "eleven_shards_s1"]
 
 META_VALUES = [-1, 0, 1, 2, 3, 4, 7, 100, 2**31, 2**63, 2**64, -(2**63), 1.5, "1", None, True]
@@ -56,10 +56,7 @@ OUTCOMES: Counter = Counter()
 def bases(tmp_path_factory) -> list:
     """Intact datasets to damage: fixture copies and our own (strategies 0-3, checksums)."""
     root = tmp_path_factory.mktemp("fuzz-bases")
-    found = []
-    for case in FIXTURE_BASES:
-        if case in fixture_cases():
-            found.append(FIXTURES / case / "dataset")
+    found = [case_dataset(case) for case in FIXTURE_BASES]  # tests/golden: always there
     for strategy in range(4):
         path = root / f"ours_s{strategy}"
         write_dataset(path, strategy, n=60, shard_size=30, block_size=3, checksums=True)
@@ -131,10 +128,16 @@ def _apply(m) -> None:
             path.write_text(json.dumps(value))
 
 
+def _bounded(atlas, trusted: bool) -> bool:
+    """Whether reading a block never asks the unpickler for more than the block can hold
+    (tests/test_bounded.py): every read but the pure-Python core's trusted ones."""
+    return atlas.__name__ != "atlas_fast._python" or not trusted
+
+
 def _read_everything(atlas, root: Path, trusted: bool, shuffle_seed=None) -> str:
     """Open and read every example (in order, or in an order shuffled by ``shuffle_seed``:
     the compiled core's random reads decode one example out of a block); returns the outcome,
-    raising on a disallowed one."""
+    raising on a disallowed one (a MemoryError behind an error, where reads are bounded)."""
     try:
         ds = atlas.AtlasDataset(root, trusted=trusted)
     except AtlasFormatError:
@@ -148,6 +151,7 @@ def _read_everything(atlas, root: Path, trusted: bool, shuffle_seed=None) -> str
             ds[i]
         except (AtlasFormatError, UnsafePickleError) as exc:
             assert str(root) in str(exc), f"the error does not name a file under {root}: {exc}"
+            assert not (_bounded(atlas, trusted) and memory_errors(exc)), repr(exc)
             failed = type(exc).__name__
         except IndexError:
             failed = failed or "IndexError"
@@ -187,16 +191,24 @@ def test_fuzz_damaged_datasets(atlas, bases, data):
         mutations = data.draw(st.lists(mutation(files, root), min_size=1, max_size=3))
         for m in mutations:
             _apply(m)
-        hook, sys.unraisablehook = sys.unraisablehook, _count_unraisable
         shuffle_seed = data.draw(st.none() | st.integers(0, 2**16), label="random order")
-        try:
-            outcome = _read_everything(atlas, root, trusted, shuffle_seed)
-        finally:
-            sys.unraisablehook = hook
+
+        def read_and_verify():
+            OUTCOMES.clear()  # the child's own counts go back
+            hook, sys.unraisablehook = sys.unraisablehook, _count_unraisable
+            try:
+                outcome = _read_everything(atlas, root, trusted, shuffle_seed)
+            finally:
+                sys.unraisablehook = hook
+            report = verify(root, trusted=trusted, jobs=2, readers=atlas)
+            if outcome != "read":
+                assert not report["ok"], f"reading gave {outcome!r} but verify found nothing"
+            return outcome, dict(OUTCOMES)
+
+        # Under an address-space cap: a damaged operand the reader let through fails there.
+        outcome, seen = run_capped(read_and_verify)
+        OUTCOMES.update(seen)
         OUTCOMES[outcome] += 1
-        report = verify(root, trusted=trusted, jobs=2, readers=atlas)
-        if outcome != "read":
-            assert not report["ok"], f"reading gave {outcome!r} but verify found nothing"
 
 
 def test_fuzz_outcomes_were_varied():
@@ -253,13 +265,13 @@ class _RecordingUnpickler(pickle.Unpickler):
 
 
 def _loads_in_a_child(blocks: list) -> bool:
-    """Whether unpickling every block returns or raises in a forked child without crashing
-    it, allocating gigabytes or building a numpy dtype with other flags than those numpy
-    refuses to use (_HARMLESS_FLAGS). Damaged pickles can do each, in CPython's unpickler or in
-    numpy, whatever reads them: numpy's dtype.__setstate__ crashes on some states, a dtype
-    whose flags say "pointer" makes numpy read objects at addresses taken from the block, a
-    memo index near 2**32 makes the unpickler allocate a memo table that large. Such draws are
-    not this test's to make."""
+    """Whether unpickling every block returns or raises in a forked child without crashing it
+    or building a numpy dtype with other flags than those numpy refuses to use
+    (_HARMLESS_FLAGS). Damaged pickles can do both, in numpy, whatever reads them: numpy's
+    dtype.__setstate__ crashes on some states, a dtype whose flags say "pointer" makes numpy
+    read objects at addresses taken from the block. Such draws are not this test's to make.
+    (A memo index near 2**32 that makes the unpickler allocate a memo table that large is: the
+    readers refuse it, which the test checks under an address-space cap.)"""
     if not hasattr(os, "fork"):
         return True
     pid = os.fork()
@@ -280,8 +292,6 @@ def _loads_in_a_child(blocks: list) -> bool:
             for block in blocks:
                 try:
                     _RecordingUnpickler(io.BytesIO(block), made).load()
-                except MemoryError:
-                    code = 3
                 except Exception:
                     pass
             for dtype in made:
@@ -360,11 +370,17 @@ def test_damaged_hand_made_blocks_read_in_random_order(atlas, tmp_path, drawn, o
             for k in range(n):
                 w.add_example(k)
         write_blocks(root / "0", blocks)
-        hook, sys.unraisablehook = sys.unraisablehook, _count_unraisable
-        try:
-            _read_at_random(atlas, root, trusted, block_size, len(blocks), order_seed)
-        finally:
-            sys.unraisablehook = hook
+
+        def read():
+            OUTCOMES.clear()  # the child's own counts go back
+            hook, sys.unraisablehook = sys.unraisablehook, _count_unraisable
+            try:
+                _read_at_random(atlas, root, trusted, block_size, len(blocks), order_seed)
+            finally:
+                sys.unraisablehook = hook
+            return dict(OUTCOMES)
+
+        OUTCOMES.update(run_capped(read))
 
 
 def _read_at_random(atlas, root, trusted, block_size, n_blocks, order_seed) -> None:
@@ -379,6 +395,7 @@ def _read_at_random(atlas, root, trusted, block_size, n_blocks, order_seed) -> N
         except (AtlasFormatError, UnsafePickleError) as exc:
             # A random read that fails raises what reading its block whole raises.
             assert type(exc) is type(whole[b]), (i, exc, whole[b])
+            assert not (_bounded(atlas, trusted) and memory_errors(exc)), (i, repr(exc))
             assert f"data.bin: block {b}" in str(exc) or f"block {b})" in str(exc), exc
             OUTCOMES[f"random read: {type(exc).__name__}"] += 1
             continue

@@ -23,6 +23,10 @@ import pytest
 
 EXPECT_BACKEND = os.environ.get("ATLAS_FAST_EXPECT_BACKEND", "").strip()
 EXPECT_INSTALLED = os.environ.get("ATLAS_FAST_EXPECT_INSTALLED", "").strip() == "1"
+NOT_INSTALLED = (
+    "ATLAS_FAST_EXPECT_INSTALLED=1 is not set: a check of an installed wheel (set by "
+    "tools/check_wheel.sh and cibuildwheel), not of a checkout"
+)
 
 _PROBE = textwrap.dedent(
     """
@@ -65,7 +69,11 @@ def test_no_extensions_env_selects_python_quietly():
     assert seen["zstd"]["backend"] == "python"
 
 
-@pytest.mark.skipif(not EXPECT_BACKEND, reason="ATLAS_FAST_EXPECT_BACKEND is not set")
+@pytest.mark.skipif(
+    not EXPECT_BACKEND,
+    reason="ATLAS_FAST_EXPECT_BACKEND is not set: set it to the backend this build must select "
+    "by default (tools/test.sh, CI and the wheel builds do)",
+)
 def test_default_backend_is_the_one_this_platform_ships():
     assert EXPECT_BACKEND in ("cython", "python"), EXPECT_BACKEND
     seen = _probe()
@@ -87,14 +95,14 @@ def test_default_backend_is_the_one_this_platform_ships():
             assert "pure-Python backend" in seen["warnings"][0], seen
 
 
-@pytest.mark.skipif(not EXPECT_INSTALLED, reason="ATLAS_FAST_EXPECT_INSTALLED is not set")
+@pytest.mark.skipif(not EXPECT_INSTALLED, reason=NOT_INSTALLED)
 def test_package_under_test_is_the_installed_one():
     package = Path(_probe()["file"]).resolve().parent
     site = {Path(sysconfig.get_path(key)).resolve() for key in ("purelib", "platlib")}
     assert package.parent in site, f"atlas_fast imported from {package}, not from {site}"
 
 
-@pytest.mark.skipif(not EXPECT_INSTALLED, reason="ATLAS_FAST_EXPECT_INSTALLED is not set")
+@pytest.mark.skipif(not EXPECT_INSTALLED, reason=NOT_INSTALLED)
 def test_installed_metadata_carries_the_package_version():
     import atlas_fast
 
@@ -158,10 +166,14 @@ def test_a_built_wheel_carries_every_module_of_the_source_tree(tmp_path):
 @_NEEDS_SOURCE_TREE
 def test_the_sdist_carries_the_compiled_sources_in_src(tmp_path):
     """Wheels are built from the sdist: every .pyx/.pxi/.pxd of src/ must be in it, and no
-    generated C (each build cythonizes again)."""
+    generated C (each build cythonizes again). Wheels are tested with the sdist's tests/, so
+    it carries tests/golden's datasets too."""
+    import shutil
     import tarfile
 
     source = _copy_of_the_source_tree(tmp_path)
+    shutil.copytree(_SOURCE_TREE / "tests" / "golden", source / "tests" / "golden")
+    golden = {p.relative_to(source) for p in source.joinpath("tests").rglob("*") if p.is_file()}
     compiled = {p.name for p in source.joinpath("src").iterdir() if p.suffix != ".c"}
     assert {"_reader.pyx", "_pickle_scan.pyx", "_compress.pyx", "zstd.pxd"} <= compiled
     build = subprocess.run(
@@ -178,3 +190,4 @@ def test_the_sdist_carries_the_compiled_sources_in_src(tmp_path):
     in_src = {p.name for p in shipped if p.parent == Path("src")}
     assert compiled <= in_src, f"{sdist.name} lacks {sorted(compiled - in_src)} of src/"
     assert not {n for n in in_src if n.endswith(".c")}
+    assert golden <= shipped, f"{sdist.name} lacks {sorted(map(str, golden - shipped))[:5]}"

@@ -463,7 +463,9 @@ def test_interrupted_at_random_steps_resumes_with_other_workers(mixture):
     (``state_dict(step=k)``, a plain DataLoader); a StatefulDataLoader's state resumes too
     (with as many workers: torchdata refuses another number)."""
     torch = pytest.importorskip("torch")
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    stateful = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed (pip install torchdata)"
+    )
     weights = {"web": 4, "code": 3, "books": 2, "wiki": 1}
     kw = {"global_batch_size": 32, "window": 96, "seed": 17, "epoch_length": 32 * 30}
     whole = [
@@ -498,7 +500,9 @@ def test_interrupted_at_random_steps_resumes_with_other_workers(mixture):
 
 
 def test_stateful_dataloader_saves_and_restores_it(plain):
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    stateful = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed (pip install torchdata)"
+    )
     weights = {"web": 3, "books": 1}
     kw = {"global_batch_size": 32, "seed": 2, "epoch_length": 32 * 30}
     whole = MixtureSampler(plain, weights, **kw).epoch_indices().tolist()

@@ -1,5 +1,6 @@
-"""Random reads decode one example out of a block (compiled core): every example exact, in
-any order, from many threads, with blocks held as their pickle in the cache."""
+"""Random reads decode one example out of a block (compiled core) or remember the block only
+(Python core): every example exact, in any order, from many threads, with blocks held as their
+pickle, or remembered, in the cache."""
 
 from __future__ import annotations
 
@@ -86,13 +87,14 @@ def test_many_threads_on_one_dataset(atlas, dataset):
     assert run_threads(reader, 8) == []
 
 
-def test_the_compiled_core_decodes_one_example(dataset):
-    """Which blocks are held as their pickle only needs the core's cache (``_block_cache``):
-    the public API reports counts, not how a block is held."""
-    if atlas_fast.BACKEND != "cython":
-        pytest.skip("partial decoding is the compiled core's")
+def test_a_block_read_at_random_is_held_once_read_again(atlas, dataset):
+    """The compiled core decodes one example of a block read at random and holds the block
+    as its pickle; the Python core unpickles it whole and remembers it only (its examples
+    freed). In both, a second read holds it whole, and a block read right after the one before
+    is read whole. Which blocks are held so needs the core's cache (``_block_cache``): the
+    public API reports counts, not how a block is held."""
     root, examples = dataset
-    ds = atlas_fast.AtlasDataset(root)
+    ds = atlas.AtlasDataset(root)
     cache = ds._block_cache
     assert_same(ds[37], examples[37])  # block 2 of shard 0, read out of order
     assert cache.partial_keys() == [(0, 2)]
@@ -104,6 +106,10 @@ def test_the_compiled_core_decodes_one_example(dataset):
     assert_same(ds[200], examples[200])  # shard 1, block 2: partial
     assert_same(ds[216], examples[216])  # block 3 right after block 2: in order, whole
     assert cache.partial_keys() == [(1, 2)]
+    assert cache.keys() == [(0, 2), (1, 2), (1, 3)]
+    assert_same(ds[201], examples[201])  # block 2 of shard 1 again: now whole
+    assert cache.partial_keys() == []
+    assert ds.cache_info()[:2] == (2, 3)
 
 
 def _damaged_copy(root, tmp_path, seed):

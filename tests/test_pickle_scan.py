@@ -22,7 +22,7 @@ import uuid
 import numpy as np
 import pickle_scan_py as _pyscan
 import pytest
-from helpers import FIXTURES, fixture_cases, reference_blocks, run_threads, same
+from helpers import case_dataset, fixture_cases, reference_blocks, run_threads, same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -92,11 +92,9 @@ def check_block(block: bytes, *, loads=pickle.loads, partial=True, deep=True) ->
 # Reference-written blocks
 
 
-@pytest.mark.parametrize("case", fixture_cases() or ["<no fixtures>"])
+@pytest.mark.parametrize("case", fixture_cases())
 def test_every_fixture_block(case):
-    if case == "<no fixtures>":
-        pytest.skip(f"reference fixtures not found at {FIXTURES} (set ATLAS_FAST_FIXTURES)")
-    blocks = list(reference_blocks(FIXTURES / case / "dataset"))
+    blocks = list(reference_blocks(case_dataset(case)))
     assert blocks
     for block in blocks:
         check_block(block)

@@ -24,7 +24,9 @@ PACKAGE = {
     "BlockShuffleSampler",
     "MixtureDataset",
     "MixtureSampler",
+    "merge",
     "AtlasFormatError",
+    "DatasetBusyError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "MissingSharedDictionary",
@@ -36,6 +38,7 @@ PACKAGE = {
     "TokenIndexError",
     "TokenSequences",
     "TokenShuffleSampler",
+    "UnpicklableExampleError",
     "CacheInfo",
     "DEFAULT_CACHE_BYTES",
     "BACKEND",
@@ -87,7 +90,9 @@ SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "total_size",
 }
 
-MIXTURE = {"sources", "names", "locate", "index", "source_range", "prefetch", "close"}
+MIXTURE = {"sources", "names", "locate", "index", "source_range", "prefetch", "close"} | {
+    "token_rows"
+}
 MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"} | {
     "set_weights",
     "schedule",
@@ -107,6 +112,7 @@ MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"
     "unit",
     "rank",
     "num_replicas",
+    "seq_len_schedule",
 }
 MIX_MODULE = {"MixtureDataset", "MixtureSampler", "from_config"}
 TOKENS_MODULE = {"TokenSequences", "collate"}

@@ -22,7 +22,7 @@ from helpers import BAD_WRITER_OPTIONS, assert_same, reference_examples
 import atlas_fast
 import atlas_fast._python
 import atlas_fast.atlas
-from atlas_fast import AtlasDatasetShardWriter
+from atlas_fast import AtlasDatasetShardWriter, InvalidArgumentError
 from atlas_fast._extras import MissingExtraError
 from atlas_fast._writing.commit import commit_staged_shards
 from atlas_fast.ray import example_to_row, row_to_example
@@ -543,3 +543,39 @@ def test_an_attempt_started_after_a_failed_job_cleaned_up_writes_nothing(tmp_pat
         with pytest.raises(RuntimeError, match="the write job has failed"):
             sink.write([{"item": list(range(10))}], SimpleNamespace(task_idx=0))
         assert (not root.exists()) if made else list(root.iterdir()) == []
+
+
+def test_write_atlas_appends_in_runs_crossing_ten_shards(ray, tmp_path):
+    """mode="append": the shards of each run numbered after the last, the shared dictionary
+    of the first run reused, the names widened when the count reaches 10; nothing is left
+    beside the dataset, and another strategy is refused with the dataset unchanged."""
+    from atlas_fast._writing.grow import wait_for_removals
+    from atlas_fast.ray import write_atlas
+
+    examples = dict_examples(3_000)
+    root = tmp_path / "ds"
+    runs = [examples[:1_200], examples[1_200:1_900], examples[1_900:]]
+    write_atlas(
+        ray.data.from_items(runs[0], override_num_blocks=2), root, shard_size=300, block_size=20
+    )
+    dictionary = (root / "zstd_dict.bin").read_bytes()
+    for run in runs[1:]:
+        ds = ray.data.from_items(run, override_num_blocks=2)
+        meta = write_atlas(ds, root, shard_size=300, block_size=20, mode="append")
+    assert meta.shard_sizes == [300] * 4 + [300, 300, 100] + [300, 300, 300, 200]
+    assert meta.compression_strategy == 2
+    assert (root / "zstd_dict.bin").read_bytes() == dictionary
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"{k:02d}" for k in range(11)]
+    assert_reads_back(root, examples)
+    wait_for_removals()  # private: the old trees are removed on a thread after the commit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+    with pytest.raises(InvalidArgumentError, match="compression_strategy 2"):
+        write_atlas(
+            ray.data.from_items(runs[0]),
+            root,
+            shard_size=300,
+            block_size=20,
+            compression_strategy=0,
+            mode="append",
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

@@ -20,6 +20,11 @@ import atlas_fast
 from atlas_fast import AtlasDatasetWriter, AtlasFormatError, CompressionStrategy
 
 N = 600  # 3 shards of 200, blocks of 10: 60 blocks
+COMPRESSED = ("shared", "per-shard")  # the ``root``s read ahead (uncompressed blocks never are)
+# ``cores="busy"`` turns the C read-ahead's back-off on: with the compiled backend only.
+BUSY_CORES_ARE_COMPILED = pytest.mark.only(
+    lambda p: p["cores"] == "idle" or p["backend"] == "cython"
+)
 
 
 def _reader_module():
@@ -71,9 +76,8 @@ def test_iter_and_in_order(atlas, root, expected):
     assert [shard[i] for i in range(len(shard))] == expected[200:400]
 
 
+@pytest.mark.only(backend="cython")
 def test_read_ahead_is_used_on_compressed_blocks_only(atlas, backend, root, expected):
-    if backend != "cython":
-        pytest.skip("the C read-ahead's counters")
     compressed = atlas.AtlasDataset(root).shards[0]._compressed
     before = info()["taken"]
     ds = atlas.AtlasDataset(root)
@@ -86,12 +90,11 @@ def test_read_ahead_is_used_on_compressed_blocks_only(atlas, backend, root, expe
         assert taken == 0
 
 
+@pytest.mark.only(backend="cython")
 def test_a_pass_in_order_reads_small_frames_ahead(atlas, backend, tmp_path):
     """With the default lines: a pass in order reads ahead frames of a few KiB stored (the C
     thread takes no GIL: decoding them there pays), while prefetch() hints are not taken for
     a shard whose blocks are that small (the Python pool's line). Every example exact."""
-    if backend != "cython":
-        pytest.skip("the C read-ahead's counters")
     reader = _reader_module()
     c = reader.C_CONSTANTS
     reader._readahead_min_bytes((c["READ_AHEAD_MIN_STORED"], c["PREFETCH_MIN_STORED"]))
@@ -114,6 +117,7 @@ def test_a_pass_in_order_reads_small_frames_ahead(atlas, backend, tmp_path):
     assert ds.prefetch([10, 60]) is False  # the hints were found not worth it
 
 
+@pytest.mark.only(backend="cython", root=COMPRESSED)
 @pytest.mark.parametrize("how", ["ds[i]", "iter"])
 def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
     atlas, backend, root, expected, how
@@ -123,11 +127,7 @@ def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
     the back-off (64 blocks the first time) runs out, reading ahead resumes, and the next
     long wait backs off twice as long. Waits short again (the hook forgets the back-off):
     read ahead throughout."""
-    if backend != "cython":
-        pytest.skip("the C read-ahead's back-off")
     reader = _reader_module()
-    if not atlas.AtlasDataset(root).shards[0]._compressed:
-        pytest.skip("uncompressed blocks are never read ahead")
 
     def read():  # 60 blocks of 10, on a fresh reader: nothing cached
         ds = atlas.AtlasDataset(root)
@@ -162,14 +162,11 @@ def test_a_long_wait_for_the_worker_backs_off_then_reads_ahead_again(
     assert delta(before) == ({"backoffs": 0, "taken": ahead, "skipped": 0}, 0)
 
 
+@pytest.mark.only(backend="cython", root=COMPRESSED)
 def test_the_doubling_is_forgotten_after_1024_takes_without_a_sign(atlas, backend, root, expected):
     """After a back-off has run out, 1,024 blocks taken from the read-ahead with no sign of
     busy cores: the next sign backs off for 64 blocks again, not twice the last."""
-    if backend != "cython":
-        pytest.skip("the C read-ahead's back-off")
     reader = _reader_module()
-    if not atlas.AtlasDataset(root).shards[0]._compressed:
-        pytest.skip("uncompressed blocks are never read ahead")
 
     def read():  # 60 blocks, 59 read ahead
         assert list(atlas.AtlasDataset(root)) == expected
@@ -189,6 +186,7 @@ def test_the_doubling_is_forgotten_after_1024_takes_without_a_sign(atlas, backen
         reader._readahead_backoff(*old)
 
 
+@pytest.mark.only(backend="cython", root=COMPRESSED)
 @pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or not hasattr(resource, "RUSAGE_THREAD"),
     reason="pins a process to one CPU; counts a thread's preemptions (Linux)",
@@ -197,11 +195,7 @@ def test_pinned_to_one_core_a_pass_in_order_backs_off(atlas, backend, root, expe
     """A process with one core (a forked child pinned to it, the back-off at its defaults):
     the worker can only run by preempting the reading thread (or making it wait), so the
     reader backs off and decodes the blocks inline, every example exact."""
-    if backend != "cython":
-        pytest.skip("the C read-ahead's back-off")
     reader = _reader_module()
-    if not atlas.AtlasDataset(root).shards[0]._compressed:
-        pytest.skip("uncompressed blocks are never read ahead")
 
     def check():
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -229,14 +223,13 @@ def cores(request, backend):
     if request.param == "idle":
         yield request.param
         return
-    if backend != "cython":
-        pytest.skip("the C read-ahead's back-off")
     reader = _reader_module()
     old = reader._readahead_backoff(-1, None)
     yield request.param
     reader._readahead_backoff(*old)
 
 
+@BUSY_CORES_ARE_COMPILED
 def test_in_order_interleaved_with_random_reads(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=2)
     rng = random.Random(5)
@@ -253,6 +246,7 @@ def test_in_order_interleaved_with_random_reads(atlas, root, expected, cores):
             assert ds[k] == expected[k]
 
 
+@BUSY_CORES_ARE_COMPILED
 def test_two_passes_at_once(atlas, root, expected, cores):
     first, second = atlas.AtlasDataset(root), atlas.AtlasDataset(root)
     assert [a for pair in zip(first, second, iter(first)) for a in pair] == [
@@ -261,6 +255,7 @@ def test_two_passes_at_once(atlas, root, expected, cores):
     assert [(first[i], second[i]) for i in range(N)] == [(x, x) for x in expected]
 
 
+@BUSY_CORES_ARE_COMPILED
 def test_threads_on_one_dataset(atlas, root, expected, cores):
     ds = atlas.AtlasDataset(root, cache_blocks=3)
 
@@ -281,6 +276,7 @@ def test_threads_on_one_dataset(atlas, root, expected, cores):
     assert run_threads(work, 6) == []
 
 
+@BUSY_CORES_ARE_COMPILED
 def test_close_during_read_ahead(atlas, backend, root, expected, cores):
     ds = atlas.AtlasDataset(root)
     it = iter(ds)
@@ -324,10 +320,9 @@ def big_root(request, tmp_path_factory):
     return path, examples
 
 
+@pytest.mark.only(backend="cython")
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
 def test_dropped_dataset_unmaps_and_frees(atlas, backend, big_root):
-    if backend != "cython":
-        pytest.skip("the compiled backend's mapping")
     root, expected = big_root
     data = root / "1" / "data.bin"
     ds = atlas.AtlasDataset(root)

@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 import pytest
 from corrupt import read_all, read_blocks, write_blocks, write_dataset
-from helpers import FIXTURES, assert_same, load_expected
+from helpers import assert_same, case_dataset, load_expected
 
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, UnsafePickleError
 from atlas_fast._safe_pickle import make_loads
@@ -401,7 +401,7 @@ def test_untrusted_reads_plain_data(atlas, tmp_path, strategy):
 
 def test_untrusted_reads_reference_fixtures(atlas, reference_case):
     expected = load_expected(reference_case)
-    ds = atlas.AtlasDataset(FIXTURES / reference_case / "dataset", trusted=False)
+    ds = atlas.AtlasDataset(case_dataset(reference_case), trusted=False)
     for i, want in enumerate(expected):
         assert_same(ds[i], want, f"{reference_case}[{i}]")
 

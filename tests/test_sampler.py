@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from loader_helpers import keep_shards, write_dataset
 
-from atlas_fast import BlockShuffleSampler
+from atlas_fast import BlockShuffleSampler, InvalidArgumentError
 
 N = 300  # shards of 64 (the last 44), blocks of 8 (each shard's last block 8 or 4)
 
@@ -290,7 +290,7 @@ def test_dealing_a_whole_epoch_window_or_an_empty_dataset(atlas, ds, tmp_path, w
 
 
 def test_dealing_needs_both_and_is_checked_on_resume(ds):
-    with pytest.raises(ValueError, match="together"):
+    with pytest.raises(InvalidArgumentError, match=r"^batch_size given without num_workers"):
         BlockShuffleSampler(ds, batch_size=8)
     with pytest.raises(ValueError, match="num_workers"):
         BlockShuffleSampler(ds, batch_size=8, num_workers=-1)

@@ -17,7 +17,7 @@ from corrupt import (
     write_dataset,
     write_silently_corrupted,
 )
-from helpers import FIXTURES, assert_same, load_expected
+from helpers import assert_same, case_dataset, load_expected
 
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter
 from atlas_fast._errors import AtlasFormatError
@@ -37,7 +37,7 @@ def _cli(capsys, *argv):
 
 
 def test_verify_clean_fixture(capsys, atlas, reference_case):
-    root = FIXTURES / reference_case / "dataset"
+    root = case_dataset(reference_case)
     report = verify(root, readers=atlas)
     assert report["ok"], report["problems"]
     assert report["examples"] == len(load_expected(reference_case))
@@ -48,7 +48,7 @@ def test_verify_clean_fixture(capsys, atlas, reference_case):
 
 
 def test_verify_single_shard(capsys, reference_case):
-    for shard_dir in sorted(p for p in (FIXTURES / reference_case / "dataset").iterdir()):
+    for shard_dir in sorted(p for p in (case_dataset(reference_case)).iterdir()):
         if shard_dir.is_dir():
             code, out, _ = _cli(capsys, "verify", "--json", str(shard_dir))
             report = json.loads(out)
@@ -56,7 +56,7 @@ def test_verify_single_shard(capsys, reference_case):
 
 
 def test_info_fixture(capsys, atlas, reference_case):
-    root = FIXTURES / reference_case / "dataset"
+    root = case_dataset(reference_case)
     expected = load_expected(reference_case)
     report = info(root, exact=True, readers=atlas)
     assert report["examples"] == len(expected)
@@ -157,11 +157,14 @@ def test_verify_unsafe_pickle(capsys, tmp_path):
     assert code == 0
 
 
-def test_verify_partial_copy_is_a_note(capsys, tmp_path):
+def test_verify_partial_copy_is_a_note_when_said_partial(capsys, tmp_path):
     root = tmp_path / "ds"
     write_dataset(root, 1, n=120, shard_size=40)
     shutil.rmtree(root / "1")
     report = verify(root)
+    assert not report["ok"] and report["shards"] == 2
+    assert "shards 1" in report["problems"][0]["message"]
+    report = verify(root, partial=True)
     assert report["ok"] and report["shards"] == 2
     assert any("shards 1" in n for n in report["notes"])
 

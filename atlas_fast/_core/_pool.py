@@ -1,12 +1,14 @@
-"""The decompression pool both cores share: batches (``gather``) and read-ahead.
+"""The decompression pool both cores share (batches, ``gather``; hints, ``decode_on_pool``),
+and the Python backend's pass in order (``read_in_order``).
 
 Part of the core side of the contract (``_contract``): called by the cores only, never by the
 facade. It works on a core's shard readers through their core-internal methods ``_lookup(b)``
-(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_ahead(b)`` (the
-examples of block ``b`` if it was decoded ahead, now cached, or None), ``_store(b, data)``
-(unpickle decoded bytes, check and cache them), ``_pass_block(b, data)`` (the same, cached
-as a pass in order keeps its blocks), ``_load(b)`` (a block stored uncompressed, read and
-cached, not counted again) and ``_block_bytes``.
+(the cached examples of block ``b``, or None, counted as a hit or a miss), ``_held(b)`` (the
+same for ``iter``, which reads a block the cache holds only as its pickle, or remembers, whole
+as a hit), ``_ahead(b)`` (the examples of block ``b`` if it was decoded ahead, now cached, or
+None), ``_store(b, data)`` (unpickle decoded bytes, check and cache them), ``_pass_block(b,
+data)`` (the same, cached as a pass in order keeps its blocks), ``_load(b)`` (a block stored
+uncompressed, read and cached, not counted again) and ``_block_bytes``.
 
 Decompression (which releases the GIL in both backends) runs on a small per-process thread
 pool; unpickling stays on the calling thread. The pool is created on first use and dropped in
@@ -23,10 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from .._fork import after_fork_in_child
 from .._format import DATA_FILE
 
-__all__ = ["gather", "read_ahead", "decode_on_pool", "worth_the_pool", "pool_size", "READ_AHEAD"]
+__all__ = ["gather", "read_in_order", "decode_on_pool", "worth_the_pool", "pool_size", "READ_AHEAD"]
 
-# Blocks decompressed ahead of the one being unpickled by ``__iter__`` (so up to
-# READ_AHEAD + 1 decoded blocks are held per iterator besides the cache).
+# Blocks ahead of the one being read at which ``read_in_order`` warms a remote shard.
 READ_AHEAD = 8
 
 
@@ -202,39 +203,6 @@ def _decode_in_parallel(todo: list, wanted: dict, out: list) -> None:
 # -- read-ahead -----------------------------------------------------------------------------
 
 
-class _Ahead:
-    """One block of the read-ahead: cached examples, its future, or its bytes decoded here."""
-
-    __slots__ = ("reader", "b", "examples", "future", "data", "pid")
-
-    def __init__(self, reader, b: int, on_pool: bool) -> None:
-        self.reader = reader
-        self.b = b
-        self.data = None
-        self.pid = os.getpid()
-        self.examples = reader._lookup(b)
-        if self.examples is not None or not on_pool:
-            self.future = _INLINE
-        else:
-            self.future = _submit(reader._block_bytes, b)
-
-    def result(self) -> list:
-        if self.examples is not None:
-            return self.examples
-        reader = self.reader
-        # In a forked child (an iterator carried over from the parent) the pool thread that
-        # had the block does not exist and the future's lock may be held forever: decode it
-        # here, never touching the future.
-        if self.pid != os.getpid() or self.future.cancel():
-            data = reader._block_bytes(self.b)
-        else:
-            data = self.future.result()
-        # Cached only as a pass in order keeps its blocks (into a budget the user set, while
-        # it has room): evicting blocks others keep, or holding blocks the pass will not
-        # read again, would cost more than it saves. Blocks already cached are used.
-        return reader._pass_block(self.b, data)
-
-
 # Below this many stored bytes per block (on average), a pool hand-off costs about as much as
 # the decompression it moves: such blocks are decoded on the calling thread.
 POOL_MIN_BLOCK_BYTES = 16 * 1024
@@ -262,36 +230,35 @@ def decode_on_pool(reader, b: int):
     return None if future is _INLINE else future
 
 
-def read_ahead(blocks):
+def read_in_order(blocks):
     """Every example of ``blocks`` ((reader, block number) pairs), in order (the Python
     backend's ``iter``; the compiled backend reads ahead on its own C thread, see
     src/_readahead.pxi).
 
-    The next ``READ_AHEAD`` blocks not in the cache are decompressed on the pool while one is
-    unpickled and handed out; when the block needed has not started, this thread decodes it.
-    Blocks found in the cache are used; blocks decoded here are added to it only as a pass in
-    order adds them (see ``_contract``).
-    Closing or dropping the generator cancels what has not started.
+    Each block is decoded on the calling thread when the pass reaches it. Not on the pool:
+    a block decoded there while this thread unpickles the one before waits for the GIL that
+    unpickling holds, so the two overlap little, and the hand-off costs more CPU time than
+    the overlap saves. A remote shard is warmed (its files requested) ``READ_AHEAD`` blocks
+    before the pass reaches it. Blocks found in the cache are used; blocks decoded here are
+    added to it only as a pass in order adds them (see ``_contract``).
     """
     pending: deque = deque()
-    pooled: dict = {}  # id(reader) -> whether its blocks go to the pool
     blocks = iter(blocks)
-    try:
-        while True:
-            while len(pending) <= READ_AHEAD:
-                nxt = next(blocks, None)
-                if nxt is None:
-                    break
-                reader = nxt[0]
-                if reader._source is not None and nxt[1] == 0:
-                    reader._source.warm()  # a remote shard this pass reaches soon
-                on_pool = pooled.get(id(reader))
-                if on_pool is None:
-                    on_pool = pooled[id(reader)] = worth_the_pool(reader)
-                pending.append(_Ahead(reader, nxt[1], on_pool))
-            if not pending:
-                return
-            yield from pending.popleft().result()
-    finally:
-        for later in pending:
-            later.future.cancel()
+    while True:
+        while len(pending) <= READ_AHEAD:
+            nxt = next(blocks, None)
+            if nxt is None:
+                break
+            if nxt[0]._source is not None and nxt[1] == 0:
+                nxt[0]._source.warm()  # a remote shard this pass reaches soon
+            pending.append(nxt)
+        if not pending:
+            return
+        reader, b = pending.popleft()
+        examples = reader._held(b)
+        if examples is None:
+            # Cached only as a pass in order keeps its blocks (into a budget the user set,
+            # while it has room): evicting blocks others keep, or holding blocks the pass
+            # will not read again, would cost more than it saves.
+            examples = reader._pass_block(b, reader._block_bytes(b))
+        yield from examples

@@ -42,6 +42,7 @@ from .._contract import (
 from .._errors import AtlasFormatError
 from .._fork import after_fork_in_child, started_result
 from .._format import (
+    MAX_ZSTD_RATIO,
     check_block_examples,
     check_zstd_content_size,
     corrupt_frame_error,
@@ -49,11 +50,13 @@ from .._format import (
     max_block_bytes,
     truncated_block_error,
     unpickle_error,
+    widened_shard_dir,
     zstd_dictionary_mismatch,
 )
 from ._objsize import ChargeMeter
-from ._pool import decode_on_pool, gather, read_ahead, worth_the_pool
-from ._shards import ShardOpener, open_files, shard_layout
+from ._pickle_scan_py import find_unbounded, unbounded_error
+from ._pool import decode_on_pool, gather, read_in_order, worth_the_pool
+from ._shards import ShardOpener, open_files, renamed_root, shard_layout
 from ._tokens_py import block_token_stats, gather_tokens, token_pieces
 
 # What CoreModule (atlas_fast._contract) declares
@@ -97,6 +100,7 @@ def read_at(fd: int, size: int, offset: int) -> bytes:
 
 
 _pread = getattr(os, "pread", None)
+_frame_content_size = zstandard.frame_content_size
 
 
 class _FilePool:
@@ -115,19 +119,33 @@ class _FilePool:
 
     def pread(self, path: str, size: int, offset: int) -> bytes:
         with self._lock:
-            fd = self._fds.get(path)
+            fds = self._fds
+            fd = fds.get(path)
             if fd is None:
                 fd = self._open_lock_held(path)
             else:
-                self._fds.move_to_end(path)
-            return read_at(fd, size, offset)
+                fds.move_to_end(path)
+            if _pread is None:
+                return read_at(fd, size, offset)
+            data = _pread(fd, size, offset)  # all of it but at the end of the file, or past 2 GiB
+            if len(data) == size or not data:
+                return data
+            return data + read_at(fd, size - len(data), offset + len(data))
 
     def _open_lock_held(self, path: str) -> int:
         while len(self._fds) >= self.limit:
             _, old = self._fds.popitem(last=False)
             os.close(old)
         flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags)
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            # Closed by this pool, then an append widened the shard names: the same file
+            # (hard-linked) in the shard's renamed folder.
+            moved = widened_shard_dir(os.path.dirname(path))
+            if moved is None:
+                raise
+            fd = os.open(os.path.join(moved, os.path.basename(path)), flags)
         self._fds[path] = fd
         return fd
 
@@ -154,6 +172,11 @@ _generation = [0]
 # read-ahead holds at most 16 jobs).
 _AHEAD_JOBS = 16
 _caches: weakref.WeakSet = weakref.WeakSet()  # every BlockCache, to renew its lock after fork
+# A reader's _hot when no block is (its hot path serves nothing).
+_COLD = (0, 0, None)
+# What a block remembered only (ShardCore._miss) is charged: about what its entry takes (the
+# _Entry, its key, its place in the cache's dict), so that a budget in bytes bounds them too.
+_REMEMBERED_BYTES = 256
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
 _first_decode = [True]
@@ -189,10 +212,11 @@ class _ThreadState(threading.local):
 
 
 class _Entry:
-    """A cached block: ``examples`` the unpickled list (None once dropped), ``nbytes`` what the
-    block counts against the budget, ``live`` whether the cache still holds it (a reader's last
-    entry may outlive it), ``for_pass`` whether it is held only for the pass in order reading
-    it, until the pass moves on (``BlockCache._forget``)."""
+    """A cached block: ``examples`` the unpickled list (None once dropped, and for a block
+    remembered only, see ``ShardCore._miss``), ``nbytes`` what the block counts against the
+    budget, ``live`` whether the cache still holds it (a reader's last entry may outlive it),
+    ``for_pass`` whether it is held only for the pass in order reading it, until the pass
+    moves on (``BlockCache._forget``)."""
 
     __slots__ = ("key", "block", "examples", "nbytes", "live", "for_pass")
 
@@ -208,7 +232,12 @@ class _Entry:
 class BlockCache:
     """Decoded blocks, least recently used evicted first (see ``atlas_fast._contract``).
 
-    ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts.
+    ``_lock`` guards ``_entries`` (key -> _Entry, least recently used first) and the counts,
+    with one exception, the readers' hot path (their ``__getitem__``): a hit on ``_newest``
+    (the entry last used or put, None when unknown; only ever set under the lock) changes no
+    order, so the reader reads ``entry.examples`` and counts the hit without the lock. The
+    count is a statistic that nothing decides by; the lock costs more than the rest of a hit.
+    Readers also test ``key in _entries`` without it (one call, a hint of what to read).
     """
 
     def __init__(self, max_bytes=None, max_blocks=None, passes_fill=True) -> None:
@@ -221,6 +250,7 @@ class BlockCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
+        self._newest = None
         self._meter = ChargeMeter()  # what a block is charged (atlas_fast._core._objsize)
         self._lock = threading.Lock()
         _caches.add(self)
@@ -248,14 +278,14 @@ class BlockCache:
         with self._lock:
             return list(self._entries)
 
-    def _touch(self, entry: _Entry):
-        """A hit on ``entry`` (a reader's last one): its examples, or None if evicted since."""
+    def _touch(self, entry: _Entry) -> None:
+        """A hit on ``entry``, read by a reader's hot path while not ``_newest``: now the most
+        recent, unless it was evicted since its examples were read (the hit stands)."""
         with self._lock:
-            examples = entry.examples
-            if examples is not None:
-                self._hits += 1
+            self._hits += 1
+            if entry.live:
                 self._entries.move_to_end(entry.key)
-            return examples
+                self._newest = entry
 
     def _get(self, key) -> tuple:
         """``(entry, examples)`` for ``key`` (now the most recent), or (None, None); counted."""
@@ -266,7 +296,43 @@ class BlockCache:
                 return None, None
             self._hits += 1
             self._entries.move_to_end(key)
+            self._newest = entry
             return entry, entry.examples
+
+    def _find(self, key) -> tuple:
+        """``(entry, examples)`` for ``key``: the block held whole, or remembered only
+        (examples None), a hit (now the most recent); ``(None, None)``, a miss. Counted as
+        the compiled core counts its blocks held as their pickle."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._misses += 1
+                return None, None
+            self._hits += 1
+            self._entries.move_to_end(key)
+            self._newest = entry
+            return entry, entry.examples
+
+    def _remember(self, key, block: int) -> _Entry:
+        """A miss on block ``key``, counted, that is remembered, not held (``ShardCore._miss``):
+        an entry without examples, charged ``_REMEMBERED_BYTES``; an entry already there
+        wins."""
+        dropped = []
+        with self._lock:
+            self._misses += 1
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(key, block, None, _REMEMBERED_BYTES)
+                self._newest = entry
+                self._bytes += _REMEMBERED_BYTES
+                self._evict_lock_held(dropped, entry)
+        return entry
+
+    def partial_keys(self) -> list:
+        """``(tag, block)`` of the blocks remembered only (the compiled core's: held as their
+        pickle only), least recently used first."""
+        with self._lock:
+            return [key for key, entry in self._entries.items() if entry.examples is None]
 
     def _put(self, key, block: int, examples: list, nbytes: int, for_pass: bool = False) -> tuple:
         """Cache ``examples`` (a pickle of ``nbytes``), charged what the meter says: ``(entry,
@@ -280,11 +346,13 @@ class BlockCache:
             entry = entries.get(key)
             if entry is not None and entry.examples is not None:
                 entries.move_to_end(key)
+                self._newest = entry
                 return entry, entry.examples
             if entry is not None:
                 self._drop_lock_held(entry, dropped)
             entry = _Entry(key, block, examples, nbytes, for_pass)
             entries[key] = entry
+            self._newest = entry
             self._bytes += nbytes
             self._for_pass += for_pass
             self._evict_lock_held(dropped, entry)
@@ -298,7 +366,8 @@ class BlockCache:
         nbytes = self._meter.charge(examples, nbytes)
         with self._lock:
             if key not in self._entries and self._has_room_lock_held(nbytes):
-                self._entries[key] = _Entry(key, block, examples, nbytes)
+                entry = self._entries[key] = _Entry(key, block, examples, nbytes)
+                self._newest = entry
                 self._bytes += nbytes
 
     def _has_room_lock_held(self, nbytes: int) -> bool:
@@ -346,6 +415,8 @@ class BlockCache:
         # Dropped entries are freed by the caller once the lock is released: freeing
         # examples may run arbitrary code.
         del self._entries[entry.key]
+        if self._newest is entry:
+            self._newest = None
         self._bytes -= entry.nbytes
         self._for_pass -= entry.for_pass
         entry.live = False
@@ -397,11 +468,15 @@ class ShardCore(_CacheReader):
         self._tag = tag
         # A remote shard's storage._dataset.ShardSource (None: the local files under _root).
         self._source = source
-        self._last = None  # the _Entry of the block last read (a fast path for hits)
+        self._last = None  # the _Entry of the block last read
+        # (first example, end, _Entry) of the block last read, for __getitem__'s hits: one
+        # tuple, replaced whole; _COLD (nothing) after prefetch() and close().
+        self._hot = _COLD
         self._next = -1  # the example after the one __getitem__ read last
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
-        # (offsets, zdict): set by _opened_files under the lock, replaced whole, so a reader
-        # never pairs one opening's offsets with another's dictionary.
+        # (offsets, zdict, positions): set by _opened_files under the lock, replaced whole, so
+        # a reader never pairs one opening's offsets with another's dictionary; positions are
+        # the offsets as a memoryview, whose items are ints (a numpy item costs 5 times more).
         self._opened = None
         self._open_lock = threading.Lock()
         self._lock_generation = _generation[0]
@@ -417,23 +492,67 @@ class ShardCore(_CacheReader):
         return self._n
 
     def __getitem__(self, i):
+        # The hot path: an example of the block last read (see BlockCache on the count).
+        lo, end, entry = self._hot
+        if type(i) is int and lo <= i < end:
+            examples = entry.examples
+            if examples is not None:
+                cache = self._cache
+                if cache._newest is entry:
+                    cache._hits += 1
+                else:
+                    cache._touch(entry)
+                self._next = i + 1
+                return examples[i - lo]
+        return self._read(normalize_index(i, self._n))
+
+    def _read(self, k: int):
+        """Example ``k`` (``0 <= k < len``), when ``__getitem__``'s hot path has not served it."""
         if self._hints is not None:
             self._queue_hints()
-        k = normalize_index(i, self._n)
-        b, j = divmod(k, self._block_size)
+        size = self._block_size
+        b = k // size
         entry = self._last
         examples = None
         if entry is not None and entry.block == b:
-            examples = self._cache._touch(entry)
+            examples = entry.examples
+            if examples is not None:
+                self._cache._touch(entry)
+                self._hot = (b * size, min(b * size + size, self._n), entry)
         if examples is None:
-            in_order = k == self._next and j == 0 and entry is not None and entry.block == b - 1
+            in_order = (
+                k == self._next and k == b * size and entry is not None and entry.block == b - 1
+            )
             if in_order:
                 # A pass in order is done with block b - 1 (_forget: kept only if passes
                 # fill the cache and it has room).
                 self._cache._forget(entry)
+            elif k and (entry is None or entry.block != b - 1):
+                self._next = k + 1
+                return self._miss(b, k - b * size)
             # The shard's first example is read as the start of a pass in order.
             examples = self._examples(b, in_order or k == 0)
         self._next = k + 1
+        return examples[k - b * size]
+
+    def _miss(self, b: int, j: int):
+        """Example ``j`` of block ``b``, read at random (``_read``: not the shard's first
+        example, nor in the block after the one read last).
+
+        Pure Python has no partial decoding: the block is decoded and unpickled whole for
+        example ``j``. When the cache neither holds nor remembers it, and prefetch() did not
+        name it, it is remembered, not held: its examples are freed at once, as the reference
+        frees its last block's when it reads another, so that reads of blocks that are not
+        read again (a dataset larger than the cache) fill no memory. Read again, it is held
+        whole (``_examples``). Which blocks are remembered, held and evicted, and the counts,
+        are the compiled core's, whose partial decoding holds such a block as its pickle.
+        """
+        key = (self._tag, b)
+        if self._jobs or key in self._cache._entries:  # held, remembered, or decoded ahead
+            return self._examples(b)[j]
+        data = self._decoded(b)
+        examples = self._unpickle(data, b)
+        self._last = self._cache._remember(key, b)
         return examples[j]
 
     def _enter_pass(self):
@@ -449,16 +568,20 @@ class ShardCore(_CacheReader):
 
     def _examples(self, b: int, in_order: bool = False) -> list:
         """The examples of block ``b``, from the cache or decoded (then cached; ``in_order``:
-        held for the pass in order reading it, see ``BlockCache._forget``)."""
+        held for the pass in order reading it, see ``BlockCache._forget``). A block the
+        cache remembers only (``_miss``) is a hit, decoded and held whole, not for a pass."""
         key = (self._tag, b)
-        entry, examples = self._cache._get(key)
-        if entry is None:
+        entry, examples = self._cache._find(key)
+        if examples is None:
             data = self._take_ahead(b) if self._jobs else None
             if data is None:
                 data = self._decoded(b)
             examples = self._unpickle(data, b)
+            in_order = in_order and entry is None
             entry, examples = self._cache._put(key, b, examples, len(data), in_order)
         self._last = entry
+        lo = b * self._block_size
+        self._hot = (lo, min(lo + self._block_size, self._n), entry)
         return examples
 
     # -- the contract -----------------------------------------------------------------------
@@ -496,8 +619,8 @@ class ShardCore(_CacheReader):
         return self
 
     def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead((self, b) for b in range(self._n_blocks))
+        """Every example in order, each block decoded when the pass reaches it."""
+        return read_in_order((self, b) for b in range(self._n_blocks))
 
     def prefetch(self, indices) -> bool:
         """A hint: the blocks of ``indices`` are read next (see _contract); decoded ahead on
@@ -510,6 +633,7 @@ class ShardCore(_CacheReader):
         if self._hints is not None:
             blocks = self._hints + blocks
         self._hints = blocks[-_AHEAD_JOBS:] if blocks else None
+        self._hot = _COLD  # the next read queues them (_read)
         return True
 
     def _renew_ahead(self) -> None:
@@ -572,6 +696,7 @@ class ShardCore(_CacheReader):
         self._jobs = {}
         with self._lock():
             self._last = None
+            self._hot = _COLD
             self._opened = None
             self._tls = _ThreadState()
             _files.forget(self._data_path)
@@ -583,6 +708,17 @@ class ShardCore(_CacheReader):
 
     def _lookup(self, b: int):
         return self._cache._get((self._tag, b))[1]
+
+    def _held(self, b: int):
+        """For ``iter``: block ``b``'s examples if the cache holds the block (a hit;
+        remembered only, it is decoded and held whole, as ``_miss`` reads it again), else
+        None (a miss)."""
+        key = (self._tag, b)
+        entry, examples = self._cache._find(key)
+        if entry is None or examples is not None:
+            return examples
+        data = self._decoded(b)
+        return self._cache._put(key, b, self._unpickle(data, b), len(data))[1]
 
     def _ahead(self, b: int):
         data = self._take_ahead(b) if self._jobs else None
@@ -613,7 +749,7 @@ class ShardCore(_CacheReader):
         return self._open_lock
 
     def _opened_files(self) -> tuple:
-        """``(offsets, zdict)``, loading them on first use (again after ``close``)."""
+        """``(offsets, zdict, positions)``, loaded on first use (again after ``close``)."""
         opened = self._opened
         if opened is None:
             with self._lock():
@@ -622,16 +758,21 @@ class ShardCore(_CacheReader):
                     # A descriptor pooled by an earlier opening may be of a file since
                     # replaced at this path: read the file that is validated now.
                     _files.forget(self._data_path)
-                    opened = self._opened = open_files(
+                    if self._source is None:
+                        moved = renamed_root(self._root)
+                        if moved is not None:
+                            self._root, self._data_path = moved
+                    offsets, zdict = open_files(
                         self._root, self._metadata, self._dict_bytes, ZstdDict, self._source
                     )
+                    opened = self._opened = (offsets, zdict, memoryview(offsets))
         return opened
 
-    def _raw(self, b: int, offsets=None) -> bytes:
-        if offsets is None:
-            offsets = self._opened_files()[0]
-        start = int(offsets[b])
-        end = int(offsets[b + 1])
+    def _raw(self, b: int, positions=None) -> bytes:
+        if positions is None:
+            positions = self._opened_files()[2]
+        start = positions[b]
+        end = positions[b + 1]
         if self._source is not None:
             raw = self._source.block(b)
             if len(raw) != end - start:
@@ -646,11 +787,13 @@ class ShardCore(_CacheReader):
         return raw
 
     def _decoded(self, b: int) -> bytes:
-        offsets, zdict = self._opened_files()
-        raw = self._raw(b, offsets)
+        opened = self._opened
+        if opened is None:
+            opened = self._opened_files()
+        raw = self._raw(b, opened[2])
         if not self._compressed:
             return raw
-        return self._decompress(raw, b, zdict)
+        return self._decompress(raw, b, opened[1])
 
     def _decompressor(self, zdict):
         state = self._tls  # one decompressor per thread, for the dictionary it was made with
@@ -664,24 +807,29 @@ class ShardCore(_CacheReader):
             state.zdict = zdict
         return dctx
 
+    def _where(self, b: int) -> str:
+        return f"{self._data_path}: block {b}"
+
     def _decompress(self, raw: bytes, b: int, zdict) -> bytes:
-        where = f"{self._data_path}: block {b}"
         dctx = self._decompressor(zdict)
         try:
-            declared = zstandard.frame_content_size(raw)
+            declared = _frame_content_size(raw)
             # 0 is streamed too: python-zstandard's decompress() returns b"" for a frame
             # declaring 0 bytes without decoding it (trailing or damaged bytes unchecked).
             if declared > 0:
-                check_zstd_content_size(declared, len(raw), where)
+                # The common case decided here, as the compiled core's _limits_allow does;
+                # check_zstd_content_size decides (and words) the rest.
+                if declared > len(raw) * MAX_ZSTD_RATIO + 1024 or declared > max_block_bytes():
+                    check_zstd_content_size(declared, len(raw), self._where(b))
                 out = dctx.decompress(raw, allow_extra_data=False)
                 if len(out) != declared:
                     raise AtlasFormatError(
-                        f"{where}: decoded {len(out)} bytes, the frame says {declared}"
+                        f"{self._where(b)}: decoded {len(out)} bytes, the frame says {declared}"
                     )
                 return out
-            return self._decompress_unsized(dctx, raw, where)
+            return self._decompress_unsized(dctx, raw, self._where(b))
         except zstandard.ZstdError as exc:
-            raise self._diagnose(dctx, raw, where, exc, zdict) from exc
+            raise self._diagnose(dctx, raw, self._where(b), exc, zdict) from exc
 
     @staticmethod
     def _decompress_unsized(dctx, raw: bytes, where: str) -> bytes:
@@ -740,9 +888,19 @@ class ShardCore(_CacheReader):
         if _first_decode[0]:
             _first_decode[0] = False
             freeze_in_worker()
+        # The bound check (_pickle_scan_py): before unpickling for an untrusted reader; for a
+        # trusted one, whose blocks a Python walk would slow down, only once unpickling
+        # failed, to say what the compiled core says.
+        trusted = self._loads is pickle.loads
+        found = None if trusted else find_unbounded(data)
+        if found is not None:
+            raise unbounded_error(found, self._data_path, b)
         try:
             examples = self._loads(data)
         except Exception as exc:
+            found = find_unbounded(data) if trusted else None
+            if found is not None:
+                raise unbounded_error(found, self._data_path, b) from exc
             raise unpickle_error(exc, self._data_path, b) from exc
         expected = expected_block_length(self._n, self._block_size, b)
         if type(examples) is not list or len(examples) != expected:
@@ -771,6 +929,11 @@ class DatasetCore(_CacheReader):
         self._total = total
         self._run_next = 0  # where the last batch of a pass in order (run_start) ended
         self._next = -1  # the example after the one __getitem__ read last
+        # (first example, end, _Entry) of the block last read, in dataset indices: as
+        # ShardCore's _hot. Its hits are not told to the shard reader _read read it with
+        # (_owner: (reader, its first example), or None), which _read tells (its _next) then.
+        self._hot = _COLD
+        self._owner = None
         # (shard, index in it) of the examples named by prefetch() and not queued yet (None:
         # none), in fork generation _hints_generation.
         self._hints = None
@@ -795,9 +958,27 @@ class DatasetCore(_CacheReader):
         return s, k - (self._ends[s - 1] if s else 0)
 
     def __getitem__(self, i):
+        # The hot path, as ShardCore's.
+        lo, end, entry = self._hot
+        if type(i) is int and lo <= i < end:
+            examples = entry.examples
+            if examples is not None:
+                cache = self._cache
+                if cache._newest is entry:
+                    cache._hits += 1
+                else:
+                    cache._touch(entry)
+                self._next = i + 1
+                return examples[i - lo]
+        return self._read(normalize_index(i, self._total))
+
+    def _read(self, k: int):
+        """Example ``k`` (``0 <= k < len``), when ``__getitem__``'s hot path has not served it."""
         if self._hints is not None:
             self._queue_hints()
-        k = normalize_index(i, self._total)
+        owner = self._owner
+        if owner is not None:  # the hot path's reads since were of this reader, the last k - 1
+            owner[0]._next = self._next - owner[1]
         s = bisect_right(self._ends, k)
         start = self._ends[s - 1] if s else 0
         if k == start and k == self._next:
@@ -805,9 +986,16 @@ class DatasetCore(_CacheReader):
             # one from a block to the next).
             self._next = k + 1
             self._reader(bisect_right(self._ends, k - 1))._leave_pass()
-            return self._reader(s)._enter_pass()
-        self._next = k + 1
-        return self._reader(s)[k - start]
+            reader = self._reader(s)
+            example = reader._enter_pass()
+        else:
+            self._next = k + 1
+            reader = self._reader(s)
+            example = reader[k - start]
+        lo, end, entry = reader._hot
+        self._hot = (lo + start, end + start, entry)
+        self._owner = (reader, start)
+        return example
 
     def __getitems__(self, indices) -> list:
         """The examples at ``indices``, in that order; each block needed is decoded once (a
@@ -822,8 +1010,8 @@ class DatasetCore(_CacheReader):
         return gather(self._reader, [locate(i) for i in indices])
 
     def __iter__(self):
-        """Every example in order, the next blocks decompressing while one is handed out."""
-        return read_ahead(
+        """Every example in order, each block decoded when the pass reaches it."""
+        return read_in_order(
             (self._reader(s), b)
             for s in range(len(self._readers))
             if self._sizes[s]
@@ -840,6 +1028,7 @@ class DatasetCore(_CacheReader):
             located = self._hints + located
         self._hints = located[-_AHEAD_JOBS:] if located else None
         self._hints_generation = _generation[0]
+        self._hot = _COLD  # the next read queues them (_read)
         return True
 
     def _queue_hints(self) -> None:
@@ -855,6 +1044,8 @@ class DatasetCore(_CacheReader):
     def close(self) -> None:
         """Release every shard's files and the cached blocks (they reopen on next use)."""
         self._hints = None
+        self._hot = _COLD
+        self._owner = None
         self._cache.clear()  # first: each reader's close then has no blocks of its own to find
         for reader in self._readers:
             if reader is not None:

@@ -21,9 +21,17 @@ from .._format import (
     load_offsets,
     read_dict_file,
     read_shard_metadata,
+    widened_shard_dir,
 )
 
-__all__ = ["check_shared_dict", "shard_layout", "open_dictionary", "open_files", "ShardOpener"]
+__all__ = [
+    "check_shared_dict",
+    "shard_layout",
+    "open_dictionary",
+    "open_files",
+    "ShardOpener",
+    "renamed_root",
+]
 
 # -- opening a shard ------------------------------------------------------------------------
 
@@ -80,6 +88,16 @@ def shard_layout(root, metadata, dict_bytes) -> tuple:
     size = metadata.block_size
     compressed = metadata.compression_strategy != CompressionStrategy.NO_COMPRESSION
     return root, os.path.join(root, DATA_FILE), n, size, block_count(n, size), compressed
+
+
+def renamed_root(root: str):
+    """``(root, data path)`` of a local shard whose folder ``root`` is gone because an append
+    widened the dataset's shard names since the shard object was made (see
+    ``widened_shard_dir``), or None: the cores call it as they open a shard's files."""
+    if os.path.isdir(root):
+        return None
+    moved = widened_shard_dir(root)
+    return None if moved is None else (moved, os.path.join(moved, DATA_FILE))
 
 
 def open_files(root: str, metadata, dict_bytes, zstd_dict_type, source=None) -> tuple:
@@ -139,6 +157,9 @@ class ShardOpener:
         shard_dir = self.shard_dirs[s]
         metadata = self.metadatas[s]
         source = None if self.sources is None else self.sources(s)
+        if source is None and not os.path.isdir(shard_dir):
+            # Opened before an append that widened the names: the same shard, renamed.
+            shard_dir = self.shard_dirs[s] = widened_shard_dir(shard_dir) or shard_dir
         if metadata is None:
             metadata = read_shard_metadata(shard_dir) if source is None else source.metadata()
             if metadata.stored_examples != self.sizes[s]:

@@ -81,7 +81,7 @@ def open_destination(url, storage_options, *, overwrite: bool, who: str) -> Dest
     found = dest.names(limit=1)
     if found:
         if not overwrite:
-            how = "overwrite=True" + (", or --overwrite," if who == "convert" else "")
+            how = "overwrite=True" + (", or --overwrite," if who in ("convert", "export") else "")
             state = f" and holds objects (pass {how} to replace them)"
             if found[0].startswith(STAGING_PREFIX):  # listed first: "." sorts before digits
                 state = staging_left(found[0], f"pass {how} to replace it")
@@ -173,6 +173,7 @@ class ShardUploads:
         # before it goes up: what the token index of the dataset is made from.
         self.keep_offsets = False
         self.offsets: dict = {}
+        self.grown = None  # an append's grow_remote.RemoteGrowth (the dataset grown)
 
     def add(self, number: int, started: int) -> None:
         """Upload finished shard ``number`` (see the class)."""
@@ -269,6 +270,18 @@ class ShardUploads:
             self.dest.put_bytes(DICT_FILE, dict_bytes)
             with self._lock:
                 self.objects.append(DICT_FILE)
+
+    def uploaded(self, count: int) -> list:
+        """Wait for every shard, then the first ``count`` of them (in number order) as
+        ``(name, [objects])``: what an append commits (``grow_remote``)."""
+        for _number, future in self._futures:
+            future.result()
+        self.check()
+        out = []
+        for number in sorted(self.names)[:count]:
+            prefix = f"{self.names[number]}/"
+            out.append((self.names[number], [o for o in self.objects if o.startswith(prefix)]))
+        return out
 
     def put_meta(self, fields: dict) -> None:
         """The root meta.json, the dataset's last object (after ``seal``)."""

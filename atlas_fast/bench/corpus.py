@@ -94,10 +94,18 @@ class Scale:
 
 
 def default_cache_dir() -> Path:
+    """``$ATLAS_FAST_CACHE``, else ``atlas_fast`` in the user's cache directory
+    (``$XDG_CACHE_HOME``, default ``~/.cache``, as the XDG base directory spec says: an
+    empty or relative value is ignored), then ``bench-VERSION``."""
     from .._version import __version__
 
     base = os.environ.get("ATLAS_FAST_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "atlas_fast"
+    if base:
+        root = Path(base)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        cache = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+        root = cache / "atlas_fast"
     return root / f"bench-{__version__}"
 
 

@@ -18,7 +18,13 @@ __all__ = ["NAME", "describe", "hidden", "load"]
 
 NAME = "torch_atlas_ds"
 DISTRIBUTION = "torch-atlas-ds"
-INSTALL_HINT = "pip install --no-deps torch_atlas_ds-0.1.0-py3-none-any.whl (it imports torch)"
+# It is not on PyPI: from its public source. --no-deps: its metadata asks for numpy < 2 (it
+# reads and writes with numpy 2); it imports torch, which must be installed.
+INSTALL_HINT = (
+    "it is not on PyPI; install it from its source with "
+    "pip install --no-deps 'git+https://github.com/EIDOSLAB/torch-atlas-ds' (it needs torch, "
+    "numpy and zstandard: pip install torch)"
+)
 
 
 def hidden(name: str) -> bool:

@@ -108,13 +108,34 @@ def format_table(report: dict) -> str:
     out.append(
         "ex/s: examples per second. MB/s: pickled size of the examples read (the same bytes "
         f"for every reader). {xref} xpeer: relative to the fastest peer on the same pattern. "
-        "Above 1 is faster. atlas_fast[python] is atlas_fast's own pure-Python backend."
+        "Above 1 is faster. atlas_fast[python] is atlas_fast's own pure-Python backend. "
+        "baseline rows are no format at all, for scale: neither a bound nor a peer."
+    )
+    out.append(
+        "What is read: files the corpus build just wrote, so they are in the page cache and "
+        "every figure is memory speed, not the disk's (dropping the page cache needs root). "
+        "atlas_fast's readers are opened with a block cache of 1/8 of each corpus "
+        "(cache_bytes; default 32 MiB), so that random reads decode blocks as on a dataset "
+        "larger than its cache; 'cached hits' times the block just decoded."
     )
     skipped = [(n, r) for n, r in report["readers"].items() if r["status"] != "ok"]
     if skipped:
         out.append("Skipped:")
         for name, r in skipped:
             out.append(f"  {name}: {r['reason']}")
+        missing = {n for n, r in skipped if "not installed" in r["reason"]}
+        if missing:
+            out.append("To compare with what was skipped:")
+            if "torch_atlas_ds" in missing:
+                out.append(
+                    "  the reference: pip install torch, then pip install --no-deps "
+                    "'git+https://github.com/EIDOSLAB/torch-atlas-ds' (not on PyPI)"
+                )
+            if missing - {"torch_atlas_ds"}:
+                out.append(
+                    "  the peers: pip install 'atlas-fast[bench]', in a virtual environment "
+                    "of its own (mosaicml-streaming caps numpy below 2.2)"
+                )
     for e in report.get("errors", []):
         where = e["corpus"] + (f" {e['config']}" if e["config"] else "")
         out.append(f"Error: {e['reader']} on {where}: {e['error']}")

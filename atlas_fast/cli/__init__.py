@@ -20,6 +20,8 @@ COMMANDS: dict = {
     "verify": (".verify", "check a dataset completely: metadata, every block, checksums"),
     "info": (".info", "describe a dataset: shards, examples, strategy, sizes, compression"),
     "convert": (".convert", "bring a dataset in from Parquet, HF, JSON lines, Dolma, ..."),
+    "merge": (".merge", "one dataset of the examples of several, shards linked, not recompressed"),
+    "export": (".export", "write a dataset out as Parquet, JSON lines, HF, webdataset or MDS"),
 }
 
 
@@ -44,7 +46,16 @@ EXIT_CLOSED_PIPE = 141
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (2 for usage errors, 141 when standard
-    output was closed before all of it was written)."""
+    output was closed before all of it was written).
+
+    Run as the program (``argv`` None: the ``atlas-fast`` command, ``python -m atlas_fast``),
+    the process never imports torch: none of the commands hands a reader to torch, and its
+    import would cost most of a short command's time (``_compat.without_torch``).
+    """
+    if argv is None:
+        from .._compat import without_torch
+
+        without_torch()
     try:
         try:
             return _run(argv)

@@ -39,8 +39,8 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="where the corpus is built (default: $ATLAS_FAST_CACHE or ~/.cache/atlas_fast, "
-        "then bench-VERSION)",
+        help="where the corpus is built (default: $ATLAS_FAST_CACHE, or atlas_fast in "
+        "${XDG_CACHE_HOME:-~/.cache}; then bench-VERSION)",
     )
     parser.add_argument("--rebuild", action="store_true", help="rebuild the corpus in the cache")
     parser.add_argument("--reps", type=int, help="repetitions (default 5; --quick 3)")

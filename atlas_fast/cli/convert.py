@@ -108,6 +108,11 @@ _GROUPS = {
             "action": "store_true",
             "help": "mds: convert columns whose encoding unpickles (pkl): only for trusted data",
         },
+        "--unpickle": {
+            "action": "store_true",
+            "help": "parquet/hf/jsonl/wds: read back the examples atlas-fast export --pickle "
+            "stored pickled (unpickling runs code: only for trusted data)",
+        },
     },
 }
 
@@ -179,6 +184,10 @@ def run(args) -> int:
         if args.fmt != "mds":
             return _error("--allow-unsafe-types applies to --from mds only")
         options["allow_unsafe_types"] = True
+    if args.unpickle:
+        if args.fmt not in ("parquet", "hf", "jsonl", "wds"):
+            return _error("--unpickle applies to --from parquet, hf, jsonl and wds only")
+        options["unpickle"] = True
     remote = {
         key: value
         for key, value in (

@@ -3,7 +3,9 @@
 Shards, examples, strategy, block size, bytes on disk and the compression ratio (decoded
 bytes / stored bytes of data.bin). The ratio is estimated from a sample of blocks spread over
 the dataset (``--sample N``, default 64), or measured on every block with ``--exact``. Nothing
-is unpickled. Every shard that can be read is described; each problem met is reported on
+is unpickled. Token counts come from the dataset's token index (``tokens.idx``, at its root
+or in the user cache folder ``TokenSequences`` uses) when it has one: the file alone is read,
+none is ever built. Every shard that can be read is described; each problem met is reported on
 standard error (and in ``--json``'s ``problems``) and the exit status is then 1. Run
 ``atlas-fast verify`` for a full check.
 
@@ -69,6 +71,7 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
     strategy = target.metadata.compression_strategy if target.metadata is not None else None
 
     rows = []
+    made = {}  # shard number -> what a token index entry records of it (examples, blocks, ...)
     blocks = []  # (shard reader, its files, block, stored bytes) for the ratio
     shards = []  # the readers made (they open their files on first use), all closed at the end
     try:
@@ -102,6 +105,8 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
                 problems.append(_problem(shard_dir.file(INDEX_FILE), None, exc))
                 continue
             row["data_bytes"] = int(offsets[-1])
+            if shard_dir.name.isascii() and shard_dir.name.isdigit():
+                made[int(shard_dir.name)] = (row, _made_of(meta.stored_examples, offsets))
             if lacks_shared_dict(target, shard_dir, meta, problems, "read"):
                 continue
             try:
@@ -161,8 +166,106 @@ def info(path, *, exact=False, sample=64, readers=None) -> dict:
         "ratio_exact": decoded_blocks == n_blocks,
         "ratio_blocks": decoded_blocks,
         "shard_details": rows,
+        "token_indexes": _token_indexes(path, target.kind, made, len(rows)),
         "problems": problems,
     }
+
+
+def _made_of(examples: int, offsets) -> tuple:
+    """What a token index's entry records of a shard: examples, blocks, data.bin's size and
+    the digest of its block offsets."""
+    from .._token_index import offsets_digest
+
+    return (examples, len(offsets) - 1, int(offsets[-1]), offsets_digest(offsets))
+
+
+def _smallest_dtype(low: int, high: int) -> str:
+    import numpy as np
+
+    kinds = ("uint8", "uint16", "uint32", "uint64") if low >= 0 else ("int8", "int16", "int32")
+    for name in kinds:
+        info = np.iinfo(name)
+        if info.min <= low and high <= info.max:
+            return name
+    return "int64"
+
+
+def _token_indexes(path, kind: str, made: dict, n_shards: int) -> list:
+    """The token indexes of the dataset at ``path`` (at its root, and in the user cache
+    folder ``TokenSequences`` saves them in when the root is not writable), read and never
+    built: per index its field, tokens, ids, and per shard its tokens, whether the entry
+    still matches the shard (``current``), and whether the shard was rewritten with as many
+    examples (``rewritten``: ``TokenSequences`` refuses it until ``index="rebuild"``; an
+    entry that is only out of date is brought up to date when the dataset is next opened).
+    An index that does not read has ``error``."""
+    from .._errors import TokenIndexError
+    from .._token_index import _NO_ID, TokenIndex, cache_folder
+
+    if kind != "dataset":
+        return []
+    folders = [cache_folder(path)]
+    if not isinstance(path, str):  # a local root
+        folders.insert(0, path)
+    found = []
+    for folder in folders:
+        try:
+            files = sorted(folder.glob("tokens*.idx"))
+        except OSError:
+            continue
+        for file in files:
+            try:
+                index = TokenIndex(file)
+            except TokenIndexError as exc:
+                found.append({"index": str(file), "error": str(exc)})
+                continue
+            records = index.shards
+            shards = []
+            for number, (row, now) in sorted(made.items()):
+                if number >= len(records):  # added since: the next open adds its entry
+                    shards.append(
+                        {
+                            "shard": row["shard"],
+                            "tokens": None,
+                            "current": False,
+                            "rewritten": False,
+                        }
+                    )
+                    continue
+                r = records[number]
+                then = (int(r["examples"]), int(r["blocks"]), int(r["data_bytes"]))
+                low, high = int(r["low"]), int(r["high"])
+                none = (low, high) == _NO_ID
+                shards.append(
+                    {
+                        "shard": row["shard"],
+                        "tokens": int(r["tokens"]),
+                        "low": None if none else low,
+                        "high": None if none else high,
+                        "current": then == now[:3] and bytes(r["digest"]) == now[3],
+                        # as many examples, other files: refused at read until a rebuild
+                        "rewritten": then[0] == now[0]
+                        and (then[1:] != now[1:3] or bytes(r["digest"]) != now[3]),
+                    }
+                )
+            has = records["tokens"] > 0
+            low = int(records["low"][has].min()) if has.any() else None
+            high = int(records["high"][has].max()) if has.any() else None
+            found.append(
+                {
+                    "index": str(file),
+                    "field": index.field,
+                    "tokens": int(index.total),
+                    "blocks": len(index.cum) - 1,
+                    "low": low,
+                    "high": high,
+                    "smallest_dtype": None if low is None else _smallest_dtype(low, high),
+                    "current": len(records) == n_shards
+                    and len(shards) == n_shards
+                    and all(s["current"] for s in shards),
+                    "shards": shards,
+                }
+            )
+    return found
 
 
 def _size(n: int) -> str:
@@ -181,13 +284,19 @@ def run(args) -> int:
     if args.sample < 1:
         return usage_error("info", "--sample must be at least 1")
     report = info(path, exact=args.exact, sample=args.sample)
+    # Nothing read (the root's meta.json, or the shard's, unreadable: absent, access
+    # denied ...): no description of zeros, only the problems.
+    nothing = report["compression_strategy"] is None and not report["shards"]
     if args.json:
         print_json(report)
-    else:
+    elif not nothing:
         _print(report)
     problems = report["problems"]
     for problem in problems:
         print(f"atlas-fast info: problem: {problem['message']}", file=sys.stderr)
+    if nothing:
+        print(f"atlas-fast info: {path}: nothing could be read to describe", file=sys.stderr)
+        return 1
     if problems:
         print(
             f"atlas-fast info: {_count(len(problems), 'problem')} found; the description covers "
@@ -196,6 +305,35 @@ def run(args) -> int:
         )
         return 1
     return 0
+
+
+def _token_lines(report: dict) -> list:
+    """The ``tokens:`` lines: one per token index, or that there is none."""
+    indexes = report.get("token_indexes", [])
+    if not indexes:
+        return ["no token index"]
+    lines = []
+    for entry in indexes:
+        file = Path(entry["index"])
+        if "error" in entry:
+            lines.append(f"{file} does not read (built again on first use): {entry['error']}")
+            continue
+        where = file.name if file.parent == Path(report["path"]) else str(file)
+        text = f"{entry['tokens']} in {where}"
+        if entry["field"] is not None:
+            text += f" (field {entry['field']!r})"
+        if entry["low"] is not None:
+            text += f", ids {entry['low']}-{entry['high']} ({entry['smallest_dtype']})"
+        rewritten = sum(s["rewritten"] for s in entry["shards"])
+        if rewritten:
+            text += (
+                f"; {_count(rewritten, 'shard')} rewritten since it was made (TokenSequences "
+                "refuses them until index='rebuild')"
+            )
+        elif not entry["current"]:
+            text += "; out of date (brought up to date when TokenSequences next opens it)"
+        lines.append(text)
+    return lines
 
 
 def _count(n: int, noun: str) -> str:
@@ -225,6 +363,8 @@ def _print(report: dict) -> None:
     print(f"  shards:       {report['shards']}")
     print(f"  examples:     {report['examples']}")
     print(f"  blocks:       {blocks}")
+    for line in _token_lines(report):
+        print(f"  tokens:       {line}")
     print(f"  strategy:     {strategy}")
     print(f"  data.bin:     {_size(report['data_bytes'])}")
     if report["disk_bytes"] is None:

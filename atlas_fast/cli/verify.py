@@ -43,10 +43,22 @@ def add_arguments(parser) -> None:
         help="with --untrusted, also allow this global (repeatable)",
     )
     parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="the copy holds only some of the dataset's shards (a node's part): check those "
+        "present; without it, shards missing are a problem",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=min(4, os.cpu_count() or 1),
         help="threads decoding blocks (default: min(4, CPUs))",
+    )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="first remove what interrupted appends and merges left next to PATH (or, for "
+        "a URL, under it): run it while nothing writes there",
     )
 
 
@@ -269,18 +281,27 @@ def open_remote_target(url: str, problems: list, storage_options=None) -> Target
     return target
 
 
-def read_shard(target: Target, shard_dir: ShardFiles, problems: list):
+def read_shard(target: Target, shard_dir: ShardFiles, problems: list, absent=None):
     """The metadata of ``shard_dir``, a shard of ``target``, checked against the root's
     ``shard_sizes`` (a disagreement is recorded, the metadata still returned); None, recorded,
-    when its meta.json does not read."""
-    from .._errors import AtlasFormatError, StorageError
+    when its meta.json does not read. ``absent``: a list, given, gets the number of a shard of
+    a URL dataset that has no meta.json object (a copy without it) instead of a problem."""
+    from .._errors import AtlasFormatError, ObjectNotFoundError, StorageError
     from .._format import META_FILE, check_shard_sizes
 
     meta_file = shard_dir.file(META_FILE)
     try:
         metadata = shard_dir.metadata()
     except (AtlasFormatError, StorageError) as exc:
-        problems.append(_problem(meta_file, None, exc))
+        if (
+            absent is not None
+            and shard_dir.remote
+            and target.kind == "dataset"
+            and isinstance(exc.__cause__, ObjectNotFoundError)
+        ):
+            absent.append(int(shard_dir.name))
+        else:
+            problems.append(_problem(meta_file, None, exc))
         return None
     if target.kind == "dataset" and target.metadata is not None:
         if shard_dir.remote:  # a whole dataset: shard k is the k-th of shard_sizes
@@ -369,7 +390,7 @@ def _record(problems: list, file, block, action) -> bool:
     return True
 
 
-def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> dict:
+def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None, partial=False) -> dict:
     """Check the dataset or shard at ``path`` (a directory or a URL); returns the report.
 
     The report: ``path``, ``kind`` ("dataset" or "shard"), ``ok``, the counts ``shards``,
@@ -377,6 +398,11 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
     ``block`` (None when not about one block), ``kind`` (the exception class) and
     ``message``) and ``notes``. ``readers`` is the module whose ``AtlasDatasetShard`` decodes
     (default ``atlas_fast.atlas``, the selected backend).
+
+    Shards the root's meta.json lists but the copy lacks (no folder locally; no meta.json
+    object at a URL) are one problem, naming them; with ``partial`` (a node holding part of
+    the dataset) they are a note, and the shards present are checked. Local and URL copies
+    are judged alike.
     """
     if readers is None:
         from .. import atlas as readers
@@ -427,9 +453,14 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
                 )
         return found
 
+    absent = []  # shards the root lists that the copy lacks
+    if target.kind == "dataset" and target.metadata is not None and not target.remote:
+        present = {int(d.name) for d in target.shard_dirs if d.name.isdigit()}
+        absent = [i for i in range(len(target.metadata.shard_sizes)) if i not in present]
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for files in target.shard_dirs:
-            metadata = read_shard(target, files, problems)
+            metadata = read_shard(target, files, problems, absent)
             if metadata is None:
                 continue
             totals["shards"] += 1
@@ -485,14 +516,26 @@ def verify(path, *, trusted=True, allowed_globals=(), jobs=4, readers=None) -> d
             totals["blocks"] += n_blocks
             totals["examples"] += metadata.stored_examples
 
-    if target.kind == "dataset" and target.metadata is not None and not target.remote:
-        present = {int(d.name) for d in target.shard_dirs if d.name.isdigit()}
-        missing = [i for i in range(len(target.metadata.shard_sizes)) if i not in present]
-        if missing:
-            notes.append(
-                f"{path / META_FILE} lists {len(target.metadata.shard_sizes)} shards; "
-                f"{len(missing)} are not here (shards {_ranges(missing)}): a partial copy "
-                "reads the shards present"
+    if absent:
+        listed = len(target.metadata.shard_sizes)
+        said = (
+            f"{target.file(META_FILE)} lists {listed} shards; {len(absent)} of them are not in "
+            f"this copy (shards {_ranges(absent)})"
+        )
+        if partial:
+            notes.append(f"{said}: a partial copy (--partial), the shards present checked")
+        else:
+            problems.insert(
+                0,
+                _problem(
+                    target.file(META_FILE),
+                    None,
+                    AtlasFormatError(
+                        f"{said}: readers read the shards present, with indices running over "
+                        "them; pass --partial (partial=True) if this copy is meant to hold part "
+                        "of the dataset"
+                    ),
+                ),
             )
     return {
         "path": str(path),
@@ -552,7 +595,45 @@ def _ranges(numbers: list) -> str:
     return ", ".join(parts)
 
 
+def repair(path) -> list:
+    """Remove what interrupted appends and merges to the dataset at ``path`` left: local
+    aside folders next to it whose process is gone (an old tree set aside by the fallback
+    exchange is put back first), or, for a URL, objects under shard folders its meta.json
+    does not count and open multipart uploads. What was removed, as strings."""
+    from ..storage._dataset import is_remote
+
+    if not is_remote(path):
+        from .._writing.grow import remove_leftovers
+
+        return [str(p) for p in remove_leftovers(path)]
+    from .._errors import StorageError
+    from .._format import MAX_META_BYTES, META_FILE, dataset_metadata_from, parse_json_object
+    from .._writing.grow_remote import remove_remote_leftovers
+    from ..storage import Location
+    from ..storage._upload import Destination
+
+    location = Location(path)
+    obj = location.object(META_FILE)
+    try:
+        metadata = dataset_metadata_from(
+            parse_json_object(obj.read(MAX_META_BYTES), obj.url), obj.url
+        )
+    except (StorageError, ValueError):
+        return []  # no readable root meta.json (verify says so): nothing is counted
+    dest = Destination(location)
+    stale = remove_remote_leftovers(dest, dest.names(), len(metadata.shard_sizes))
+    return [dest.url(o) for o in stale]
+
+
 def run(args) -> int:
+    if args.repair:
+        from ..storage._dataset import is_remote, to_local
+
+        if not is_remote(args.path) and not os.path.lexists(to_local(args.path)):
+            # An interrupted fallback exchange: the dataset is put back before the check.
+            from .._writing.grow import remove_leftovers
+
+            remove_leftovers(to_local(args.path))
     path = check_path("verify", args.path)
     if path is None:
         return 2
@@ -560,12 +641,21 @@ def run(args) -> int:
         return usage_error("verify", "--allow needs --untrusted")
     if args.jobs < 1:
         return usage_error("verify", "--jobs must be at least 1")
+    repaired = repair(path) if args.repair else None
     report = verify(
-        path, trusted=not args.untrusted, allowed_globals=tuple(args.allow), jobs=args.jobs
+        path,
+        trusted=not args.untrusted,
+        allowed_globals=tuple(args.allow),
+        jobs=args.jobs,
+        partial=args.partial,
     )
+    if repaired is not None:
+        report["repaired"] = repaired
     if args.json:
         print_json(report)
     else:
+        for item in repaired or ():
+            print(f"repaired: removed {item}")
         for problem in report["problems"]:
             print(f"PROBLEM {problem['message']}")
         for note in report["notes"]:

@@ -93,7 +93,8 @@ def convert(
     ``compression_level``, ``compression_dict_size``, ``checksums``: their defaults, also in
     ``WRITER_DEFAULTS``, and their checks are ``atlas_fast.writer.WriterOptions``') and the
     format's own (``attributes`` for dolma, ``decode`` for wds/energon,
-    ``allow_unsafe_types`` for mds; see docs/convert.md).
+    ``allow_unsafe_types`` for mds, ``unpickle`` for parquet/hf/jsonl/wds: the examples
+    ``atlas-fast export --pickle`` stored pickled; see docs/convert.md).
 
     ``dst`` must not exist, or be an empty directory. The shards are written into a staging
     directory next to it and moved in at the end, so ``dst`` is complete or absent: on any

@@ -38,16 +38,24 @@ def _row_dicts(batch) -> list:
     return [dict(zip(names, values)) for values in zip(*columns.values())]
 
 
-def rows(batches, where):
+def rows(batches, where, unpickle: bool = False):
     """Yield each row of each record batch as a dict (as ``to_pylist``). ``where(rows_done)``
-    names the position for an error raised while reading."""
+    names the position for an error raised while reading. A batch with the column
+    ``_pickled.PICKLED`` (written by ``atlas-fast export --pickle``) gives its pickled rows'
+    examples with ``unpickle``, else raises ``SourceError`` on the first."""
     pa = pyarrow("convert", "reading Arrow data")
+    from ._pickled import PICKLED, from_arrow_row
     from ._source import SourceError
 
     done = 0
     try:
         for batch in batches:
             examples = _row_dicts(batch)
+            if PICKLED in batch.schema.names:
+                examples = [
+                    from_arrow_row(row, unpickle, lambda j=done + j: where(j))
+                    for j, row in enumerate(examples)
+                ]
             done += len(examples)
             yield from examples
     except (pa.ArrowException, OSError) as exc:

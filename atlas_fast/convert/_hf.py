@@ -114,7 +114,7 @@ class _Stream:
         self._map.close()
 
 
-def _parts(path: Path) -> list:
+def _parts(path: Path, unpickle: bool = False) -> list:
     pa = pyarrow("hf", "converting Hugging Face datasets")
     stream = _Stream(path)
     sizes, counts, offsets = [], [], None
@@ -137,7 +137,8 @@ def _parts(path: Path) -> list:
     size = path.stat().st_size
     ranges = group_ranges(sizes)
     if len(ranges) <= 1:
-        return [Part(str(path), size, partial(_read, str(path), None, 0), sum(counts))]
+        read = partial(_read, str(path), None, 0, None, unpickle)
+        return [Part(str(path), size, read, sum(counts))]
     total = sum(sizes) or 1
     return [
         Part(
@@ -149,6 +150,7 @@ def _parts(path: Path) -> list:
                 (start, stop),
                 sum(counts[:start]),
                 None if offsets is None else offsets[start],
+                unpickle,
             ),
             sum(counts[start:stop]),
         )
@@ -156,15 +158,17 @@ def _parts(path: Path) -> list:
     ]
 
 
-def _source(directory: Path, split=None) -> Source:
-    return Source([part for path in _data_files(directory) for part in _parts(path)], split)
+def _source(directory: Path, split=None, unpickle=False) -> Source:
+    parts = [part for path in _data_files(directory) for part in _parts(path, unpickle)]
+    return Source(parts, split)
 
 
-def sources(src) -> list:
-    """One source per split of a DatasetDict, else one; parts by file or batch range."""
+def sources(src, unpickle: bool = False) -> list:
+    """One source per split of a DatasetDict, else one; parts by file or batch range.
+    ``unpickle``: give back the examples ``atlas-fast export --pickle`` stored pickled."""
     src = Path(src)
     if src.is_file():
-        return [Source(_parts(src))]
+        return [Source(_parts(src, unpickle))]
     if not src.is_dir():
         raise SourceError(f"{src}: no such file or directory")
     dict_path = src / "dataset_dict.json"
@@ -175,11 +179,11 @@ def sources(src) -> list:
         for split in splits:
             if "/" in split or split in ("", ".", "..") or not (src / split).is_dir():
                 raise SourceError(f"{src / split}: split {split!r} of {dict_path} is missing")
-        return [_source(src / split, split) for split in splits]
-    return [_source(src)]
+        return [_source(src / split, split, unpickle) for split in splits]
+    return [_source(src, None, unpickle)]
 
 
-def _read(path: str, batches, first_row: int, offset=None):
+def _read(path: str, batches, first_row: int, offset=None, unpickle=False):
     """Rows of the record batches ``batches`` (``(start, stop)``, None: all) of an Arrow
     file; ``offset``: where the message of a stream's batch ``start`` begins, if known."""
     import itertools
@@ -194,6 +198,6 @@ def _read(path: str, batches, first_row: int, offset=None):
             selected = itertools.islice(stream.batches_from(offset), batches[1] - batches[0])
         else:
             selected = itertools.islice(stream.batches, *batches)
-        yield from rows(selected, lambda done: f"{path}: row {first_row + done}")
+        yield from rows(selected, lambda done: f"{path}: row {first_row + done}", unpickle)
     finally:
         stream.close()

@@ -14,7 +14,9 @@ exception the library raises decoding a sample, is a ``SourceError`` naming the 
 and the sample.
 
 Pickled columns (``pkl``) run code when decoded: like mosaicml-streaming, the converter
-refuses them unless ``allow_unsafe_types=True``.
+refuses them unless ``allow_unsafe_types=True``. A sample whose one column is
+``__atlas_pickle__`` (``pkl``), how ``atlas-fast export --pickle`` stores an example MDS
+cannot hold, is that column's value.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .._extras import MissingExtraError, require
+from ._pickled import PICKLED
 from ._source import Part, Source, SourceError
 
 __all__ = ["sources"]
@@ -150,6 +153,8 @@ def _read_shard(root: str, shard: dict) -> Iterator[dict]:
             raise SourceError(
                 f"{path}: sample {j}: cannot decode: {type(exc).__name__}: {exc}"
             ) from None
+        if len(example) == 1 and PICKLED in example:
+            example = example[PICKLED]
         yield example
 
 

@@ -31,8 +31,9 @@ def _open(pq, path):
         raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def sources(src) -> list:
-    """One source; one part per file or per run of row groups."""
+def sources(src, unpickle: bool = False) -> list:
+    """One source; one part per file or per run of row groups. ``unpickle``: give back the
+    examples ``atlas-fast export --pickle`` stored pickled (see ``_pickled``)."""
     pyarrow("parquet", "converting Parquet")
     import pyarrow.parquet as pq
 
@@ -48,7 +49,7 @@ def sources(src) -> list:
         counts = [g.num_rows for g in groups]
         ranges = group_ranges(stored)
         if len(ranges) <= 1:
-            read = partial(_read, str(path), None, 0)
+            read = partial(_read, str(path), None, 0, unpickle)
             parts.append(Part(str(path), size, read, sum(counts)))
             continue
         total = sum(stored) or 1
@@ -56,12 +57,12 @@ def sources(src) -> list:
             label = f"{path} (row groups {start}-{stop - 1})"
             nbytes = size * sum(stored[start:stop]) // total
             first_row = sum(counts[:start])
-            read = partial(_read, str(path), (start, stop), first_row)
+            read = partial(_read, str(path), (start, stop), first_row, unpickle)
             parts.append(Part(label, nbytes, read, sum(counts[start:stop])))
     return [Source(parts)]
 
 
-def _read(path: str, groups, first_row: int):
+def _read(path: str, groups, first_row: int, unpickle: bool = False):
     pyarrow("parquet", "converting Parquet")
     import pyarrow.parquet as pq
 
@@ -70,4 +71,4 @@ def _read(path: str, groups, first_row: int):
         # On the calling thread: a worker of ``convert`` is one core (``workers`` counts
         # them all), not pyarrow's pool of one thread per core.
         batches = f.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, use_threads=False)
-        yield from rows(batches, lambda done: f"{path}: row {first_row + done}")
+        yield from rows(batches, lambda done: f"{path}: row {first_row + done}", unpickle)

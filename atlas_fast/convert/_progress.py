@@ -28,10 +28,12 @@ class Emitter:
 
 class Progress:
     """Progress of one phase: a tqdm bar (``progress=True``, when tqdm is installed), a
-    callable ``progress(examples, nbytes)`` given increments, or nothing."""
+    callable ``progress(examples, nbytes)`` given increments, or nothing. The bar counts
+    bytes of ``total`` (``unit="B"``), or examples (``unit="examples"``)."""
 
-    def __init__(self, progress, total_bytes: int, desc: str):
+    def __init__(self, progress, total: int, desc: str, unit: str = "B"):
         self.callback = progress if callable(progress) and progress is not True else None
+        self.by_examples = unit != "B"
         self.bar = None
         self.examples = 0
         self.start = self.last = time.monotonic()
@@ -41,9 +43,9 @@ class Progress:
             except ImportError:
                 return
             self.bar = tqdm(
-                total=total_bytes,
+                total=total,
                 desc=desc,
-                unit="B",
+                unit=" examples" if self.by_examples else "B",
                 unit_scale=True,
                 unit_divisor=1000,
                 file=sys.stderr,
@@ -56,6 +58,10 @@ class Progress:
         if self.callback is not None:
             self.callback(examples, nbytes)
         if self.bar is None:
+            return
+        if self.by_examples:
+            if examples:
+                self.bar.update(examples)
             return
         if nbytes:
             self.bar.update(nbytes)

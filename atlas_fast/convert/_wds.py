@@ -50,21 +50,22 @@ _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def sources(src, decode: bool = False) -> list[Source]:
+def sources(src, decode: bool = False, unpickle: bool = False) -> list[Source]:
     """The sources of a webdataset: ``src`` is a directory (every ``*.tar``, ``*.tar.gz`` and
     ``*.tgz`` below it, in sorted order, one ``Source``), one tar file, or a brace pattern of
     tar paths (``shards/s-{000..009}.tar``). A directory holding ``.nv-meta/split.yaml`` is
-    read as an Energon dataset (see ``energon_sources``)."""
+    read as an Energon dataset (see ``energon_sources``). ``unpickle``: give back the
+    examples ``atlas-fast export --pickle`` stored pickled (a member ``KEY.__atlas_pickle__``)."""
     text = os.fspath(src)
     if "{" in text and not os.path.exists(text):
         tars = [Path(p) for p in brace_expand(text)]
         root = Path(os.path.commonpath([str(p.parent) for p in tars]))
-        return [Source(_parts(root, tars, decode), None)]
+        return [Source(_parts(root, tars, decode, unpickle=unpickle), None)]
     path = Path(text)
     if (path / _NV_META).is_dir():
         return energon_sources(path, decode=decode)
     if path.is_file():
-        return [Source(_parts(path.parent, [path], decode), None)]
+        return [Source(_parts(path.parent, [path], decode, unpickle=unpickle), None)]
     if not path.is_dir():
         raise SourceError(f"{path}: no such file or directory")
     tars = sorted(
@@ -77,7 +78,7 @@ def sources(src, decode: bool = False) -> list[Source]:
     )
     if not tars:
         raise SourceError(f"{path}: no .tar (or .tar.gz, .tgz) shards found")
-    return [Source(_parts(path, tars, decode), None)]
+    return [Source(_parts(path, tars, decode, unpickle=unpickle), None)]
 
 
 def energon_sources(src, decode: bool = False) -> list[Source]:
@@ -111,7 +112,7 @@ def energon_sources(src, decode: bool = False) -> list[Source]:
     return out
 
 
-def _parts(root: Path, tars, decode, skip_samples=frozenset()) -> list[Part]:
+def _parts(root: Path, tars, decode, skip_samples=frozenset(), unpickle=False) -> list[Part]:
     parts = []
     for tar in tars:
         try:
@@ -120,7 +121,7 @@ def _parts(root: Path, tars, decode, skip_samples=frozenset()) -> list[Part]:
             raise SourceError(f"{tar}: cannot read the shard: {exc.strerror}") from None
         url = tar.relative_to(root).as_posix() if tar.is_relative_to(root) else str(tar)
         skip = frozenset(e[len(url) + 1 :] for e in skip_samples if e.startswith(url + "/"))
-        read = functools.partial(_read_tar, str(tar), url, decode, skip)
+        read = functools.partial(_read_samples, str(tar), url, decode, skip, unpickle)
         parts.append(Part(str(tar), nbytes, read))
     return parts
 
@@ -154,6 +155,22 @@ class _Tail:
     def drain(self) -> None:
         while self.read(1 << 20):
             pass
+
+
+def _read_samples(path, url, decode, skip, unpickle) -> Iterator:
+    """``_read_tar``'s samples; one holding a member ``KEY.__atlas_pickle__`` is the example
+    pickled there (``unpickle``; else a ``SourceError``)."""
+    from ._pickled import PICKLED, from_arrow_row
+
+    for sample in _read_tar(path, url, decode, skip):
+        if PICKLED in sample:
+            key = sample["__key__"]
+            where = lambda key=key: f"{path}: sample {key!r}"  # noqa: E731
+            rest = set(sample) - {PICKLED, "__key__", "__url__"}
+            if rest:
+                raise SourceError(f"{where()}: a pickled example with other members: {rest}")
+            sample = from_arrow_row({PICKLED: sample[PICKLED]}, unpickle, where)
+        yield sample
 
 
 def _read_tar(path: str, url: str, decode: bool, skip: frozenset) -> Iterator[dict]:

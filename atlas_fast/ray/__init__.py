@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._checks import check_int
+from .._errors import InvalidArgumentError
 from .._extras import require
 from .._format import CompressionStrategy
 from .._writing.options import WriterOptions
@@ -85,6 +86,7 @@ def write_atlas(
     storage_options: dict | None = None,
     overwrite: bool = False,
     expected_examples: int | None = None,
+    mode: str = "create",
 ):
     """Write the Ray Dataset ``dataset`` as an Atlas dataset at ``path``; return its metadata.
 
@@ -134,22 +136,41 @@ def write_atlas(
     for reading; given to every task: the tasks do not see the driver's environment
     variables unless Ray passes them on) and ``overwrite`` (objects already under ``path``
     are refused unless True) are for a URL.
+
+    ``mode="append"`` adds the rows after the last example of the dataset at ``path``
+    instead (as ``AtlasDatasetWriter(..., append=True)``: docs/growing.md): its new shards
+    numbered after its last, its strategy kept (``compression_strategy`` must be the
+    dataset's, or 2 for one stored with 1) and its shared dictionary reused (no sample is
+    taken). The dataset is checked and locked first; locally the tasks stage their shards
+    in a folder next to ``path`` and the commit swaps the grown dataset in at once; to a
+    URL they upload under the numbers after the last and the root meta.json is the commit.
+    A failed job leaves the dataset as it was.
     """
     impl = _ray_data("atlas_fast.ray.write_atlas")
     from .._writing.upload import is_remote
 
+    if mode not in ("create", "append"):
+        raise InvalidArgumentError(f"mode must be 'create' or 'append', not {mode!r}")
     if not is_remote(path):
         path = Path(path)
     writer_options = WriterOptions.from_arguments(locals())
     shard_size, block_size = writer_options.shard_size, writer_options.block_size
-    if not is_remote(path):
+    grow = None
+    if mode == "append":
+        if overwrite:
+            raise InvalidArgumentError("mode='append' and overwrite=True: choose one")
+        grow, strategy, dict_bytes = _open_growing(path, storage_options, writer_options)
+        writer_options = dataclasses.replace(writer_options, compression_strategy=strategy)
+    elif not is_remote(path):
         impl.check_destination(path)
     if expected_examples is not None:
         expected_examples = check_int("expected_examples", expected_examples, minimum=0)
     elif is_remote(path):
         expected_examples = impl.known_count(dataset)
     zdict = None
-    if writer_options.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+    if grow is not None and dict_bytes is not None:
+        zdict = dict_bytes  # the dataset's shared dictionary: no sample, no training
+    elif writer_options.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         if dict_sample_rows is None:
             dict_sample_rows = min(shard_size, impl.MAX_SAMPLE_BLOCKS * block_size)
         dict_sample_rows = check_int("dict_sample_rows", dict_sample_rows, minimum=1)
@@ -175,6 +196,7 @@ def write_atlas(
         storage_options=storage_options,
         overwrite=overwrite,
         expected_examples=expected_examples,
+        _grow=grow,
     )
     # Blocks of exactly shard_size rows (the last one smaller): a write task each, so the
     # shards are cut where AtlasDatasetWriter cuts them and task i writes shard i.
@@ -184,9 +206,30 @@ def write_atlas(
     options.preserve_order = previous or preserve_order
     try:
         shards.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
+    except BaseException:
+        left = impl._GROWING.pop(sink.job, None)  # the sink's on_write_failed takes it
+        if left is not None:  # Ray failed before calling it
+            left.abandon()
+        raise
     finally:
         options.preserve_order = previous
     return sink.metadata
+
+
+def _open_growing(path, storage_options, options) -> tuple:
+    """``mode="append"``: the dataset at ``path`` opened for growing (a ``LocalAppend``,
+    locked, or a URL's ``RemoteGrowth``), the strategy its new shards take, and its shared
+    dictionary's bytes (None when it has none)."""
+    from .._writing.grow import LocalAppend
+    from .._writing.grow_remote import RemoteGrowth
+    from .._writing.upload import is_remote
+
+    asked = options.compression_strategy
+    if is_remote(path):
+        grow = RemoteGrowth.open(path, storage_options, "write_atlas")
+        return grow, grow.strategy_for(asked), grow.dict_bytes
+    grow = LocalAppend(path, "write_atlas", asked)
+    return grow, grow.strategy, grow.existing.dict_bytes
 
 
 def read_atlas(

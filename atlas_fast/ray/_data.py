@@ -18,6 +18,7 @@ import zstandard
 from ray.data import Datasink, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockAccessor, BlockMetadata
 
+from .. import atlas
 from .._checks import check_int
 from .._errors import destination_exists
 from .._format import (
@@ -29,6 +30,7 @@ from .._format import (
     read_shard_metadata,
 )
 from .._writing.commit import commit_staged_shards
+from .._writing.grow_remote import RemoteGrowth, commit_remote_append, remove_remote_leftovers
 from .._writing.options import WriterOptions
 from .._writing.upload import (
     STAGING_PREFIX,
@@ -39,7 +41,6 @@ from .._writing.upload import (
     staging_left,
     upload_shard,
 )
-from ..atlas import AtlasDataset
 from ..writer import AtlasDatasetShardWriter, pickle_block, train_dictionary
 from ._rows import example_to_row, plan_read_tasks, row_to_example
 
@@ -68,6 +69,8 @@ LIVE = "live"
 STOP_WAIT = 120.0
 # A dictionary sample of one shard, at most this many blocks: the driver holds it in memory.
 MAX_SAMPLE_BLOCKS = 256
+# The LocalAppend of each local append under way on this driver, by job (see AtlasDatasink).
+_GROWING: dict = {}
 # Examples per Ray block a read task yields (whole Atlas blocks, at least one).
 ROWS_PER_RAY_BLOCK = 4096
 
@@ -196,14 +199,31 @@ class AtlasDatasink(Datasink):
         storage_options: dict | None = None,
         overwrite: bool = False,
         expected_examples: int | None = None,
+        _grow=None,
     ):
         options = WriterOptions.from_arguments(locals())
         if expected_examples is not None:
             expected_examples = check_int("expected_examples", expected_examples, minimum=0)
+        self.job = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        # write_atlas(mode="append"): the dataset grown (a _writing.grow.LocalAppend, held
+        # on the driver only, in _GROWING: it holds the dataset's lock; or the picklable
+        # _writing.grow_remote.RemoteGrowth of a URL); its shards come first.
+        self.first = 0
+        self.growth = None  # a URL's RemoteGrowth
+        self.aside = None  # a local append's folder, where its shards are staged
+        if isinstance(_grow, RemoteGrowth):
+            self.growth, self.first = _grow, _grow.count
+        elif _grow is not None:
+            _GROWING[self.job] = _grow
+            self.aside, self.first = _grow.aside.dir, _grow.first
         # A URL: tasks upload their shards (under their final names when they can: see the
         # class), the driver commits them.
         self.remote = None
-        if is_remote(path):
+        if self.growth is not None:
+            self.remote = self.growth.dest
+        elif self.aside is not None:
+            pass  # the dataset was checked, and is locked, by the LocalAppend
+        elif is_remote(path):
             self.remote = open_destination(
                 path, storage_options, overwrite=bool(overwrite), who="write_atlas"
             )
@@ -231,9 +251,10 @@ class AtlasDatasink(Datasink):
         # The shards the dataset is expected to have (0: not known): their names' width.
         self.expected_shards = 0
         if expected_examples is not None:
-            self.expected_shards = -(-expected_examples // self.shard_size)
-        self.job = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
-        self.staging = self.path / self.job if self.remote is None else None
+            self.expected_shards = self.first + -(-expected_examples // self.shard_size)
+        self.staging = None
+        if self.remote is None:  # an append's staging is outside the dataset's root
+            self.staging = (self.path if self.aside is None else self.aside) / self.job
         self.metadata = None  # the dataset's AtlasDatasetMetadata, once committed
         self._created_root = False
         self._moved: list = []  # shard directories moved into path by a commit under way
@@ -249,7 +270,8 @@ class AtlasDatasink(Datasink):
         if self.remote is not None:
             self.remote.put_bytes(f"{self.job}/{LIVE}/{LIVE}", b"")  # names() lists folders
             return
-        self._make_root()
+        if self.aside is None:
+            self._make_root()
         self.staging.mkdir(exist_ok=True)
         (self.staging / RUNNING).mkdir(exist_ok=True)
         (self.staging / LIVE).touch()
@@ -328,8 +350,10 @@ class AtlasDatasink(Datasink):
 
     def final_name(self, task: int) -> str:
         """The name task ``task`` gives its one shard: the task index, zero-padded to the
-        width of the expected shard count (or of the index, when that is more)."""
-        return str(task).zfill(len(str(max(self.expected_shards, task + 1) - 1)))
+        width of the expected shard count (or of the index, when that is more); after the
+        dataset's shards when appending."""
+        number = self.first + task
+        return str(number).zfill(len(str(max(self.expected_shards, number + 1) - 1)))
 
     def _write_remote(self, blocks, ctx) -> dict:
         """A task writing to a URL: each shard written in a local temporary directory,
@@ -450,6 +474,9 @@ class AtlasDatasink(Datasink):
                 f"{self.path}: the staged shards hold {stored} examples, "
                 f"the write tasks received {write_result.num_rows} rows"
             )
+        if self.aside is not None:
+            self._commit_append(staged)
+            return
         self._make_root()
         width = len(str(len(staged) - 1)) if staged else 1
         self._moved = [self.path / str(n).zfill(width) for n in range(len(staged))]
@@ -462,6 +489,16 @@ class AtlasDatasink(Datasink):
         )
         self._moved = []
 
+    def _commit_append(self, staged: list) -> None:
+        """A local append: the staged shards moved into the append's folder as the numbers
+        after the dataset's, the staging area removed, then the grown dataset swapped in."""
+        grow = _GROWING.pop(self.job)
+        sizes = [read_shard_metadata(p).stored_examples for p in staged]
+        for k, shard in enumerate(staged):
+            os.replace(shard, grow.shard_dir(self.first + k))
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.metadata = grow.commit(sizes, int(self.compression_strategy))
+
     def _commit_remote(self, reports: list, rows: int) -> None:
         sizes = [n for r in reports for n in r["sizes"]]
         if sum(sizes) != rows:
@@ -469,6 +506,15 @@ class AtlasDatasink(Datasink):
                 f"{self.path}: the staged shards hold {sum(sizes)} examples, "
                 f"the write tasks received {rows} rows"
             )
+        if self.growth is not None:
+            shards = [shard for r in reports for shard in r["shards"]]
+            strategy = int(self.compression_strategy)
+            self.metadata = commit_remote_append(self.growth, shards, sizes, strategy)
+            try:
+                remove_objects(self.remote, self.remote.names(self.job))
+            except Exception:
+                pass  # committed: the staging prefix is swept by the next append
+            return
         fields = AtlasDatasetMetadata(VERSION, sizes, int(self.compression_strategy))._asdict()
         commit_uploaded(
             self.remote,
@@ -504,7 +550,13 @@ class AtlasDatasink(Datasink):
                 left = self._wait_stopped(
                     lambda: sorted(p.name for p in running.iterdir()) if running.is_dir() else []
                 )
+        grow = _GROWING.pop(self.job, None)
         if left:
+            if grow is not None:
+                grow.release()  # its folder stays, its tasks still writing; a leftover
+            return
+        if grow is not None:
+            grow.abandon()  # the staging area inside it too
             return
         # Renamed first: an attempt registering now finds no folder to put its mark in, so
         # nothing lands in the staging area while it is being removed.
@@ -541,7 +593,14 @@ class AtlasDatasink(Datasink):
                 pass
         try:
             names = dest.names()
-            if META_FILE not in names:
+            if self.growth is not None:  # an append: only what this job put there
+                keep = f"{self.job}/" if left else "\0"
+                remove_remote_leftovers(dest, names, self.first)
+                remove_objects(
+                    dest,
+                    [n for n in names if n.startswith(f"{self.job}/") and not n.startswith(keep)],
+                )
+            elif META_FILE not in names:
                 # The destination held nothing: all under it is this job's. Its staging
                 # prefix stays while some of its tasks may still be running.
                 keep = f"{self.job}/" if left else None
@@ -630,7 +689,7 @@ class AtlasDatasource(Datasource):
         if not isinstance(item_column, str) or not item_column:
             raise ValueError(f"item_column must be a non-empty string, not {item_column!r}")
         if not hasattr(dataset, "shards"):
-            dataset = AtlasDataset(dataset, trusted=trusted, allowed_globals=allowed_globals)
+            dataset = atlas.AtlasDataset(dataset, trusted=trusted, allowed_globals=allowed_globals)
         self.dataset = dataset
         self.item_column = item_column
 

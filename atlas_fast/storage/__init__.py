@@ -33,7 +33,7 @@ such object or bucket. Access denied (bad credentials) is a ``StorageError`` at 
 Settings
 --------
 Engine settings come from the standard environment variables (AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP for a plain-HTTP endpoint;
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION; an ``http://`` endpoint is plain HTTP;
 GOOGLE_SERVICE_ACCOUNT / GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_ACCOUNT_NAME,
 AZURE_STORAGE_ACCOUNT_KEY ...) and from ``storage_options``, which override them: obstore's
 configuration keys for s3/gs/az/http (``endpoint``, ``access_key_id``, ``secret_access_key``,

@@ -23,6 +23,7 @@ __all__ = [
     "Transient",
     "Fatal",
     "engine_for",
+    "check_location",
     "ENGINE_KEYS",
 ]
 
@@ -202,6 +203,7 @@ AZURE_EMULATOR_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 _ALLOW_HTTP = "__allow_http"  # set by emulator_options: the endpoint it chose is plain HTTP
+_S3_ENDPOINT_KEYS = ("endpoint", "endpoint_url", "aws_endpoint", "aws_endpoint_url")
 _GOOGLE_CREDENTIALS = (
     "service_account",
     "service_account_path",
@@ -234,11 +236,21 @@ def emulator_options(kind: str, options: dict) -> dict:
       http://127.0.0.1:10000), so the emulator's development account is used at that
       endpoint instead.
 
-    Either turns plain HTTP on when the endpoint is ``http://``. Keys are matched in any
-    case, as obstore matches them (and handed on lowercased, so that an added key never
-    duplicates one the user spelled in capitals).
+    Either turns plain HTTP on when the endpoint is ``http://``, as does an ``http://`` S3
+    endpoint (``endpoint`` in ``options``, or AWS_ENDPOINT_URL): an endpoint written with
+    that scheme asks for plain HTTP already, so AWS_ALLOW_HTTP is not needed on top. Keys are
+    matched in any case, as obstore matches them (and handed on lowercased, so that an added
+    key never duplicates one the user spelled in capitals).
     """
     options = dict(options)
+    if kind == "s3":
+        given = {str(key).lower(): value for key, value in options.items()}
+        endpoint = next(
+            (given[k] for k in _S3_ENDPOINT_KEYS if given.get(k)),
+            os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT"),
+        )
+        if str(endpoint or "").lower().startswith("http://"):
+            options[_ALLOW_HTTP] = True
     if kind in ("gcs", "azure"):
         options = {str(key).lower(): value for key, value in options.items()}
     if kind == "gcs":
@@ -610,6 +622,53 @@ def engine_for(scheme: str, container: str, options: dict, small: bool = False):
         with _engines_lock:
             engine = _engines.setdefault(key, engine)
     return engine, ("url" if isinstance(engine, FsspecEngine) else "key")
+
+
+def check_location(url: str, scheme: str, container: str, options: dict) -> None:
+    """Refuse, naming ``url``, a scheme no engine reads and a ``storage_options`` key the
+    engine does not know (``InvalidArgumentError``), when the dataset is opened rather than
+    at its first read. obstore's keys are checked by building a store, which starts nothing
+    (its runtime starts with the first request), so this is safe before a fork."""
+    from .._errors import InvalidArgumentError
+    from ._url import OBSTORE_SCHEMES
+
+    if scheme == "file":
+        return
+    kind = OBSTORE_SCHEMES.get(scheme)
+    if kind is None:
+        try:
+            from fsspec.registry import known_implementations, registry
+        except ImportError:
+            known, more = False, " (other schemes are read through fsspec: pip install fsspec)"
+        else:
+            known, more = (
+                scheme in known_implementations or scheme in registry,
+                ", or a scheme fsspec knows",
+            )
+        if not known:
+            raise InvalidArgumentError(
+                f"{url}: unknown URL scheme {scheme}://: atlas_fast reads s3://, gs://, az://, "
+                f"http(s)://, file://{more}"
+            )
+        return
+    try:
+        from obstore import exceptions
+    except ImportError:
+        return  # reading says which extra to install
+    try:
+        ObstoreEngine(kind, scheme, container, options)
+    except exceptions.UnknownConfigurationKeyError as exc:
+        match = _UNKNOWN_KEY.search(str(exc))
+        key = match.group(1) if match else "?"
+        raise InvalidArgumentError(
+            f"{url}: storage_options[{key!r}] is not a setting of {scheme}:// (obstore's "
+            f"configuration keys, or the reading settings {', '.join(ENGINE_KEYS)})"
+        ) from None
+    except Exception:
+        return  # reported, with its context, when the engine is made to read
+
+
+_UNKNOWN_KEY = re.compile(r"key: '([^']*)' is not valid")
 
 
 def _mark_obstore_started() -> None:

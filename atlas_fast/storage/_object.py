@@ -117,6 +117,7 @@ class Location:
             parsed = parse_url(path)
             self.url = parsed.url
             self.scheme, self.container, self.prefix = parsed
+            _engines.check_location(path, self.scheme, self.container, self._engine_options)
         else:
             self.url = os.path.abspath(path)
             self.scheme, self.container, self.prefix = "file", "", self.url

@@ -1,10 +1,12 @@
-"""A griffe extension for the API reference: objects atlas_fast builds at import time.
+"""A griffe extension for the API reference: objects atlas_fast builds at run time.
 
 The reader classes are made by ``atlas_fast.atlas._reader_classes`` over the backend's core,
-and the ``convert_<format>`` functions by ``atlas_fast.convert._for_format``: static analysis
-sees only the assignments. This extension replaces each listed name by what the imported
-module holds (griffe's dynamic analysis), and loads the compiled modules their bases come
-from, so that inherited methods (``__getitem__``, ``cache_info``, ...) are documented too.
+the samplers by ``atlas_fast._compat.torch_subclass`` (both on first lookup, through their
+module's ``__getattr__``), and the ``convert_<format>`` functions by
+``atlas_fast.convert._for_format``: static analysis sees only assignments, or nothing. This
+extension replaces each listed name by what the imported module holds (griffe's dynamic
+analysis), and loads the compiled modules their bases come from, so that inherited methods
+(``__getitem__``, ``cache_info``, ...) are documented too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class DynamicObjects(griffe.Extension):
             module_path, name = path.rsplit(".", 1)
             if module_path.split(".")[0] != pkg.path:
                 continue
+            getattr(importlib.import_module(module_path), name)  # made now if made lazily
             live = self._inspect(module_path, loader, import_paths)
             obj = live[name]
             loader.modules_collection[module_path].set_member(name, obj)

@@ -138,7 +138,9 @@ def test_workers_default_and_ray(tmp_path, capsys, monkeypatch):
 
 SPAWNED_PROBE = """
 import importlib.util, multiprocessing, sys
-import atlas_fast  # at the top, as a script converting with workers would: spawn re-runs it
+# At the top, as a script that also reads would: spawn re-runs it, and the reader's lookup
+# imports torch (when installed) in any spawned child but ours.
+from atlas_fast import AtlasDataset  # noqa: F401
 from atlas_fast.convert._workers import Workers
 
 
@@ -161,8 +163,8 @@ if __name__ == "__main__":
 
 def test_spawned_workers_start_without_torch(tmp_path):
     """A spawned worker imports atlas_fast without torch although the parent's main script
-    (which it re-runs first) imports atlas_fast: its name says so before anything is imported,
-    and nothing is set in the environment."""
+    (which it re-runs first) looks up atlas_fast's reader: its name says so before anything is
+    imported, and nothing is set in the environment."""
     script = tmp_path / "probe.py"
     script.write_text(SPAWNED_PROBE)
     env = {**os.environ, "ATLAS_FAST_CONVERT_START": "spawn"}

@@ -10,13 +10,12 @@ boto3 client (talking to moto directly: uploads are not counted) and the proxy.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
 
 import pytest
 from faultproxy import FaultProxy
-from servers import S3_ENV, FakeGcsServer, MotoServer, NginxServer
+from servers import S3_ENV, FakeGcsServer, MotoServer, NginxServer, need_nginx
 
 
 @dataclass
@@ -60,8 +59,7 @@ def s3(moto_server, monkeypatch):
 @pytest.fixture
 def nginx(tmp_path):
     """nginx serving tmp_path/www (created empty), behind a FaultProxy: ``(root, proxy)``."""
-    if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
-        pytest.fail("nginx is not installed: apt-get install -y nginx")
+    need_nginx()
     root = tmp_path / "www"
     root.mkdir()
     server = NginxServer(root)
@@ -99,7 +97,7 @@ class GCS:
 def gcs_server():
     try:
         server = FakeGcsServer()
-    except RuntimeError as exc:  # not installed: a failure, as for nginx, never a skip
+    except RuntimeError as exc:  # a pip dependency of the test extra: a failure, never a skip
         pytest.fail(str(exc))
     yield server
     server.close()

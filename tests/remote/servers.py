@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 import requests
 
 __all__ = [
@@ -130,6 +131,31 @@ def upload_tree(client, bucket: str, local: Path, prefix: str) -> int:
     return count
 
 
+NGINX_MISSING = (
+    "nginx is not installed: the tests that serve files over HTTP need it (Debian/Ubuntu: "
+    "sudo apt-get install nginx; macOS: brew install nginx); tools/test.sh installs it when "
+    "run as root or in CI"
+)
+
+
+def nginx_binary() -> str | None:
+    """The nginx executable (on PATH, or Debian's /usr/sbin, often off a user's PATH)."""
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+    )
+
+
+def need_nginx() -> None:
+    """Skip the calling test when nginx is missing, saying how to get it; fail instead when
+    ATLAS_FAST_REQUIRE_NGINX=1 (tools/test.sh sets it where it installs nginx: as root, in
+    CI), so that a run meant to cover HTTP cannot pass without it."""
+    if nginx_binary() is not None:
+        return
+    if os.environ.get("ATLAS_FAST_REQUIRE_NGINX") == "1":
+        pytest.fail(f"{NGINX_MISSING} (ATLAS_FAST_REQUIRE_NGINX=1)")
+    pytest.skip(NGINX_MISSING)
+
+
 class NginxServer:
     """nginx serving ``root`` on a free port of 127.0.0.1, from a config in a temporary folder.
 
@@ -140,11 +166,9 @@ class NginxServer:
     """
 
     def __init__(self, root) -> None:
-        binary = shutil.which("nginx") or (
-            "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
-        )
+        binary = nginx_binary()
         if binary is None:
-            raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
+            raise RuntimeError(NGINX_MISSING)
         self.root = Path(root).resolve()
         self._dir = Path(tempfile.mkdtemp(prefix="atlas-nginx-"))
         self.port = free_port()

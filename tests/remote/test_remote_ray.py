@@ -420,3 +420,23 @@ def test_an_attempt_started_after_a_failed_job_cleaned_up_writes_nothing(s3):
     with pytest.raises(RuntimeError, match="the write job has failed"):
         sink.write([{"item": list(range(10))}], SimpleNamespace(task_idx=0))
     assert stored(s3, "late") == {}
+
+
+def test_write_atlas_appends_to_s3_and_widens(ray, s3, tmp_path):
+    """mode="append" to a URL: the tasks upload under the numbers after the dataset's, the
+    old shards are copied to their wider names, and no staging or old-name object is left."""
+    from atlas_fast.ray import write_atlas
+
+    data = examples(1_100)
+    url = s3.url("grown")
+    options = {"shard_size": 100, "block_size": 10, "storage_options": task_options(s3)}
+    write_atlas(ray.data.from_items(data[:900], override_num_blocks=3), url, **options)
+    meta = write_atlas(
+        ray.data.from_items(data[900:], override_num_blocks=2), url, mode="append", **options
+    )
+    assert meta.shard_sizes == [100] * 11
+    objects = stored(s3, "grown")
+    assert sorted({n.split("/")[0] for n in objects if "/" in n}) == [f"{k:02d}" for k in range(11)]
+    assert open_uploads(s3) == []
+    ref = reference_examples(download(objects, tmp_path / "down"))
+    assert len(ref) == len(data) and all(same(a, b) for a, b in zip(ref, data))

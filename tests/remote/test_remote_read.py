@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from helpers import FIXTURES, fixture_cases, load_expected, same
+from helpers import case_dataset, fixture_cases, load_expected, same
 from servers import upload_tree
 
 import atlas_fast
@@ -21,7 +21,7 @@ def _check_all(ds, expected) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_reference_fixture_through_s3(s3, atlas, case):
-    upload_tree(s3.client, s3.bucket, FIXTURES / case / "dataset", case)
+    upload_tree(s3.client, s3.bucket, case_dataset(case), case)
     expected = load_expected(case)
     with atlas.AtlasDataset(s3.url(case)) as ds:
         _check_all(ds, expected)
@@ -29,11 +29,11 @@ def test_reference_fixture_through_s3(s3, atlas, case):
         if len(ds) > 3:
             idx = [len(ds) - 1, 0, len(ds) // 2, 1]
             assert all(same(a, expected[i]) for a, i in zip(ds.__getitems__(idx), idx))
-    shard_dir = sorted(p for p in (FIXTURES / case / "dataset").iterdir() if p.is_dir())
+    shard_dir = sorted(p for p in (case_dataset(case)).iterdir() if p.is_dir())
     if (
         shard_dir
         and atlas_fast.CompressionStrategy(
-            atlas.AtlasDataset(FIXTURES / case / "dataset").metadata.compression_strategy
+            atlas.AtlasDataset(case_dataset(case)).metadata.compression_strategy
         )
         != atlas_fast.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
     ):
@@ -46,13 +46,13 @@ def test_reference_fixture_through_s3(s3, atlas, case):
 @pytest.mark.parametrize("case", CASES)
 def test_reference_fixture_through_http(nginx, atlas, case):
     root, proxy = nginx
-    shutil.copytree(FIXTURES / case / "dataset", root / case)
+    shutil.copytree(case_dataset(case), root / case)
     with atlas.AtlasDataset(f"{proxy.url}/{case}") as ds:
         _check_all(ds, load_expected(case))
 
 
 def test_file_url_reads_the_local_path(atlas, reference_case):
-    path = FIXTURES / reference_case / "dataset"
+    path = case_dataset(reference_case)
     ds = atlas.AtlasDataset(f"file://{path}")
     assert ds.root == path
     _check_all(ds, load_expected(reference_case))
@@ -63,9 +63,9 @@ def test_fsspec_scheme_reads_like_local(atlas, reference_case):
     fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")
     base = f"/atlas-{reference_case}"
-    for path in sorted((FIXTURES / reference_case / "dataset").rglob("*")):
+    for path in sorted((case_dataset(reference_case)).rglob("*")):
         if path.is_file():
-            rel = path.relative_to(FIXTURES / reference_case / "dataset").as_posix()
+            rel = path.relative_to(case_dataset(reference_case)).as_posix()
             fs.pipe(f"{base}/{rel}", path.read_bytes())
     try:
         with atlas.AtlasDataset(f"memory://{base.lstrip('/')}") as ds:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from servers import FakeGcsServer, MotoProcess, NginxServer
+from servers import FakeGcsServer, MotoProcess, NginxServer, need_nginx
 
 HERE = Path(__file__).resolve().parent
 
@@ -115,6 +115,8 @@ def test_server_dies_with_killed_pytest(tmp_path, name, fork):
     """A pytest session starts a server through servers.py, then is killed with SIGKILL (no
     teardown runs): every process of the server's session goes, within a deadline. Also
     when a child the session forked (holding its end of the watchdog's pipe) lives on."""
+    if name == "nginx":
+        need_nginx()
     ready = tmp_path / "ready.json"
     script = tmp_path / "test_hold.py"
     script.write_text(
@@ -163,6 +165,8 @@ def test_server_dies_with_killed_pytest(tmp_path, name, fork):
 @pytest.mark.parametrize("name", SERVERS)
 def test_close_stops_every_process(tmp_path, name):
     """The normal path: close() returns once the server and all its children are gone."""
+    if name == "nginx":
+        need_nginx()
     server = SERVERS[name][1](tmp_path)
     sid = server._proc.pid
     try:
