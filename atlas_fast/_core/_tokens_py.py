@@ -118,19 +118,35 @@ def block_token_stats(reader, first: int, stop: int, field) -> tuple:
     for b in range(first, stop):
         # A pass: each block decoded and unpickled once, not kept in the cache.
         examples = reader._unpickle(reader._decoded(b), b)
-        n = 0
+        arrays = []
         for j, x in enumerate(examples):
-            a = as_tokens(x, field, _where(reader, b, j))
+            if field is None and type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu":
+                a = x  # the common case, without making the label of an error
+            else:
+                a = as_tokens(x, field, _where(reader, b, j))
             if len(a):
-                n += len(a)
-                lows.append(a.min())
-                highs.append(a.max())
-                if a.dtype == np.uint64 and int(highs[-1]) > np.iinfo(np.int64).max:
-                    raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
-        counts[b - first] = n
+                arrays.append((j, a))
+        counts[b - first] = sum(len(a) for _, a in arrays)
+        if not arrays:
+            continue
+        if len({a.dtype for _, a in arrays}) == 1:  # one min and one max for the block
+            whole = np.concatenate([a for _, a in arrays])
+            lo, hi = whole.min(), whole.max()
+            if whole.dtype == np.uint64 and int(hi) > np.iinfo(np.int64).max:
+                j = next(j for j, a in arrays if int(a.max()) > np.iinfo(np.int64).max)
+                raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+            lows.append(int(lo))
+            highs.append(int(hi))
+            continue
+        for j, a in arrays:
+            hi = a.max()
+            if a.dtype == np.uint64 and int(hi) > np.iinfo(np.int64).max:
+                raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+            lows.append(int(a.min()))
+            highs.append(int(hi))
     if not lows:
         return counts, None, None
-    return counts, int(min(lows)), int(max(highs))
+    return counts, min(lows), max(highs)
 
 
 def token_pieces(cum, starts, counts, out) -> tuple:
