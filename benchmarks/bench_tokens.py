@@ -27,7 +27,8 @@ paired ratios):
 - ``zstd / floor``: atlas_fast on the zstd dataset against the floor "decompress each block the
   windows touch once, then copy": each worker decompresses (python-zstandard, the same libzstd)
   every block its batches touch the first time they touch it, and copies the rows as the
-  memmap gather does: target >= 0.8x (atlas_fast within 1.25x of the floor's time);
+  memmap gather does: atlas_fast's time over the floor's (the floor's rate over ours),
+  target <= 1.25x;
 - ``litdata``: LitData's ``StreamingDataset(item_loader=TokensLoader(block_size=2048),
   shuffle=True)`` over its own ``optimize`` output of the same tokens, through its
   ``StreamingDataLoader`` in the MDS venv (benchmarks/remote_peers.py finds it; skipped with
@@ -40,7 +41,8 @@ paired ratios):
   targets, as the memmap loader makes them; a quarter of the batches): target >= 5x;
 - ``index build``: ``TokenSequences(..., index="rebuild")`` on the reference's dataset (no
   token index) against a plain pass over the same dataset (``for x in AtlasDataset(root)``),
-  each backend: target >= 0.8x, by the wall clock;
+  each backend, each measurement as many passes as last half a second (after one untimed
+  pass each): target >= 0.8x, by the wall clock;
 - ``open``: ``TokenSequences(root, 2048)`` on the zstd dataset in a fresh process under
   ``strace -f -e trace=open,openat`` (a Python audit hook when strace is absent): the files
   of the dataset opened must be its meta.json and tokens.idx alone (an assertion: the run
@@ -56,6 +58,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -78,9 +81,10 @@ BATCH = 32
 BLOCK = 16
 SHARD = 2000
 WORKERS = (0, 2)
+MIN_SECONDS = 0.5  # what one measurement of the index build and its plain pass lasts, at least
 TARGETS = {
     "memmap": (">=", 0.5),
-    "floor": (">=", 0.8),
+    "floor": ("<=", 1.25),  # a ratio of times: atlas_fast's over the floor's
     "litdata": (">=", 1.0),
     "by hand": (">=", 5.0),
     "index build": (">=", 0.8),
@@ -340,8 +344,13 @@ def summary(runs: list) -> dict:
 
 
 def compare(name: str, mine: list, theirs: list, key="tokens_per_s") -> dict:
-    ratios = [a[key] / b[key] for a, b in zip(mine, theirs)]
+    """The median of the paired ratios of ``key`` (ours over theirs; for a target ``<=``, a
+    ratio of times: theirs over ours), against its target."""
     op, bound = TARGETS[name]
+    if op == "<=":
+        ratios = [b[key] / a[key] for a, b in zip(mine, theirs)]
+    else:
+        ratios = [a[key] / b[key] for a, b in zip(mine, theirs)]
     value = statistics.median(ratios)
     return {
         "ratio": value,
@@ -400,6 +409,13 @@ def rows_section(paths: dict, args, results: dict) -> None:
                 for name, runs in got.items()
                 if name != "atlas_fast"
             }
+            if "by hand" in got:
+                # What the physical limit itself reaches against reading by hand: no loader
+                # gets a larger ratio over it than this, whatever its target.
+                row["memmap_over_by_hand"] = statistics.median(
+                    a["tokens_per_s"] / b["tokens_per_s"]
+                    for a, b in zip(got["memmap"], got["by hand"])
+                )
             results["rows"][case] = row
             show(case, row)
 
@@ -408,12 +424,14 @@ def show(case: str, row: dict) -> None:
     cells = "; ".join(
         f"{name} {r['tokens_per_s'] / 1e6:.1f}M tok/s {r['cpu_ns_per_token']:.2f} ns/tok"
         for name, r in row.items()
-        if name != "compared"
+        if isinstance(r, dict) and "tokens_per_s" in r
     )
     ratios = "; ".join(
         f"x {name} {c['ratio']:.2f} (target {c['target']}: {'met' if c['met'] else 'MISSED'})"
         for name, c in row.get("compared", {}).items()
     )
+    if "memmap_over_by_hand" in row:
+        ratios += f"; (memmap x by hand {row['memmap_over_by_hand']:.2f})"
     print(f"{case:28s} {cells}\n{'':28s} {ratios}", flush=True)
 
 
@@ -487,32 +505,47 @@ def index_section(paths: dict, args, results: dict) -> None:
     try:
         for name, cls in backends.items():
 
-            def build(rep, cls=cls):
+            def build_once(cls=cls):
                 (root / "tokens.idx").unlink(missing_ok=True)
-                gc.collect()
-                c0, t0 = cpu_seconds(), time.perf_counter()
                 ds = cls(str(root))
                 atlas_fast.TokenSequences(ds, SEQ_LEN, index="rebuild", progress=False)
-                seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
                 ds.close()
                 (root / "tokens.idx").unlink(missing_ok=True)
-                return {"tokens_per_s": tokens / seconds, "cpu_ns_per_token": cpu * 1e9 / tokens}
 
-            def plain(rep, cls=cls):
-                gc.collect()
-                c0, t0 = cpu_seconds(), time.perf_counter()
+            def plain_once(cls=cls):
                 ds = cls(str(root))
                 for _ in ds:
                     pass
-                seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
                 ds.close()
-                return {"tokens_per_s": tokens / seconds, "cpu_ns_per_token": cpu * 1e9 / tokens}
+
+            # Untimed once each (first-use costs), then as many passes a measurement as make
+            # it last about MIN_SECONDS: a pass over the quick corpus takes milliseconds.
+            build_once()
+            t0 = time.perf_counter()
+            plain_once()
+            inner = max(1, math.ceil(MIN_SECONDS / max(time.perf_counter() - t0, 1e-3)))
+
+            def timed(once, inner=inner):
+                gc.collect()
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                for _ in range(inner):
+                    once()
+                seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+                done = tokens * inner
+                return {"tokens_per_s": done / seconds, "cpu_ns_per_token": cpu * 1e9 / done}
+
+            def build(rep, build_once=build_once):
+                return timed(build_once)
+
+            def plain(rep, plain_once=plain_once):
+                return timed(plain_once)
 
             got = paired({"index build": build, "plain pass": plain}, args.reps)
             row = {k: summary(v) for k, v in got.items()}
             row["compared"] = {
                 "index build": compare("index build", got["index build"], got["plain pass"])
             }
+            row["passes_per_measurement"] = inner
             case = f"index build, atlas_fast[{name}]"
             results["index"][case] = row
             show(case, row)
