@@ -515,7 +515,8 @@ def tokens_run(run: dict) -> str:
     settings = run["settings"]
     load = run["machine"].get("load_average_before")
     extra = (
-        f"; {settings['reps']} repetitions of {settings['batches']} batches; "
+        f"; {settings['reps']} repetitions of {settings['batches']} batches "
+        f"({settings['worker_batches']} with workers); "
         f"{settings['tokens']:,} tokens in {settings['documents']:,} documents"
     )
     if load:
