@@ -98,11 +98,13 @@ def progress(text: str) -> None:
 # -- the datasets ------------------------------------------------------------------------------
 
 
-def build(cache: Path, copies: int) -> dict:
-    """The corpus's files (written once): ``{"s0", "s1", "ref", "flat", "tokens", "docs"}``."""
+def build(cache: Path, copies: int, documents=None) -> dict:
+    """The corpus's files (written once): ``{"s0", "s1", "ref", "flat", "lengths", "root"}``;
+    ``documents``: only the first so many documents (the tests' small corpus)."""
     from atlas_fast.bench import corpus
 
-    root = cache / f"tokens-bench-py{platform.python_version()}-x{copies}"
+    cut = f"-first{documents}" if documents else ""
+    root = cache / f"tokens-bench-py{platform.python_version()}-x{copies}{cut}"
     done = root / ".complete"
     paths = {
         "s0": root / "s0",
@@ -115,7 +117,7 @@ def build(cache: Path, copies: int) -> dict:
         progress(f"writing the token corpus x{copies} into {root}")
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        docs = corpus.token_documents(copies)
+        docs = corpus.token_documents(copies)[:documents]
         import atlas_fast
 
         for strategy, key in ((0, "s0"), (1, "s1")):
@@ -638,6 +640,9 @@ def main(argv=None) -> int:
         type=int,
         help="batches a run with workers reads (default 600: their start-up not to dominate)",
     )
+    parser.add_argument(
+        "--documents", type=int, help="only the corpus's first N documents (the tests' runs)"
+    )
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     parser.add_argument("--cache-dir", type=Path, help="where the corpus is written once")
     parser.add_argument(
@@ -654,7 +659,7 @@ def main(argv=None) -> int:
     from atlas_fast.bench.system import describe, load_average
 
     cache = args.cache_dir or corpus.default_cache_dir()
-    paths = build(Path(cache), 1 if args.quick else 5)
+    paths = build(Path(cache), 1 if args.quick else 5, args.documents)
     shown = sys.argv[1:] if argv is None else list(argv)
     started = time.time()
     results = {
