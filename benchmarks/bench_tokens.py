@@ -2,7 +2,7 @@
 in a ``TokenShuffleSampler`` epoch, beside the floors and the peers, in one run.
 
     python benchmarks/bench_tokens.py                      # full run (2-3 minutes on 2 cores)
-    python benchmarks/bench_tokens.py --quick              # one copy, 3 repetitions (under a minute)
+    python benchmarks/bench_tokens.py --quick              # one copy, 3 repetitions (< 1 minute)
     python benchmarks/bench_tokens.py --json out.json      # every figure, as JSON
     python benchmarks/tables.py import out.json bench_tokens   # into results/, then the tables
 

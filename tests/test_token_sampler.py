@@ -7,6 +7,7 @@ import multiprocessing
 
 import numpy as np
 import pytest
+from loader_helpers import counted_read_ahead
 from token_helpers import Model, make_docs, write_docs
 
 from atlas_fast import InvalidArgumentError, TokenSequences
@@ -224,26 +225,9 @@ def test_reads_ahead_the_blocks_of_the_next_batches(atlas, backend, tmp_path, mo
     its pool: a private name, since the pool is not observable otherwise). Rows unchanged."""
     import itertools
 
-    import atlas_fast._core._pool
-    import atlas_fast._core._reader_py
-
     docs = make_docs(4, 600, np.uint16, long=4)
     root = write_docs(tmp_path / "ds", docs, strategy=1, shard_size=200, block_size=20)
-    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)  # small blocks
-    if backend == "cython":
-        reader = pytest.importorskip("atlas_fast._core._reader")
-        old = reader._readahead_min_bytes(0)
-        ahead = lambda: reader._readahead_info()["taken"]  # noqa: E731
-    else:
-        calls = []
-        real = atlas_fast._core._pool.decode_on_pool
-        monkeypatch.setattr(
-            atlas_fast._core._reader_py,
-            "decode_on_pool",
-            lambda r, b: calls.append(b) or real(r, b),
-        )
-        ahead = calls.__len__
-    try:
+    with counted_read_ahead(backend, monkeypatch) as ahead:
         ds = atlas.AtlasDataset(root)
         ts = TokenSequences(ds, 16)
         named = []
@@ -276,6 +260,3 @@ def test_reads_ahead_the_blocks_of_the_next_batches(atlas, backend, tmp_path, mo
         named.clear()
         list(TokenShuffleSampler(ts, batch_size=4, seed=1, num_workers=2))
         assert named == []
-    finally:
-        if backend == "cython":
-            reader._readahead_min_bytes(old)
