@@ -52,6 +52,7 @@ __all__ = [
 MAGIC = b"ATLASTOK"
 FORMAT_VERSION = 1
 _HEADER = 64
+MAX_INDEX_BYTES = 1 << 30  # an index fetched from object storage: 128M blocks at most
 _NO_ID = (np.iinfo(np.int64).max, np.iinfo(np.int64).min)  # (low, high) of a shard with no token
 
 # One record per shard: what its entry was made from, then what it holds.
@@ -81,10 +82,15 @@ def index_name(field) -> str:
     return f"tokens.{hashlib.sha256(field.encode()).hexdigest()[:16]}.idx"
 
 
-def cache_folder(root) -> Path:
-    """The user cache folder of the index of the dataset at ``root`` (a path or URL)."""
+def cache_folder(root, identity: str | None = None) -> Path:
+    """The user cache folder of the index of the dataset at ``root`` (a path or URL);
+    ``identity``: what the dataset's version is known by (a remote dataset's: the ETag and
+    digest of its root meta.json), so that a dataset rewritten at the same URL gets another
+    folder."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     where = str(root) if "://" in str(root) else os.path.abspath(str(root))
+    if identity:
+        where += "\n" + identity
     key = hashlib.sha256(where.encode()).hexdigest()[:24]
     return Path(base) / "atlas-fast" / "tokens" / key
 
@@ -111,7 +117,28 @@ class ShardEntry:
 def write_index(path, field, entries: list) -> None:
     """Write the index of ``entries`` (one ``ShardEntry`` per shard, in shard order) to
     ``path`` atomically (a file beside it renamed over it)."""
+    write_atomic(path, index_bytes(field, entries))
+
+
+def write_atomic(path, data: bytes) -> None:
+    """``data`` into the file ``path``, atomically (a file beside it renamed over it)."""
     path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tokens-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def index_bytes(field, entries: list) -> bytes:
+    """The index file of ``entries`` (one ``ShardEntry`` per shard, in shard order)."""
     name = b"" if field is None else field.encode()
     table = np.zeros(len(entries), dtype=SHARD_DTYPE)
     counts = [np.asarray(e.counts, dtype=np.int64) for e in entries]
@@ -132,21 +159,7 @@ def write_index(path, field, entries: list) -> None:
     header[24:32] = n_blocks.to_bytes(8, "little")
     header[32:40] = int(cum[-1]).to_bytes(8, "little")
     padded = name + b"\0" * (-len(name) % 8)
-    fd, tmp = tempfile.mkstemp(prefix=".tokens-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(bytes(header))
-            f.write(padded)
-            f.write(table.tobytes())
-            f.write(cum.tobytes())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    return b"".join((bytes(header), padded, table.tobytes(), cum.tobytes()))
 
 
 class TokenIndex:
@@ -267,6 +280,9 @@ def build_entries(dataset, shards: list, field, core, progress=None, workers=Non
     runs of blocks on a thread pool (the compiled core decodes and scans with the GIL
     released), with a progress bar of blocks (tqdm, when installed; ``progress``: True,
     False, or None for: when stderr is a terminal)."""
+    read_ahead = getattr(dataset, "_read_shard_metadata", None)
+    if read_ahead is not None:
+        read_ahead()  # in object storage: every shard's index at once, not a round trip each
     readers = {k: dataset._reader(k) for k in shards}
     runs = []
     for k in shards:
@@ -281,6 +297,9 @@ def build_entries(dataset, shards: list, field, core, progress=None, workers=Non
 
     def count(run):
         k, first, stop = run
+        # In object storage the run's blocks are fetched together, neighbours merged into
+        # requests of ``request_bytes`` (a local shard's readers ignore it).
+        readers[k]._prefetch(list(range(first, stop)))
         out = core.block_token_stats(readers[k], first, stop, field)
         if bar is not None:
             with lock:
@@ -400,8 +419,8 @@ class Tally:
 
     def entries(self, shard_dirs: list, sizes: list) -> list:
         """The ``ShardEntry`` of each finished shard (``shard_dirs``: their folders, in
-        order; ``sizes``: their example counts), once every example was added; reads each
-        shard's index.npy."""
+        order, or each one's block offsets, its index.npy, as an array; ``sizes``: their
+        example counts), once every example was added; reads each shard's index.npy."""
         if self._seen and (not self.shards or self._counts):
             self._close_shard()
         if not self.shards:
@@ -410,7 +429,7 @@ class Tally:
             raise ValueError(f"{len(shard_dirs)} shards written, {len(self.shards)} counted")
         out = []
         for d, size, (counts, low, high) in zip(shard_dirs, sizes, self.shards):
-            offsets = np.load(Path(d) / "index.npy")
+            offsets = d if isinstance(d, np.ndarray) else np.load(Path(d) / "index.npy")
             out.append(
                 ShardEntry(
                     size,

@@ -12,16 +12,19 @@ does not depend on the number of DataLoader workers.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
 
 from ._compat import lazy_classes, torch_subclass
+from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError
 from ._order import check_int, distributed_defaults
 
 __all__ = ["TokenShuffleSampler"]  # noqa: F822 (see __getattr__)
 
 _EPOCHS_KEPT = 2  # epoch layouts kept (a DataLoader's iterator may run into the next epoch)
+_CHUNK_MIN = 8  # batches of a lane computed together, at least
 
 
 def _check_schedule(schedule, seq_len: int) -> tuple:
@@ -78,6 +81,11 @@ class _TokenShuffleSampler:
     shuffle: pieces of ``piece_tokens`` tokens shuffled within groups of ``group_pieces``.
     ``schedule``: ``[(first step, seq_len), ...]`` from step 0, a sequence-length
     curriculum (default: the sequences' ``seq_len`` throughout).
+
+    Without DataLoader workers (``num_workers`` unset or 0) the sampler names the blocks of
+    the batches about a group ahead to the dataset (``prefetch``), whose core decodes them
+    ahead while the batches before are read; with workers it names none (they read
+    elsewhere).
 
     The order depends on ``(seed, epoch)``, the dataset, ``num_replicas``, ``lanes``,
     ``piece_tokens``, ``group_pieces``, ``batch_size`` and the schedule, never on the number
@@ -256,24 +264,39 @@ class _TokenShuffleSampler:
             j += 1
         return np.concatenate(starts), np.concatenate(lengths)
 
-    def _batch_keys(self, layout: _Epoch, step: int) -> list:
-        """The keys of this rank's batch ``step``."""
-        lane, rounds = step % self.lanes, step // self.lanes
-        pos = self._consumed(lane, rounds)
-        return self._rows(layout, lane, pos, self.batch_size, self._seq_len(step))
+    def _chunk(self, layout: _Epoch, lane: int, r0: int, r1: int) -> list:
+        """The batches of rounds ``[r0, r1)`` of lane ``lane`` (steps ``lane + r * lanes``),
+        computed together: ``[(keys, blocks), ...]``, ``blocks`` the global blocks each batch
+        reads (ascending)."""
+        g = self.lanes
+        lengths = np.array([self._seq_len(r * g + lane) for r in range(r0, r1)], dtype=np.int64)
+        pos = self._consumed(lane, r0)
+        return self._cut(layout, lane, pos, np.repeat(lengths, self.batch_size), self.batch_size)
 
     def _rows(self, layout: _Epoch, lane: int, pos: int, count: int, length: int) -> list:
         """The keys of ``count`` rows of ``length`` tokens from position ``pos`` of lane
         ``lane``'s shuffled stream (a mixture reads a token source through this too)."""
-        total = count * length
-        starts, lengths = self._lane_ranges(layout, lane, pos, total)
+        if count == 0:
+            return []
+        return self._cut(layout, lane, pos, np.full(count, length, dtype=np.int64), count)[0][0]
+
+    def _cut(self, layout: _Epoch, lane: int, pos: int, row_lengths, bsz: int) -> list:
+        """Rows of ``row_lengths`` tokens from position ``pos`` of lane ``lane``'s shuffled
+        stream, in batches of ``bsz`` rows: ``[(keys, blocks), ...]``, ``blocks`` the global
+        blocks each batch reads (ascending)."""
+        batches = len(row_lengths) // bsz
+        row_bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=row_bounds[1:])
+        total = int(row_bounds[-1])
+        starts, lengths_ = self._lane_ranges(layout, lane, pos, total)
         # Cut at the rows' ends, then at the permuted blocks' ends.
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        cuts = np.union1d(offsets, np.arange(0, total + 1, length))
+        offsets = np.zeros(len(lengths_) + 1, dtype=np.int64)
+        np.cumsum(lengths_, out=offsets[1:])
+        cuts = sorted_unique(np.concatenate((offsets, row_bounds)))
         seg = np.searchsorted(offsets, cuts[:-1], side="right") - 1
         x = starts[seg] + (cuts[:-1] - offsets[seg])
         n = np.diff(cuts)
-        row = cuts[:-1] // length
+        row = np.searchsorted(row_bounds, cuts[:-1], side="right") - 1
         bstarts = layout.starts
         i0 = np.searchsorted(bstarts, x, side="right") - 1
         i1 = np.searchsorted(bstarts, x + n - 1, side="right") - 1
@@ -284,34 +307,101 @@ class _TokenShuffleSampler:
         hi = np.minimum(x[piece] + n[piece], bstarts[i + 1])
         keep = hi > lo
         i, lo, hi, piece = i[keep], lo[keep], hi[keep], piece[keep]
-        glo = layout.block_first[layout.perm[i]] + (lo - bstarts[i])
+        block = layout.perm[i]
+        glo = layout.block_first[block] + (lo - bstarts[i])
         rows = row[piece]
+        # The blocks of each batch.
+        n_blocks = len(layout.perm)
+        touched = sorted_unique((rows // bsz) * n_blocks + block)
+        batch_of, block_of = np.divmod(touched, n_blocks)
+        block_bounds = np.searchsorted(batch_of, np.arange(batches + 1))
         # Ranges contiguous in the concatenation are joined.
         join = np.ones(len(glo), dtype=bool)
         join[1:] = (rows[1:] != rows[:-1]) | (glo[1:] != glo[:-1] + (hi[:-1] - lo[:-1]))
         heads = np.flatnonzero(join)
         sizes = np.add.reduceat(hi - lo, heads) if len(heads) else heads
-        gstart, growrow = glo[heads].tolist(), rows[heads].tolist()
-        keys: list = [[] for _ in range(count)]
-        for r, s, c in zip(growrow, gstart, sizes.tolist()):
-            keys[r] += (s, c)
-        return [tuple(k) for k in keys]
+        flat = np.empty(2 * len(heads), dtype=np.int64)
+        flat[0::2] = glo[heads]
+        flat[1::2] = sizes
+        items = flat.tolist()
+        bounds = (2 * np.searchsorted(rows[heads], np.arange(len(row_bounds)))).tolist()
+        keys = [tuple(items[a:b]) for a, b in itertools.pairwise(bounds)]
+        return [
+            (keys[k * bsz : (k + 1) * bsz], block_of[block_bounds[k] : block_bounds[k + 1]])
+            for k in range(batches)
+        ]
+
+    def _chunk_rounds(self, lane: int, r0: int, steps: int) -> int:
+        """The end of the chunk of lane ``lane`` from round ``r0``: about a group of pieces'
+        worth of batches (at least _CHUNK_MIN), within the epoch's ``steps``."""
+        per_batch = self.batch_size * self._seq_len(r0 * self.lanes + lane)
+        rounds = max(_CHUNK_MIN, -(-self.group_pieces * self.piece_tokens // per_batch))
+        last = (steps - 1 - lane) // self.lanes + 1  # rounds of this lane in the epoch
+        return min(r0 + rounds, last)
+
+    def _plans(self, epoch: int, start: int):
+        """``(step, keys, blocks)`` of this rank's batches of ``epoch`` from step ``start``,
+        each lane's computed a chunk of rounds at a time."""
+        layout = self._layout(epoch)
+        steps = self.steps()
+        g = self.lanes
+        pending: dict = {}  # lane -> (first round, [(keys, blocks), ...])
+        for step in range(start, steps):
+            lane, r = step % g, step // g
+            got = pending.get(lane)
+            if got is None or not got[0] <= r < got[0] + len(got[1]):
+                end = self._chunk_rounds(lane, r, steps)
+                got = pending[lane] = (r, self._chunk(layout, lane, r, end))
+            keys, blocks = got[1][r - got[0]]
+            yield step, keys, blocks
 
     def batches(self, epoch: int | None = None, start: int = 0):
         """The keys of each batch of this rank's ``epoch`` (default: the current one) from
         step ``start``, one list per step."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, minimum=0)
-        layout = self._layout(epoch)
-        for step in range(start, self.steps()):
-            yield self._batch_keys(layout, step)
+        for _, keys, _ in self._plans(epoch, start):
+            yield keys
 
     def __iter__(self):
         start, self._start = self._start, 0
         self._yielded = start * self.batch_size
-        for keys in self.batches(self.epoch, start):
+        plans = self._plans(self.epoch, start)
+        if self.num_workers:  # read in the workers: hints given here would reach no reader
+            for _, keys, _ in plans:
+                for key in keys:
+                    self._yielded += 1
+                    yield key
+            return
+        for keys in self._hinted(plans):
             for key in keys:
                 self._yielded += 1
                 yield key
+
+    def _hinted(self, plans):
+        """The keys of ``plans``, naming to the sequences' dataset (``prefetch``) the blocks
+        of the batches up to about a group of pieces ahead: read in this process, its core
+        decodes them ahead while the batches before are read."""
+        horizon = max(
+            1,
+            -(-self.group_pieces * self.piece_tokens // (self.batch_size * self.schedule[0][1])),
+        )
+        named: set = set()
+        ahead: deque = deque()
+        useful = True
+        for plan in plans:
+            ahead.append(plan)
+            if len(ahead) <= horizon and useful:
+                continue
+            if useful:
+                new = [b for _, _, blocks in ahead for b in blocks.tolist() if b not in named]
+                if new:
+                    named.update(new)
+                    useful = self._sequences._prefetch_blocks(new) is not False
+                    if len(named) > 4096:
+                        named = set(new)
+            yield ahead.popleft()[1]
+        while ahead:
+            yield ahead.popleft()[1]
 
     # -- resuming ---------------------------------------------------------------------------
 

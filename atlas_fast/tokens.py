@@ -7,7 +7,9 @@ The guide is docs/tokens.md; the order that goes with it, ``TokenShuffleSampler`
 
 from __future__ import annotations
 
+import itertools
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np
 from . import _token_index as _ti
 from ._checks import check_int
 from ._compat import lazy_classes, torch_subclass
+from ._core._tokens_py import sorted_unique
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, TokenIndexError
 
 __all__ = ["TokenSequences", "collate"]  # noqa: F822 (see __getattr__)
@@ -25,10 +28,33 @@ _INDEX_MODES = ("auto", "rebuild", "require")
 
 def collate(batch: dict) -> dict:
     """A ``DataLoader``'s ``collate_fn`` for ``TokenSequences``: the batch's arrays as torch
-    tensors, without a copy (``torch.from_numpy``); other values as they are."""
+    tensors, without a copy (``torch.from_numpy``); other values as they are. Arrays that
+    are parts of one array (a packed batch's ``targets``, ``inputs`` and ``positions``)
+    become views of one tensor: a DataLoader worker then hands the batch over in one
+    shared-memory segment, not one per field (each costs milliseconds to make)."""
     import torch
 
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    out = {}
+    whole = {}  # id of a shared base array -> its tensor
+    for key, value in batch.items():
+        if not isinstance(value, np.ndarray):
+            out[key] = value
+            continue
+        base = value.base
+        if (
+            isinstance(base, np.ndarray)
+            and base.dtype == value.dtype
+            and base.flags.c_contiguous
+            and value.flags.c_contiguous
+        ):
+            tensor = whole.get(id(base))
+            if tensor is None:
+                tensor = whole[id(base)] = torch.from_numpy(base).reshape(-1)
+            at = (value.ctypes.data - base.ctypes.data) // value.itemsize
+            out[key] = tensor[at : at + value.size].view(value.shape)
+        else:
+            out[key] = torch.from_numpy(value)
+    return out
 
 
 def _shard_numbers(dataset) -> list:
@@ -88,7 +114,10 @@ class _TokenSequences:
     windows with 8 bytes per block, memory-mapped. Datasets written by atlas_fast carry it;
     for others it is built on first use by a parallel pass over the blocks (a progress bar
     when stderr is a terminal, or ``progress=True``), saved at the root when writable, else in
-    ``$XDG_CACHE_HOME/atlas-fast/tokens``. ``index="rebuild"`` builds it afresh,
+    ``$XDG_CACHE_HOME/atlas-fast/tokens``. A dataset in object storage: the index at its root
+    (its writer puts one there) fetched once into that cache folder, keyed by the dataset's
+    version (the ETag of its root meta.json), where a built one goes too.
+    ``index="rebuild"`` builds it afresh,
     ``index="require"`` refuses to build one. A shard rewritten since its entry was made is a
     ``TokenIndexError`` at its first read, never other tokens.
 
@@ -165,6 +194,7 @@ class _TokenSequences:
         self.dataset = dataset
         self._core = dataset._backend
         self._verified: set = set()  # shards checked against their entry in this process
+        self._block_examples = None  # each global block's first example (_prefetch_blocks)
         self._index = self._open_index(index, progress)
         self._check_ids(info)
         if packed:
@@ -200,9 +230,17 @@ class _TokenSequences:
         if self._index_path is not None:  # a pickled copy: the file its original used
             found = _ti.TokenIndex(self._index_path)
             return self._located(found, numbers, sizes)
-        remote = getattr(ds, "_remote", None) is not None
-        root_file = None if remote else Path(ds.root) / name
-        cache_file = _ti.cache_folder(ds.root) / name
+        remote = getattr(ds, "_remote", None)
+        if remote is None:
+            root_file = Path(ds.root) / name
+            cache_file = _ti.cache_folder(ds.root) / name
+        else:
+            # In object storage: the index at the URL's root (its writer's), copied once into
+            # the cache folder of this version of the dataset, where a built one goes too.
+            root_file = None
+            cache_file = _ti.cache_folder(ds.root, remote.identity) / name
+            if mode != "rebuild" and not cache_file.is_file():
+                root_file = self._fetch_index(remote, name, cache_file)
         best, best_reused = None, -1
         if mode != "rebuild":
             for path in (root_file, cache_file):
@@ -266,6 +304,24 @@ class _TokenSequences:
             stacklevel=4,
         )
         return self._in_memory(entries, len(sizes))
+
+    @staticmethod
+    def _fetch_index(remote, name: str, target: Path):
+        """The dataset's own index ``name`` from its root in object storage, saved as
+        ``target`` (when its folder cannot be written, as a temporary file: fetched again
+        next time); its path, or None when the dataset has none."""
+        data = remote.root_file(name, _ti.MAX_INDEX_BYTES)
+        if data is None:
+            return None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _ti.write_atomic(target, data)
+            return target
+        except OSError:
+            fd, tmp = tempfile.mkstemp(prefix="atlas-fast-tokens-", suffix=".idx")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return Path(tmp)
 
     def _in_memory(self, entries: dict, n: int) -> _Located:
         counts = [np.asarray(entries[k].counts, dtype=np.int64) for k in range(n)]
@@ -338,6 +394,25 @@ class _TokenSequences:
             return self._packed(keys)
         return self._documents(keys)
 
+    def _prefetch_blocks(self, blocks) -> bool:
+        """A hint (``TokenShuffleSampler``'s): global blocks ``blocks`` are read next, named to
+        the dataset's ``prefetch``; False once that is of no use to it."""
+        prefetch = getattr(self.dataset, "prefetch", None)
+        if prefetch is None:
+            return False
+        firsts = self._block_examples
+        if firsts is None:
+            index = self._index
+            starts = np.asarray(self.dataset.cumulative_shard_sizes, dtype=np.int64)
+            starts = np.concatenate(([0], starts[:-1]))
+            blocks_per = np.diff(index.first)
+            sizes = [self.dataset._reader(s)._block_size for s in range(len(blocks_per))]
+            within = np.arange(int(index.first[-1])) - np.repeat(index.first[:-1], blocks_per)
+            firsts = self._block_examples = np.repeat(starts, blocks_per) + within * np.repeat(
+                sizes, blocks_per
+            )
+        return prefetch(firsts[np.asarray(blocks, dtype=np.int64)].tolist())
+
     def _window_number(self, k) -> int:
         if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
             raise InvalidArgumentTypeError(
@@ -353,6 +428,10 @@ class _TokenSequences:
     def _segments(self, keys: list) -> tuple:
         """``(length, starts, counts)`` of the keys: their row length and each range, in
         order."""
+        if keys and all(type(k) is tuple for k in keys):
+            fast = self._tuple_segments(keys)
+            if fast is not None:
+                return fast
         starts, counts = [], []
         length = None
         total = self._index.total
@@ -387,9 +466,32 @@ class _TokenSequences:
             np.array(counts, dtype=np.int64),
         )
 
+    def _tuple_segments(self, keys: list):
+        """``_segments`` of keys that are all tuples of ints, with numpy; None when one is not
+        well formed (the loop then says which)."""
+        sizes = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        if (sizes < 2).any() or (sizes % 2).any():
+            return None
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(keys), dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if len(flat) != int(sizes.sum()):
+            return None
+        starts, counts = flat[0::2], flat[1::2]
+        rows = np.add.reduceat(counts, np.cumsum(sizes // 2) - sizes // 2)
+        if (
+            (starts < 0).any()
+            or (counts < 0).any()
+            or (starts + counts > self._index.total).any()
+            or (rows != rows[0]).any()
+        ):
+            return None
+        return int(rows[0]), starts, counts
+
     def _check_shards(self, shards) -> None:
         index = self._index
-        for s in np.unique(shards).tolist():
+        for s in set(shards.tolist()):
             if s in self._verified:
                 continue
             reader = self.dataset._reader(s)
@@ -424,28 +526,20 @@ class _TokenSequences:
         length, starts, counts = self._segments(keys)
         out = np.cumsum(counts) - counts  # every row holds ``length`` tokens
         if into is None:
-            targets, inputs, positions = self._outputs(len(keys), length, 0)
+            # Not cleared: the pieces cover every position of every row. One array holds the
+            # three when they share a dtype (collate makes one tensor of it).
+            shape = (len(keys), length)
+            if self._positions_dtype == self.dtype:
+                targets, inputs, positions = np.empty((3, *shape), dtype=self.dtype)
+            else:
+                targets = np.empty(shape, dtype=self.dtype)
+                inputs = np.empty(shape, dtype=self.dtype)
+                positions = np.empty(shape, dtype=self._positions_dtype)
         else:
             targets, inputs, positions, rows = into
             out = rows[out // length] * length + out % length if len(out) else out
-        cum = self._index.cum
-        live = counts > 0
-        starts, counts, out = starts[live], counts[live], out[live]
-        pieces = np.zeros((0, 4), dtype=np.int64)
-        if len(starts):
-            g0 = np.searchsorted(cum, starts, side="right") - 1
-            g1 = np.searchsorted(cum, starts + counts - 1, side="right") - 1
-            n = g1 - g0 + 1
-            seg = np.repeat(np.arange(len(starts)), n)
-            g = g0[seg] + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
-            lo = np.maximum(starts[seg], cum[g].astype(np.int64))
-            hi = np.minimum(starts[seg] + counts[seg], cum[g + 1].astype(np.int64))
-            keep = hi > lo
-            g, lo, hi, seg = g[keep], lo[keep], hi[keep], seg[keep]
-            unique, slot = np.unique(g, return_inverse=True)
-            pieces = np.stack(
-                (slot, lo - cum[g].astype(np.int64), hi - lo, out[seg] + (lo - starts[seg])), axis=1
-            ).astype(np.int64)
+        unique, pieces = self._core.token_pieces(self._index.cum, starts, counts, out)
+        if len(pieces):
             shards, blocks, expected = self._blocks(unique)
             self._core.gather_tokens(
                 self.dataset,
@@ -496,7 +590,7 @@ class _TokenSequences:
             b = local // sizes
             first = self._index.first
             g = first[shards] + b
-            unique, slot = np.unique(g, return_inverse=True)
+            unique, slot = sorted_unique(g, inverse=True)
             pieces = np.stack(
                 (slot, local - b * sizes, np.full(n, length), np.arange(n) * length), axis=1
             ).astype(np.int64)

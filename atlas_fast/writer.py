@@ -781,7 +781,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._uploads is not None:
             try:
                 shared = self.path / DICT_FILE
-                self._uploads.commit(metadata._asdict(), shared if shared.is_file() else None)
+                self._uploads.commit(
+                    metadata._asdict(),
+                    shared if shared.is_file() else None,
+                    self._token_index_files(),
+                )
             except BaseException as exc:
                 problems = self._abandon()
                 self._say_incomplete(f"committing it raised {type(exc).__name__}", problems, exc)
@@ -796,6 +800,21 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         if self._tokens is not None:
             self._write_token_index(width)
         dump_meta_atomic(self.path / META_FILE, metadata._asdict())
+
+    def _token_index_files(self) -> dict:
+        """``{name: bytes}`` of the token index of a dataset written to a URL (empty: none),
+        from the block offsets of each shard kept as it was uploaded."""
+        if self._tokens is None or not self._tokens.active:
+            return {}
+        from ._token_index import index_bytes, index_name
+
+        offsets = self._uploads.offsets
+        if sorted(offsets) != list(range(len(self.shard_sizes))):
+            return {}
+        entries = self._tokens.entries(
+            [offsets[k] for k in range(len(self.shard_sizes))], self.shard_sizes
+        )
+        return {index_name(self._tokens.field): index_bytes(self._tokens.field, entries)}
 
     def _write_token_index(self, width: int) -> None:
         """The token index of the shards written (before the root meta.json: a dataset that
@@ -922,12 +941,8 @@ def _token_tally(token_index, token_field, shard_size, block_size, uploads):
         raise InvalidArgumentTypeError(f"token_field must be a str or None, not {token_field!r}")
     if token_index is False:
         return None
-    if uploads is not None:  # a dataset written to a URL: no index yet (built on first use)
-        if token_index:
-            raise InvalidArgumentError(
-                "token_index=True: the token index is written for local datasets only"
-            )
-        return None
+    if uploads is not None:  # each shard's index.npy kept as it goes up: the index needs it
+        uploads.keep_offsets = True
     from ._token_index import Tally
 
     required = token_index is True or token_field is not None

@@ -6,7 +6,10 @@ benchmarks/ (the scripts' folder) first on sys.path; only the standard library i
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
+import resource
 import time
 
 BATCH = 64  # the loaders' batch size
@@ -25,6 +28,40 @@ def first_epoch(make_loader) -> dict:
     seconds = time.perf_counter() - start
     del loader  # the peer's dataset goes with it, before the caller cleans up its cache
     return {"examples": count, "seconds": seconds, "first_s": first}
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that were joined."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
+
+
+def token_batches(make_loader, batches: int, tokens_of) -> dict:
+    """Times ``batches`` batches of ``make_loader()`` (``tokens_of(batch)``: its tokens):
+    ``{"tokens_per_s"`` (after the first batch, by the wall clock), ``"cpu_ns_per_token"``
+    (this process and its workers, from before the call, once the workers are joined),
+    ``"tokens"}`` (bench_tokens.py's rows, ours and the peers')."""
+    gc.collect()
+    cpu0 = cpu_seconds()
+    loader = make_loader()
+    it = iter(loader)
+    per_batch = tokens_of(next(it))
+    t0 = time.perf_counter()
+    got = 0
+    for batch in itertools.islice(it, batches - 1):
+        got += tokens_of(batch)
+    seconds = time.perf_counter() - t0
+    del it, loader
+    gc.collect()
+    cpu = cpu_seconds() - cpu0
+    return {
+        "tokens_per_s": got / seconds,
+        "cpu_ns_per_token": cpu * 1e9 / (got + per_batch),
+        "tokens": got + per_batch,
+    }
 
 
 def main(doc: str, write, read, argv=None, read_options=None) -> int:

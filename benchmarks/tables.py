@@ -445,6 +445,86 @@ def bench_corpora(run: dict) -> str:
     return "; ".join(parts)
 
 
+# -- bench_tokens.py ----------------------------------------------------------------------
+
+_TOKEN_RIVALS = {
+    "memmap": "a numpy.memmap gather of the same windows",
+    "floor": "decompress each block touched once, then copy (ratio: our time over its)",
+    "litdata": "LitData TokensLoader",
+    "by hand": "AtlasDataset.__getitem__, concatenated by hand",
+    "plain pass": "a plain pass (for x in dataset)",
+}
+
+
+def tokens_table(run: dict) -> str:
+    """bench_tokens.py's rows: atlas_fast against each rival, tokens/s, CPU ns/token and
+    the ratio (median of paired runs) with its target."""
+    rows = []
+    sections = [run.get("rows", {}), run.get("litdata", {}).get("rows", {}), run.get("index", {})]
+    for section in sections:
+        for case, row in section.items():
+            mine = row.get("atlas_fast") or row.get("index build")
+            for name, compared in row.get("compared", {}).items():
+                rival = row["plain pass" if name == "index build" else name]
+                met = "met" if compared["met"] else "**missed**"
+                rows.append(
+                    [
+                        case,
+                        _TOKEN_RIVALS["plain pass" if name == "index build" else name],
+                        _rate(mine["tokens_per_s"]),
+                        _rate(rival["tokens_per_s"]),
+                        f"{mine['cpu_ns_per_token']:.2f} / {rival['cpu_ns_per_token']:.2f}",
+                        _ratio(compared["ratio"]),
+                        f"{compared['target']} ({met})",
+                    ]
+                )
+    header = [
+        "case",
+        "against",
+        "atlas_fast tokens/s",
+        "theirs",
+        "CPU ns/token (ours / theirs)",
+        "ratio",
+        "target",
+    ]
+    table = _table(header, rows, ["---", "---"] + ["---:"] * 5)
+    bounds = [
+        f"{case}: {row['memmap_over_by_hand']:.2f}x"
+        for case, row in run.get("rows", {}).items()
+        if "memmap_over_by_hand" in row
+    ]
+    if bounds:
+        table += (
+            "\n\nThe `numpy.memmap` gather itself against reading by hand, in the same runs (no "
+            "loader's ratio over reading by hand exceeds it): " + "; ".join(bounds) + "."
+        )
+    lit = run.get("litdata", {})
+    if not lit.get("available", True):
+        table += f"\n\nLitData rows skipped: {lit.get('reason')}"
+    opened = run.get("open")
+    if opened:
+        table += (
+            f"\n\nOpening the zstd dataset ({opened['how']}): files opened "
+            + ", ".join(f"`{f}` ({opened['bytes'].get(f, 0):,} bytes)" for f in opened["files"])
+            + "; no shard file."
+        )
+    return table
+
+
+def tokens_run(run: dict) -> str:
+    settings = run["settings"]
+    load = run["machine"].get("load_average_before")
+    extra = (
+        f"; {settings['reps']} repetitions of {settings['batches']} batches "
+        f"({settings['worker_batches']} with workers); "
+        f"{settings['tokens']:,} tokens in {settings['documents']:,} documents"
+    )
+    if load:
+        after = run["machine"]["load_average_after"]
+        extra += f"; load average {load[0]:.1f} before, {after[0]:.1f} after"
+    return run_line(run, extra)
+
+
 # -- growing datasets (bench_grow.py) ---------------------------------------------------------
 
 
@@ -768,6 +848,7 @@ def performance_blocks() -> dict:
         "bench-documents": bench_table(bench, "documents"),
         "bench-tokens": bench_table(bench, "tokens"),
         "bench-blobs": bench_table(bench, "blobs"),
+        **_tokens_blocks(),
         **grow_blocks(),
         "export-run": run_line(
             export, f"; {export['documents']:,} documents, medians of {export['repeats']}"
@@ -776,6 +857,13 @@ def performance_blocks() -> dict:
         "tokenize-run": tokenize_run_line(tokenized),
         "tokenize": tokenize_table(tokenized),
     }
+
+
+def _tokens_blocks() -> dict:
+    if not (RESULTS / "bench_tokens.json").is_file():
+        return {}
+    tokens = load("bench_tokens")
+    return {"tokens-run": tokens_run(tokens), "tokens": tokens_table(tokens)}
 
 
 def readme_blocks() -> dict:

@@ -330,4 +330,6 @@ cdef class BlockCache:
 cdef inline Py_ssize_t _data_size(object data) noexcept:
     if type(data) is bytes:
         return PyBytes_GET_SIZE(data)
+    if type(data) is _RABuffer:  # a block decoded ahead, kept as it is (the token gather)
+        return (<_RABuffer>data).size
     return (<_BlockView>data).size

@@ -83,6 +83,30 @@ cdef extern from *:
             case 3: TK_FROM(uint64_t) default: TK_FROM(int64_t)
         }
     }
+    #define TK_MINMAX(T) { const unsigned char* restrict s_ = p; \
+        T v_; memcpy(&v_, s_, sizeof(T)); int64_t lo_ = (int64_t)v_, hi_ = lo_; \
+        for (Py_ssize_t i_ = 1; i_ < n; i_++) { memcpy(&v_, s_ + i_ * sizeof(T), sizeof(T)); \
+            int64_t x_ = (int64_t)v_; lo_ = x_ < lo_ ? x_ : lo_; hi_ = x_ > hi_ ? x_ : hi_; } \
+        *low = lo_; *high = hi_; return; }
+    /* The smallest and largest of n >= 1 elements of type code at p (uint64: as int64). */
+    static void tk_minmax(const unsigned char* p, int code, Py_ssize_t n, int64_t* low,
+                          int64_t* high) {
+        if (code & TK_SWAP) {
+            int64_t lo = tk_load(p, code), hi = lo;
+            int size = 1 << (code & 3);
+            for (Py_ssize_t i = 1; i < n; i++) {
+                int64_t v = tk_load(p + i * size, code);
+                lo = v < lo ? v : lo; hi = v > hi ? v : hi;
+            }
+            *low = lo; *high = hi; return;
+        }
+        switch (code & 7) {
+            case 0: TK_MINMAX(uint8_t) case 4: TK_MINMAX(int8_t)
+            case 1: TK_MINMAX(uint16_t) case 5: TK_MINMAX(int16_t)
+            case 2: TK_MINMAX(uint32_t) case 6: TK_MINMAX(int32_t)
+            case 3: TK_MINMAX(uint64_t) default: TK_MINMAX(int64_t)
+        }
+    }
     /* start, start + 1, ... into dst (type dc). */
     static void tk_iota(void* dst, int dc, int64_t start, Py_ssize_t n) {
         Py_ssize_t i;
@@ -107,6 +131,8 @@ cdef extern from *:
                     Py_ssize_t n) noexcept nogil
     void tk_iota(void* dst, int dc, int64_t start, Py_ssize_t n) noexcept nogil
     void tk_store(void* dst, int dc, int64_t v) noexcept nogil
+    void tk_minmax(const unsigned char* p, int code, Py_ssize_t n, int64_t* low,
+                   int64_t* high) noexcept nogil
     const int TK_SIGNED
     const int TK_SWAP
 
@@ -784,7 +810,9 @@ cdef _TokenBlock _tk_block(ShardCore reader, Py_ssize_t b, object field, bint ca
         else:
             reader._cache._misses += 1
     if e is None:
-        data = reader._decoded(b, True, True)
+        data = reader._take_ahead(b) if cache else None  # named by prefetch(), decoded ahead
+        if data is None:
+            data = reader._decoded(b, True, True)
         if cache:
             # Kept as its pickle (a second read unpickles it whole), with its documents'
             # places; an uncompressed block is a view of the mapping: charged its table.
@@ -909,6 +937,8 @@ def gather_tokens(DatasetCore dataset, shards, blocks, expected, pieces, targets
     cdef int64_t* copied_ptr = NULL
     cdef int64_t[::1] copied_view
     copied = np.zeros(n_pieces, dtype=np.int64) if docs else None
+    if dataset._hints is not None:  # blocks named by prefetch(): decoded ahead from now
+        dataset._queue_hints()
     try:
         if slot_docs == NULL or slot_starts == NULL or slot_count == NULL:
             raise MemoryError()
@@ -959,26 +989,118 @@ def block_token_stats(ShardCore reader, Py_ssize_t first, Py_ssize_t stop, field
     cdef Py_ssize_t b, k, j
     cdef int64_t low = 0
     cdef int64_t high = 0
-    cdef int64_t v
+    cdef int64_t lo, hi
     cdef bint any_token = False
     cdef tk_doc* doc
-    cdef Py_ssize_t size
     for b in range(first, stop):
         blk = _tk_block(reader, b, field, False)
         c_counts[b - first] = blk.starts[blk.count]
         with nogil:
             for k in range(blk.count):
                 doc = &blk.docs[k]
-                size = 1 << (doc.code & 3)
-                for j in range(doc.n):
-                    v = tk_load(doc.p + j * size, doc.code)
-                    if not any_token:
-                        low = high = v
-                        any_token = True
-                    elif v < low:
-                        low = v
-                    elif v > high:
-                        high = v
+                if doc.n == 0:
+                    continue
+                tk_minmax(doc.p, doc.code, doc.n, &lo, &hi)
+                if not any_token:
+                    low, high = lo, hi
+                    any_token = True
+                else:
+                    low = lo if lo < low else low
+                    high = hi if hi > high else high
     if not any_token:
         return counts, None, None
     return counts, low, high
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void qsort(void* base, size_t n, size_t size,
+               int (*cmp)(const void*, const void*) noexcept nogil)
+
+
+cdef int _tk_cmp(const void* a, const void* b) noexcept nogil:
+    cdef int64_t x = (<const int64_t*>a)[0]
+    cdef int64_t y = (<const int64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef inline Py_ssize_t _tk_block_of(const uint64_t* cum, Py_ssize_t n_blocks,
+                                    uint64_t t) noexcept nogil:
+    """The last block whose first token is at or before ``t`` (searchsorted right, minus 1)."""
+    cdef Py_ssize_t lo = 0
+    cdef Py_ssize_t hi = n_blocks + 1
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cum[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def token_pieces(cum, starts, counts, out):
+    """The compiled ``_tokens_py.token_pieces`` (see there)."""
+    cdef const uint64_t[::1] c_cum = cum
+    cdef const int64_t[::1] c_starts = np.ascontiguousarray(starts, dtype=np.int64)
+    cdef const int64_t[::1] c_counts = np.ascontiguousarray(counts, dtype=np.int64)
+    cdef const int64_t[::1] c_out = np.ascontiguousarray(out, dtype=np.int64)
+    cdef Py_ssize_t n = c_starts.shape[0]
+    cdef Py_ssize_t n_blocks = c_cum.shape[0] - 1
+    cdef Py_ssize_t r, g, total = 0, k = 0, n_unique = 0, lo, hi, mid
+    cdef int64_t s, c, a, b
+    cdef const uint64_t* cp
+    if c_counts.shape[0] != n or c_out.shape[0] != n:
+        raise ValueError("starts, counts and out differ in length")
+    if n_blocks < 0:
+        raise ValueError("an empty block table")
+    cp = &c_cum[0]
+    for r in range(n):
+        s, c = c_starts[r], c_counts[r]
+        if c <= 0:
+            continue
+        if s < 0 or <uint64_t>(s + c) > cp[n_blocks]:
+            raise IndexError(f"tokens [{s}, {s + c}) out of range for {cp[n_blocks]} tokens")
+        total += (_tk_block_of(cp, n_blocks, <uint64_t>(s + c - 1))
+                  - _tk_block_of(cp, n_blocks, <uint64_t>s) + 1)
+    pieces = np.empty((total, 4), dtype=np.int64)
+    gs = np.empty(total, dtype=np.int64)
+    cdef int64_t[:, ::1] c_pieces = pieces
+    cdef int64_t[::1] c_gs = gs
+    with nogil:
+        for r in range(n):
+            s, c = c_starts[r], c_counts[r]
+            if c <= 0:
+                continue
+            g = _tk_block_of(cp, n_blocks, <uint64_t>s)
+            while c > 0:
+                a = <int64_t>cp[g]
+                b = <int64_t>cp[g + 1]
+                if b > s:  # (blocks without a token are passed over)
+                    b = b - s if b - s < c else c
+                    c_pieces[k, 0] = g
+                    c_pieces[k, 1] = s - a
+                    c_pieces[k, 2] = b
+                    c_pieces[k, 3] = c_out[r] + (c_counts[r] - c)
+                    c_gs[k] = g
+                    k += 1
+                    s += b
+                    c -= b
+                g += 1
+        if k:
+            qsort(&c_gs[0], k, sizeof(int64_t), _tk_cmp)
+            n_unique = 1
+            for r in range(1, k):
+                if c_gs[r] != c_gs[n_unique - 1]:
+                    c_gs[n_unique] = c_gs[r]
+                    n_unique += 1
+        for r in range(k):
+            g = c_pieces[r, 0]
+            lo, hi = 0, n_unique
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if c_gs[mid] < g:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            c_pieces[r, 0] = lo
+    return gs[:n_unique].copy(), pieces[:k]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
+
+import pytest
 
 from atlas_fast import AtlasDatasetWriter, CompressionStrategy
 
@@ -54,3 +57,28 @@ class FreezeProbe:
 
         assert self.ds[i] == example(i)
         return gc.get_freeze_count()
+
+
+@contextlib.contextmanager
+def counted_read_ahead(backend: str, monkeypatch):
+    """Blocks decoded ahead, counted: yields a function giving the count so far (the
+    compiled core's read-ahead jobs taken; the Python core's calls of its pool's decode, a
+    private name, since the pool is not observable otherwise), small blocks included."""
+    import atlas_fast._core._pool
+    import atlas_fast._core._reader_py
+
+    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)  # small blocks
+    if backend == "cython":
+        reader = pytest.importorskip("atlas_fast._core._reader")
+        old = reader._readahead_min_bytes(0)
+        try:
+            yield lambda: reader._readahead_info()["taken"]
+        finally:
+            reader._readahead_min_bytes(old)
+        return
+    calls = []
+    real = atlas_fast._core._pool.decode_on_pool
+    monkeypatch.setattr(
+        atlas_fast._core._reader_py, "decode_on_pool", lambda r, b: calls.append(b) or real(r, b)
+    )
+    yield calls.__len__

@@ -431,6 +431,7 @@ LABEL_FILES = [
     "benchmarks/sidebyside.py",
     "benchmarks/bench_backends.py",
     "benchmarks/bench_loader.py",
+    "benchmarks/bench_tokens.py",
 ]
 
 
@@ -567,6 +568,77 @@ def test_bench_loader_quick(with_stub, script_cache, tmp_path):
     pss = [r for r in report["rows"] if r["case"] == "PSS per worker (median)"]
     if Path("/proc/self/smaps_rollup").exists():
         assert pss[0]["values"]["reference"] > 0 and pss[0]["values"]["python"] > 0
+
+
+TOKENS_ARGS = ["--documents", "400", "--batches", "4", "--worker-batches", "4"]
+
+
+@pytest.fixture(scope="module")
+def tokens_run(script_cache, tmp_path_factory):
+    """bench_tokens.py --quick on the corpus's first 400 documents, LitData's venv absent."""
+    pytest.importorskip("torch", reason="bench_tokens.py reads through a DataLoader")
+    tmp = tmp_path_factory.mktemp("tokens")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ATLAS_FAST_MDS_VENV", str(tmp / "no-venv"))
+    try:
+        yield _run_script("bench_tokens", TOKENS_ARGS, script_cache, tmp)
+    finally:
+        mp.undo()
+
+
+def test_bench_tokens_quick(tokens_run):
+    report, text = tokens_run
+    rows = report["rows"]
+    for workers in (0, 2):
+        assert set(rows[f"uncompressed, {workers} workers"]["compared"]) == {"memmap", "by hand"}
+        assert set(rows[f"zstd, {workers} workers"]["compared"]) == {"floor"}
+    for row in rows.values():
+        for name, c in row["compared"].items():
+            mine, theirs = row["atlas_fast"]["runs"][0], row[name]["runs"][0]
+            if name == "floor":  # a ratio of times: the floor's rate over ours
+                assert c["target"] == "<= 1.25"
+                assert c["ratio"] == pytest.approx(theirs["tokens_per_s"] / mine["tokens_per_s"])
+            else:
+                assert c["ratio"] == pytest.approx(mine["tokens_per_s"] / theirs["tokens_per_s"])
+            op, bound = c["target"].split()
+            assert c["met"] is (
+                c["ratio"] <= float(bound) if op == "<=" else c["ratio"] >= float(bound)
+            )
+    assert report["litdata"]["available"] is False
+    assert "no-venv" in report["litdata"]["reason"] and "litdata rows skipped" in text
+    assert report["open"]["met"] and set(report["open"]["files"]) <= {"meta.json", "tokens.idx"}
+    index = report["index"]
+    assert "index build, atlas_fast[python]" in index
+    for row in index.values():
+        assert row["index build"]["tokens_per_s"] > 0 and row["passes_per_measurement"] >= 1
+    tokens = report["settings"]["tokens"]
+    assert report["settings"]["documents"] == 400 and tokens > 10 * 32 * 2048
+
+
+def test_bench_tokens_contenders_read_the_same_windows(tokens_run, script_cache, atlas):
+    """The memmap gather, the zstd floor and reading by hand give the rows' targets that
+    TokenSequences gives (their inputs differ at a document's start, where they take the
+    token before it and TokenSequences the start_input)."""
+    import numpy as np
+
+    from atlas_fast.tokens import TokenSequences
+
+    bench = _script("bench_tokens")
+    (root,) = script_cache.glob("tokens-bench-*-first400")
+    lengths = np.load(root / "lengths.npy")
+    ts = TokenSequences(atlas.AtlasDataset(str(root / "s0")), 2048)
+    contenders = [
+        bench.FlatTokens(root / "flat.u16"),
+        bench.FlatTokens(root / "flat.u16", bench.zstd_blocks(root / "s1")),
+        bench.ByHand(root / "s0", lengths),
+    ]
+    for keys in bench.keys_of(ts, 0, 3, 3):
+        want = ts.__getitems__(keys)
+        for contender in contenders:
+            got = contender.__getitems__(keys)
+            np.testing.assert_array_equal(got["targets"], want["targets"])
+            inside = want["positions"] > 0  # not a document's first token
+            np.testing.assert_array_equal(got["inputs"][inside], want["inputs"][inside])
 
 
 def test_rows_corpus_is_typed_and_deterministic():

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from loader_helpers import example, write_dataset
+from loader_helpers import counted_read_ahead, example, write_dataset
 
 import atlas_fast
 from atlas_fast import MixtureDataset, MixtureSampler
@@ -331,24 +331,7 @@ def test_reads_ahead_the_blocks_the_sources_give_next(atlas, backend, roots, mon
     source as it is entered: the core decodes those blocks ahead (the compiled core on its
     read-ahead thread: its jobs taken are counted; the Python core on its pool: a private
     name, since the pool is not observable otherwise)."""
-    import atlas_fast._core._pool
-    import atlas_fast._core._reader_py
-
-    monkeypatch.setattr(atlas_fast._core._pool, "POOL_MIN_BLOCK_BYTES", 0)  # these blocks are small
-    if backend == "cython":
-        reader = pytest.importorskip("atlas_fast._core._reader")
-        old = reader._readahead_min_bytes(0)
-        ahead = lambda: reader._readahead_info()["taken"]  # noqa: E731
-    else:
-        calls = []
-        real = atlas_fast._core._pool.decode_on_pool
-        monkeypatch.setattr(
-            atlas_fast._core._reader_py,
-            "decode_on_pool",
-            lambda r, b: calls.append(b) or real(r, b),
-        )
-        ahead = calls.__len__
-    try:
+    with counted_read_ahead(backend, monkeypatch) as ahead:
         mix = MixtureDataset({n: atlas.AtlasDataset(r) for n, r in roots.items()})
         sampler = MixtureSampler(
             mix, {"web": 2, "code": 1}, global_batch_size=32, seed=4, epoch_length=32 * 50
@@ -361,9 +344,6 @@ def test_reads_ahead_the_blocks_the_sources_give_next(atlas, backend, roots, mon
         assert got == [example(mix.locate(i)[1]) for i in sampler.epoch_indices()]
         blocks = len({(n, j // 10) for n, j in _pairs(mix, sampler.epoch_indices())})
         assert ahead() - before >= blocks * 3 // 4, (ahead() - before, blocks)
-    finally:
-        if backend == "cython":
-            reader._readahead_min_bytes(old)
 
 
 # -- each source in its block-shuffled order ----------------------------------------------------

@@ -7,6 +7,7 @@ import multiprocessing
 
 import numpy as np
 import pytest
+from loader_helpers import counted_read_ahead
 from token_helpers import Model, make_docs, write_docs
 
 from atlas_fast import InvalidArgumentError, TokenSequences
@@ -215,3 +216,47 @@ def test_bad_arguments(atlas, corpus):
         sampler.set_step(sampler.steps() + 1)
     with pytest.raises(InvalidArgumentError):
         sampler.load_state_dict({"epoch": 0, "step": 0, "batch_size": 3})
+
+
+def test_reads_ahead_the_blocks_of_the_next_batches(atlas, backend, tmp_path, monkeypatch):
+    """Read in this process (no workers), the sampler names the blocks of the batches ahead
+    to the dataset (``prefetch``) before they are read, and the core decodes them ahead (the
+    compiled core on its read-ahead thread: its jobs taken are counted; the Python core on
+    its pool: a private name, since the pool is not observable otherwise). Rows unchanged."""
+    import itertools
+
+    docs = make_docs(4, 600, np.uint16, long=4)
+    root = write_docs(tmp_path / "ds", docs, strategy=1, shard_size=200, block_size=20)
+    with counted_read_ahead(backend, monkeypatch) as ahead:
+        ds = atlas.AtlasDataset(root)
+        ts = TokenSequences(ds, 16)
+        named = []
+        real_prefetch = ds.prefetch
+        ds.prefetch = lambda indices: named.append(list(indices)) or real_prefetch(indices)
+        sampler = TokenShuffleSampler(ts, batch_size=4, seed=1, group_pieces=6)
+        batches = list(sampler.batches())
+        model = Model(docs)
+        before = ahead()
+        it = iter(sampler)
+        firsts = None
+        for t, keys in enumerate(batches):
+            got = list(itertools.islice(it, 4))
+            assert got == keys
+            if t == 0:
+                firsts = ts._block_examples
+                assert named, "no block named before the first batch was read"
+            # every block this batch reads was named before it was read
+            cum = np.asarray(ts._index.cum, dtype=np.int64)
+            wanted = {int(np.searchsorted(cum, s, side="right") - 1) for k in keys for s in k[::2]}
+            told = {b for call in named for b in np.searchsorted(firsts, call, side="right") - 1}
+            assert wanted <= told, (t, wanted - told)
+            batch = ts.__getitems__(got)
+            for r, key in enumerate(keys):
+                want = model.ranges(list(zip(key[::2], key[1::2])))
+                np.testing.assert_array_equal(batch["targets"][r], want["targets"])
+                np.testing.assert_array_equal(batch["inputs"][r], want["inputs"])
+        assert ahead() - before >= len(cum) // 2, (ahead() - before, len(cum))
+        # With workers the keys are read elsewhere: nothing is named here.
+        named.clear()
+        list(TokenShuffleSampler(ts, batch_size=4, seed=1, num_workers=2))
+        assert named == []

@@ -341,3 +341,48 @@ def test_a_damaged_block_is_a_format_error(atlas, tmp_path):
     ts = TokenSequences(atlas.AtlasDataset(root), 3)
     with pytest.raises(AtlasFormatError):
         ts.__getitems__(list(range(len(ts))))
+
+
+_OPEN_ONLY = r"""
+import os, sys
+root = os.path.realpath(sys.argv[1])
+seen = []
+sys.addaudithook(lambda event, args: event == "open" and seen.append(args[0]))
+import atlas_fast
+assert atlas_fast.BACKEND == sys.argv[2], atlas_fast.BACKEND
+ts = atlas_fast.TokenSequences(root, 16)
+assert len(ts) > 0
+held = [os.path.realpath(os.path.join("/proc/self/fd", fd)) for fd in os.listdir("/proc/self/fd")]
+with open("/proc/self/maps") as f:
+    held += [line.split()[-1] for line in f if "/" in line]
+for p in seen + held:
+    if isinstance(p, (str, bytes, os.PathLike)):
+        p = os.path.realpath(os.fsdecode(p))
+        if p.startswith(root + os.sep):
+            print(os.path.relpath(p, root))
+"""
+
+
+def test_opening_reads_the_index_and_the_metadata_alone(tmp_path, backend):
+    """A dataset that carries its token index is opened from its root meta.json and that
+    index: no shard file is opened (by Python, and none is left open or mapped), in a fresh
+    process of each backend."""
+    import os
+    import subprocess
+    import sys
+
+    docs = make_docs(2, 300, np.uint16, long=2)
+    root = write_docs(tmp_path / "ds", docs, strategy=1, shard_size=50, block_size=10)
+    env = dict(os.environ)
+    env.pop("ATLAS_FAST_NO_EXTENSIONS", None)
+    if backend == "python":
+        env["ATLAS_FAST_NO_EXTENSIONS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_ONLY, str(root), backend],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert set(done.stdout.split()) == {"meta.json", "tokens.idx"}

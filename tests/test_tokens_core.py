@@ -127,3 +127,35 @@ def test_output_dtypes_convert_alike(tmp_path):
 
 def test_the_twin_is_the_python_cores():
     assert atlas_fast._python.AtlasDataset._backend.gather_tokens is _reader_py.gather_tokens
+
+
+def test_token_pieces_cut_ranges_at_blocks(atlas):
+    """``token_pieces``: each range of the concatenation cut at block ends (blocks without a
+    token passed over), the blocks read ascending, each piece naming its block's slot; the
+    compiled core's against this plain model, on random block tables and ranges."""
+    token_pieces = atlas.AtlasDataset._backend.token_pieces
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        counts = rng.integers(0, 5, int(rng.integers(1, 9)))
+        counts[rng.random(len(counts)) < 0.3] = 0
+        cum = np.concatenate(([0], np.cumsum(counts))).astype(np.uint64)
+        total = int(cum[-1])
+        if not total:
+            continue
+        starts = rng.integers(0, total, int(rng.integers(0, 6)))
+        lengths = np.array([rng.integers(0, total - s + 1) for s in starts], dtype=np.int64)
+        out = rng.integers(0, 100, len(starts))
+        blocks, pieces = token_pieces(cum, starts, lengths, out)
+        want = []
+        for s, c, o in zip(starts.tolist(), lengths.tolist(), out.tolist()):
+            for t in range(s, s + c):
+                g = int(np.searchsorted(cum, t, side="right")) - 1
+                if t > s and want[-1][0] == g:
+                    want[-1][2] += 1
+                else:
+                    want.append([g, t - int(cum[g]), 1, o + t - s])
+        assert blocks.tolist() == sorted({w[0] for w in want})
+        got = [[int(blocks[p[0]]), *p[1:]] for p in pieces.tolist()]
+        assert got == want
+    with pytest.raises(IndexError):
+        token_pieces(np.array([0, 4], dtype=np.uint64), [3], [2], [0])

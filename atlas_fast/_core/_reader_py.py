@@ -57,11 +57,11 @@ from ._objsize import ChargeMeter
 from ._pickle_scan_py import find_unbounded, unbounded_error
 from ._pool import decode_on_pool, gather, read_in_order, worth_the_pool
 from ._shards import ShardOpener, open_files, renamed_root, shard_layout
-from ._tokens_py import block_token_stats, gather_tokens
+from ._tokens_py import block_token_stats, gather_tokens, token_pieces
 
 # What CoreModule (atlas_fast._contract) declares
 __all__ = ["BACKEND", "BlockCache", "DatasetCore", "ShardCore", "ZstdDict", "zstd_library"]
-__all__ += ["block_token_stats", "gather_tokens"]
+__all__ += ["block_token_stats", "gather_tokens", "token_pieces"]
 
 BACKEND = "python"
 

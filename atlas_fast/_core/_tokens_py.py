@@ -1,6 +1,6 @@
 """Token sequences out of blocks, with numpy: the pure-Python twin of ``src/_tokens.pxi``.
 
-Both cores offer the same three functions (``atlas_fast._contract.TokenCore``), which
+Both cores offer the same four functions (``atlas_fast._contract.TokenCore``), which
 ``atlas_fast.tokens`` calls:
 
 - ``block_token_stats(reader, first, stop, field)``: each block's token count and the
@@ -8,6 +8,8 @@ Both cores offer the same three functions (``atlas_fast._contract.TokenCore``), 
 - ``gather_tokens(dataset, shards, blocks, expected, pieces, targets, inputs, positions,
   start_input, field, docs)``: a batch of windows (or of documents) copied into the output
   rows, each block decoded once;
+- ``token_pieces(cum, starts, counts, out)``: the pieces of ranges of the concatenation, and
+  the blocks they read (what ``gather_tokens`` takes);
 - ``as_tokens(example, field, where)``: one example as a 1-D integer array, or
   ``NotTokensError`` (shared: the compiled core's fallback for blocks its scanner does not
   read uses it too).
@@ -30,7 +32,15 @@ import numpy as np
 
 from .._errors import NotTokensError, TokenIndexError
 
-__all__ = ["as_tokens", "block_tokens", "block_token_stats", "gather_tokens", "index_mismatch"]
+__all__ = [
+    "as_tokens",
+    "block_tokens",
+    "block_token_stats",
+    "gather_tokens",
+    "index_mismatch",
+    "sorted_unique",
+    "token_pieces",
+]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -104,15 +114,90 @@ def block_token_stats(reader, first: int, stop: int, field) -> tuple:
     core ``reader`` (int64 array), and the smallest and largest id among them (None, None:
     no token)."""
     counts = np.zeros(max(stop - first, 0), dtype=np.int64)
-    low = high = None
+    lows, highs = [], []
     for b in range(first, stop):
-        tokens, _ = block_tokens(reader, b, field)
-        counts[b - first] = len(tokens)
-        if len(tokens):
-            lo, hi = int(tokens.min()), int(tokens.max())
-            low = lo if low is None else min(low, lo)
-            high = hi if high is None else max(high, hi)
-    return counts, low, high
+        # A pass: each block decoded and unpickled once, not kept in the cache.
+        examples = reader._unpickle(reader._decoded(b), b)
+        arrays = []
+        for j, x in enumerate(examples):
+            if field is None and type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu":
+                a = x  # the common case, without making the label of an error
+            else:
+                a = as_tokens(x, field, _where(reader, b, j))
+            if len(a):
+                arrays.append((j, a))
+        counts[b - first] = sum(len(a) for _, a in arrays)
+        if not arrays:
+            continue
+        if len({a.dtype for _, a in arrays}) == 1:  # one min and one max for the block
+            whole = np.concatenate([a for _, a in arrays])
+            lo, hi = whole.min(), whole.max()
+            if whole.dtype == np.uint64 and int(hi) > np.iinfo(np.int64).max:
+                j = next(j for j, a in arrays if int(a.max()) > np.iinfo(np.int64).max)
+                raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+            lows.append(int(lo))
+            highs.append(int(hi))
+            continue
+        for j, a in arrays:
+            hi = a.max()
+            if a.dtype == np.uint64 and int(hi) > np.iinfo(np.int64).max:
+                raise NotTokensError(f"{_where(reader, b, j)}: a token id beyond int64")
+            lows.append(int(a.min()))
+            highs.append(int(hi))
+    if not lows:
+        return counts, None, None
+    return counts, min(lows), max(highs)
+
+
+def token_pieces(cum, starts, counts, out) -> tuple:
+    """``(blocks, pieces)`` of ranges of the concatenation: range ``r`` is ``counts[r]``
+    tokens from token ``starts[r]``, copied to flat position ``out[r]``; ``cum`` (uint64) is
+    each block's first token, then the total (the token index). ``blocks``: the global
+    blocks read (ascending, int64); ``pieces``: rows ``(slot in blocks, start in the block,
+    count, out)`` (see the module's doc), in the order of the ranges. Empty ranges give no
+    piece."""
+    starts = np.asarray(starts, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.asarray(out, dtype=np.int64)
+    live = counts > 0
+    starts, counts, out = starts[live], counts[live], out[live]
+    if not len(starts):
+        return _EMPTY, np.zeros((0, 4), dtype=np.int64)
+    if (starts < 0).any() or (starts + counts > int(cum[-1])).any():
+        bad = int(np.flatnonzero((starts < 0) | (starts + counts > int(cum[-1])))[0])
+        s, c = int(starts[bad]), int(counts[bad])
+        raise IndexError(f"tokens [{s}, {s + c}) out of range for {int(cum[-1])} tokens")
+    g0 = np.searchsorted(cum, starts, side="right") - 1
+    g1 = np.searchsorted(cum, starts + counts - 1, side="right") - 1
+    n = g1 - g0 + 1
+    seg = np.repeat(np.arange(len(starts)), n)
+    g = g0[seg] + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+    first = cum[g].astype(np.int64)
+    lo = np.maximum(starts[seg], first)
+    hi = np.minimum(starts[seg] + counts[seg], cum[g + 1].astype(np.int64))
+    keep = hi > lo
+    g, lo, hi, seg, first = g[keep], lo[keep], hi[keep], seg[keep], first[keep]
+    blocks, slot = sorted_unique(g, inverse=True)
+    pieces = np.stack((slot, lo - first, hi - lo, out[seg] + (lo - starts[seg])), axis=1)
+    return blocks.astype(np.int64), pieces.astype(np.int64)
+
+
+def sorted_unique(values, inverse: bool = False):
+    """The distinct values of the 1-D integer array ``values``, ascending (and with
+    ``inverse``, where each value is among them): ``np.unique`` by a sort, which for the small
+    arrays of one batch costs a tenth of numpy 2's hash-based ``np.unique``."""
+    if not inverse:
+        v = np.sort(values)
+        keep = np.ones(len(v), dtype=bool)
+        keep[1:] = v[1:] != v[:-1]
+        return v[keep]
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    keep = np.ones(len(v), dtype=bool)
+    keep[1:] = v[1:] != v[:-1]
+    where = np.empty(len(v), dtype=np.int64)
+    where[order] = np.cumsum(keep) - 1
+    return v[keep], where
 
 
 def index_mismatch(reader, b: int, found: int, expected: int) -> TokenIndexError:
@@ -141,6 +226,8 @@ def gather_tokens(
     """Copy the pieces (see the module's doc) into the flat outputs; with ``docs`` return how
     many tokens each piece copied (int64), else None."""
     copied = np.zeros(len(pieces), dtype=np.int64) if docs else None
+    if getattr(dataset, "_hints", None) is not None:  # named by prefetch(): decoded ahead now
+        dataset._queue_hints()
     order = np.argsort(pieces[:, 0], kind="stable")
     bounds = np.searchsorted(pieces[order, 0], np.arange(len(shards) + 1))
     for slot in range(len(shards)):

@@ -21,8 +21,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from .._errors import destination_exists
-from .._format import DICT_FILE, META_FILE, meta_text
+from .._format import DICT_FILE, INDEX_FILE, META_FILE, meta_text
 from ..storage import Location, is_url
 from ..storage._upload import Destination
 
@@ -169,6 +171,10 @@ class ShardUploads:
         # The shard count the dataset is expected to reach (the writer's expected_examples):
         # names take its width from the start.
         self.expected = 0
+        # With keep_offsets, each shard's block offsets (its index.npy) by number, read
+        # before it goes up: what the token index of the dataset is made from.
+        self.keep_offsets = False
+        self.offsets: dict = {}
         self.grown = None  # an append's grow_remote.RemoteGrowth (the dataset grown)
 
     def add(self, number: int, started: int) -> None:
@@ -176,6 +182,8 @@ class ShardUploads:
         self.check()
         local_dir = self.local / str(number)
         size = sum(p.stat().st_size for p in local_dir.iterdir() if p.is_file())
+        if self.keep_offsets:
+            self.offsets[number] = np.load(local_dir / INDEX_FILE)
         name = str(number).zfill(len(str(max(started, number + 1, self.expected) - 1)))
         with self._lock:
             while self._held and self._held + size > self.limit and self._error is None:
@@ -232,10 +240,16 @@ class ShardUploads:
         if error is not None:
             raise error
 
-    def commit(self, fields: dict, dict_file: Path | None) -> None:
+    def commit(self, fields: dict, dict_file: Path | None, root_files=None) -> None:
         """Wait for every shard, rename those stored under a name of another width, then put
-        the shared dictionary (``dict_file``, strategy 2) and the root meta.json, last."""
+        the shared dictionary (``dict_file``, strategy 2), the other files of the root
+        (``root_files``: ``{name: bytes}``, e.g. the token index) and the root meta.json,
+        last."""
         self.seal(fields, dict_file)
+        for name, data in (root_files or {}).items():
+            self.dest.put_bytes(name, data)
+            with self._lock:
+                self.objects.append(name)
         self.put_meta(fields)
         self.close()
 
@@ -341,6 +355,10 @@ def upload_dataset(local_root, dest: Destination, *, threads: int = UPLOAD_THREA
         dest_dict = dict_file.read_bytes() if dict_file.is_file() else None
         if dest_dict is not None:
             dest.put_bytes(DICT_FILE, dest_dict)
+        for index in sorted(local_root.glob("tokens*.idx")):  # token indexes (convert)
+            dest.put_file(index.name, index)
+            with lock:
+                stored.append(index.name)
         dest.abort_uploads()
         dest.put_file(META_FILE, local_root / META_FILE)
     except BaseException:

@@ -217,6 +217,29 @@ def token_arrays(documents, limit=None):
             n += 1
 
 
+def token_documents(copies: int = 1):
+    """Whole stdlib source files as token documents (the ``tokens`` tokenizer, uint16 arrays,
+    one per file, lengths from a few tokens to over 100,000), the files in sorted order,
+    ``copies`` times over: what bench_tokens.py packs into rows."""
+    import numpy as np
+
+    vocab: dict = {}
+    docs = []
+    for _, path in stdlib_files():
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = []
+        for tok in _TOKEN_RE.findall(text):
+            tid = vocab.get(tok)
+            if tid is None:
+                tid = vocab[tok] = zlib.crc32(tok.encode("utf-8")) & 0xFFFF
+            ids.append(tid)
+        docs.append(np.array(ids, dtype=np.uint16))
+    return [d for _ in range(copies) for d in docs]
+
+
 def blobs(limit):
     for i in range(limit):
         data = hashlib.shake_256(b"atlas_fast bench blob %d" % i).digest(BLOB_BYTES)

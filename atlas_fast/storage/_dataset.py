@@ -15,6 +15,7 @@ A ``ShardSource`` is what a core reads a remote shard's bytes through
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import weakref
@@ -104,11 +105,16 @@ def _read(obj, what: str, limit: int | None = None) -> bytes:
         raise AtlasFormatError(f"{exc}{what}") from exc
 
 
-def _read_meta(location, what: str) -> tuple:
+def _read_meta(location, what: str, found=None) -> tuple:
     """``(the JSON object of location's meta.json, its URL)``; a missing one is worded by
-    ``what`` (see ``_read``)."""
+    ``what`` (see ``_read``). ``found``: a dict that receives ``"etag"`` and ``"digest"``
+    (of the bytes read) of the object."""
     obj = location.object(META_FILE)
-    return parse_json_object(_read(obj, what, MAX_META_BYTES), obj.url), obj.url
+    data = _read(obj, what, MAX_META_BYTES)
+    if found is not None:
+        found["etag"] = obj.etag
+        found["digest"] = hashlib.sha256(data).hexdigest()[:16]
+    return parse_json_object(data, obj.url), obj.url
 
 
 def _weakly(method, *args):
@@ -401,11 +407,16 @@ class RemoteDataset:
         self.location = Location(url, storage_options)
         self.url = self.location.url
         self.cache = cache
+        found: dict = {}
         value, url = _read_meta(
             self.location,
             ": not an Atlas dataset, or an incomplete dataset (no root meta.json: its writer "
             "did not finish, or the URL does not name a dataset root)",
+            found,
         )
+        # What this version of the dataset is known by: its commit's ETag and bytes (a
+        # rewrite commits a new root meta.json).
+        self.identity = f"{found['etag'] or ''}:{found['digest']}"
         self.metadata = dataset_metadata_from(value, url)
         self.names = shard_names(len(self.metadata.shard_sizes))
         self._sources: list = [None] * len(self.names)
@@ -419,6 +430,19 @@ class RemoteDataset:
         """The dataset's shared zstd_dict.bin (strategy 2)."""
         obj = self.location.object(DICT_FILE)
         return check_dict_bytes(_read(obj, " (the compression strategy needs it)"), obj.url)
+
+    def root_file(self, name: str, limit: int) -> bytes | None:
+        """The object ``name`` at the dataset's root (at most ``limit`` bytes: a larger one is
+        an ``AtlasFormatError``), or None when there is none."""
+        obj = self.location.object(name)
+        try:
+            return obj.read(limit)
+        except ObjectNotFoundError as exc:
+            if missing_bucket(exc):
+                raise
+            return None
+        except ValueError as exc:
+            raise AtlasFormatError(str(exc)) from exc
 
     def dictionary_later(self) -> Pending:
         """The dataset's shared zstd_dict.bin, requested now on the fetch pool and awaited on
@@ -477,11 +501,15 @@ class RemoteDataset:
             source.set_extents(blocks)
 
     def __reduce__(self):
-        return (_rebuild_dataset, (self.location, self.metadata, self.names, self.cache))
+        return (
+            _rebuild_dataset,
+            (self.location, self.metadata, self.names, self.cache, self.identity),
+        )
 
 
-def _rebuild_dataset(location, metadata, names, cache=None):
+def _rebuild_dataset(location, metadata, names, cache=None, identity=""):
     out = RemoteDataset.__new__(RemoteDataset)
+    out.identity = identity
     out.location = location
     out.cache = cache
     out.url = location.url
