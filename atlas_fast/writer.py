@@ -582,7 +582,11 @@ class AtlasDatasetWriter(_FinishedOnlyOnSuccess):
         self._tokens = _token_tally(
             token_index, token_field, options.shard_size, options.block_size, self._uploads
         )
-        if append and self._uploads is None and not self._append.existing.count:
+        if append and self._uploads is not None:
+            # To a URL: the old index is left as it is (a reader extends or rebuilds an
+            # index that does not cover every shard), none is written for the new shards.
+            self._tokens = None
+        elif append and not self._append.existing.count:
             pass  # a dataset of no shard: its index is the new shards' alone
         elif append and self._tokens is not None:
             # The grown dataset's index: the old one's entries (read from it, no shard

@@ -11,7 +11,8 @@ files are byte-identical for every ``workers``.
 
 Each example written is a 1-D numpy array of the smallest unsigned dtype that holds every id
 of the tokenizer's vocabulary (``token_dtype``), the end-of-document id appended when asked;
-a local dataset gets its token index from the writer (``token_index=True``).
+the dataset gets its token index from the writer (``token_index=True`` locally, automatic
+for a URL).
 
 DST is written as ``convert`` writes it: into a staging directory next to it, moved into
 place at the end; to a URL shard by shard, the root meta.json last, and a failure deletes
@@ -621,9 +622,9 @@ def tokenize(
 def _new_writer(path, options: dict, **remote):
     from ..writer import AtlasDatasetWriter
 
-    # The writer compresses on this thread: the cores are the tokenizing processes'. A local
-    # dataset gets its token index (tokens.idx) from the writer; to a URL the writer writes
-    # none yet, and TokenSequences builds it on first use.
+    # The writer compresses on this thread: the cores are the tokenizing processes'. The
+    # dataset gets its token index (tokens.idx) from the writer: required locally, automatic
+    # to a URL (uploaded beside the root meta.json).
     index = {} if remote else {"token_index": True}
     return AtlasDatasetWriter(path, **options, workers=1, **index, **remote)
 

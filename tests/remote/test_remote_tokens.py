@@ -145,3 +145,23 @@ def test_a_field_index_goes_up_under_its_name(s3, docs, cache):
     assert "fields/tokens.input_ids.idx" in keys
     ts = TokenSequences(url, 16, field="input_ids", index="require")
     _check_rows(ts, docs, 16)
+
+
+def test_an_append_to_the_url_leaves_the_index_and_the_reader_covers_the_new_shards(
+    s3, atlas, docs, cache
+):
+    """A URL append writes no index: the old one stays (the old shards' entries), and
+    TokenSequences gives the appended shards theirs when it opens the grown dataset."""
+    url = s3.url("grown")
+    with atlas_fast.AtlasDatasetWriter(url, shard_size=120, block_size=10) as writer:
+        for d in docs[:300]:
+            writer.add_example(d)
+    before = s3.client.get_object(Bucket=s3.bucket, Key="grown/tokens.idx")["Body"].read()
+    with atlas_fast.AtlasDatasetWriter(url, shard_size=120, block_size=10, append=True) as w:
+        for d in docs[300:]:
+            w.add_example(d)
+    after = s3.client.get_object(Bucket=s3.bucket, Key="grown/tokens.idx")["Body"].read()
+    assert after == before
+    ts = TokenSequences(atlas.AtlasDataset(url), 16)
+    assert ts.num_tokens == sum(len(d) for d in docs)
+    _check_rows(ts, docs, 16)
