@@ -256,13 +256,18 @@ class MixtureDataset:
         into = (out["targets"], out["inputs"], out["positions"])
         for s, (rows, ks) in where.items():
             self._datasets[s]._packed(ks, into=(*into, np.array(rows, dtype=np.int64)))
-        if first.varlen:  # each row's start, and where each of its ranges starts
+        if first.varlen or first.compact:  # each row's start, and where each range starts
             starts = [
                 r * shape[1] + offset
                 for r, key in enumerate(keys)
                 for offset in _range_offsets(self._token_key(key)[1])
             ]
-            out.update(TokenSequences._varlen(out["positions"], np.array(starts, np.int64)))
+            starts = np.array(starts, np.int64)
+            if first.compact:
+                return TokenSequences._compact(
+                    out["targets"], out["inputs"], out["positions"], starts
+                )
+            out.update(TokenSequences._varlen(out["positions"], starts))
         return out
 
     def _read(self, s: int, local: list) -> list:
@@ -297,8 +302,8 @@ class MixtureDataset:
 
 
 def _token_sources(names, datasets) -> bool:
-    """Whether the sources are token sources (packed TokenSequences alike in dtype and
-    varlen); a mixture of token sources and others is refused."""
+    """Whether the sources are token sources (packed TokenSequences alike in dtype, varlen
+    and compact); a mixture of token sources and others is refused."""
     tokens = [isinstance(d, TokenSequences) for d in datasets]
     if not any(tokens):
         return False
@@ -314,7 +319,7 @@ def _token_sources(names, datasets) -> bool:
                 f"source {name!r}: a mixture of token sources reads packed rows, and these "
                 "are documents (packed=False)"
             )
-        for what in ("dtype", "varlen"):
+        for what in ("dtype", "varlen", "compact"):
             if getattr(d, what) != getattr(datasets[0], what):
                 raise InvalidArgumentError(
                     f"source {name!r} has {what}={getattr(d, what)!r}, {names[0]!r} "

@@ -32,9 +32,11 @@ paired ratios):
 - ``litdata``: LitData's ``StreamingDataset(item_loader=TokensLoader(block_size=2048),
   shuffle=True)`` over its own ``optimize`` output of the same tokens, through its
   ``StreamingDataLoader`` in the MDS venv (benchmarks/remote_peers.py finds it; skipped with
-  the reason when absent), against atlas_fast on the uncompressed dataset: target >= 1.0x.
-  LitData hands out the stored uint16 windows; atlas_fast three int64 arrays (inputs, targets,
-  positions);
+  the reason when absent), against atlas_fast on the uncompressed dataset with
+  ``compact=True``: target >= 1.0x. Both hand the stored uint16 tokens over (atlas_fast also
+  where each document starts: ``atlas_fast.tokens.expand`` builds the rows from them where
+  they are used); the rows as int64 arrays (``inputs``, ``targets``, ``positions``: 24 bytes
+  a token through the workers' shared memory) are a third contender, shown beside;
 - ``by hand``: the same windows read through ``AtlasDataset.__getitem__`` (the documents each
   window overlaps, located by a table of document lengths made before the clock starts) and
   concatenated with numpy, the way a user writes it without ``TokenSequences`` (inputs and
@@ -322,7 +324,8 @@ def run_loader(dataset, workers: int, batches: int, sampler=None, planned=None) 
             return DataLoader(dataset, batch_sampler=PlannedBatches(planned), **kwargs)
         return DataLoader(dataset, batch_size=BATCH, sampler=sampler, **kwargs)
 
-    return token_batches(make, batches, lambda batch: int(batch["targets"].numel()))
+    # A compact batch arrives as numpy arrays (collate keeps it so), the others as tensors.
+    return token_batches(make, batches, lambda batch: math.prod(batch["targets"].shape))
 
 
 def paired(fns: dict, reps: int) -> dict:
@@ -462,7 +465,8 @@ def litdata_section(paths: dict, args, results: dict) -> None:
         (out / ".complete").write_text("ok\n")
     import atlas_fast
 
-    ts = atlas_fast.TokenSequences(str(paths["s0"]), SEQ_LEN)
+    compact = atlas_fast.TokenSequences(str(paths["s0"]), SEQ_LEN, compact=True)
+    rows = atlas_fast.TokenSequences(str(paths["s0"]), SEQ_LEN)
     results["litdata"] = {"available": True, "version": version, "rows": {}}
     for workers in WORKERS:
         n = args.worker_batches if workers else args.batches
@@ -477,12 +481,21 @@ def litdata_section(paths: dict, args, results: dict) -> None:
                 raise RuntimeError(f"LitData read failed:\n{done.stderr[-2000:]}")
             return json.loads(done.stdout.strip().splitlines()[-1])
 
-        def ours(rep, workers=workers, n=n):
+        def ours(rep, workers=workers, n=n, ts=compact):
             return run_loader(ts, workers, n, sampler=sampler_of(ts, workers, rep))
 
-        got = paired({"atlas_fast": ours, "litdata": peer}, args.reps)
+        def ours_rows(rep, workers=workers, n=n, ts=rows):
+            return run_loader(ts, workers, n, sampler=sampler_of(ts, workers, rep))
+
+        got = paired(
+            {"atlas_fast": ours, "litdata": peer, "atlas_fast, int64 rows": ours_rows}, args.reps
+        )
         row = {name: summary(runs) for name, runs in got.items()}
         row["compared"] = {"litdata": compare("litdata", got["atlas_fast"], got["litdata"])}
+        row["rows_over_litdata"] = statistics.median(
+            a["tokens_per_s"] / b["tokens_per_s"]
+            for a, b in zip(got["atlas_fast, int64 rows"], got["litdata"])
+        )
         case = f"litdata, {workers} workers"
         results["litdata"]["rows"][case] = row
         show(case, row)

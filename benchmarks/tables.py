@@ -450,7 +450,7 @@ def bench_corpora(run: dict) -> str:
 _TOKEN_RIVALS = {
     "memmap": "a numpy.memmap gather of the same windows",
     "floor": "decompress each block touched once, then copy (ratio: our time over its)",
-    "litdata": "LitData TokensLoader",
+    "litdata": "LitData TokensLoader (ours: compact=True)",
     "by hand": "AtlasDataset.__getitem__, concatenated by hand",
     "plain pass": "a plain pass (for x in dataset)",
 }
@@ -499,6 +499,16 @@ def tokens_table(run: dict) -> str:
             "loader's ratio over reading by hand exceeds it): " + "; ".join(bounds) + "."
         )
     lit = run.get("litdata", {})
+    rows_over = [
+        f"{case}: {row['rows_over_litdata']:.2f}x"
+        for case, row in lit.get("rows", {}).items()
+        if "rows_over_litdata" in row
+    ]
+    if rows_over:
+        table += (
+            "\n\nThe same loader handing over int64 rows (`inputs`, `targets`, `positions`; "
+            "no `compact`) against LitData, in the same runs: " + "; ".join(rows_over) + "."
+        )
     if not lit.get("available", True):
         table += f"\n\nLitData rows skipped: {lit.get('reason')}"
     opened = run.get("open")

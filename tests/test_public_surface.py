@@ -115,7 +115,7 @@ MIXTURE_SAMPLER = {"set_epoch", "state_dict", "load_state_dict", "epoch_indices"
     "seq_len_schedule",
 }
 MIX_MODULE = {"MixtureDataset", "MixtureSampler", "from_config"}
-TOKENS_MODULE = {"TokenSequences", "collate"}
+TOKENS_MODULE = {"TokenSequences", "collate", "expand"}
 TOKEN_SEQUENCES = {
     "dataset",
     "seq_len",
@@ -126,6 +126,7 @@ TOKEN_SEQUENCES = {
     "dtype",
     "pad_value",
     "varlen",
+    "compact",
     "num_tokens",
     "index_path",
 }
