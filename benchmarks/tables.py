@@ -657,6 +657,38 @@ def formats_panels(run: dict) -> list:
     return panels
 
 
+_TOKEN_PLOT_RIVALS = {
+    "memmap": "numpy.memmap gather",
+    "by hand": "by hand (__getitem__)",
+    "floor": "decompress-once floor (zstd)",
+    "litdata": "LitData TokensLoader",
+}
+
+
+def tokens_panels(run: dict) -> list:
+    """bench_tokens: TokenSequences in times each rival's tokens/s, per worker count (the
+    zstd floor's ratio, a time over a time, turned into speed), and the index build in
+    times a plain pass, per core."""
+    by_workers: dict = {}
+    for section in (run.get("rows", {}), run.get("litdata", {}).get("rows", {})):
+        for case, row in section.items():
+            workers = case.rpartition(", ")[2]
+            for name, compared in row.get("compared", {}).items():
+                ratio = compared["ratio"]
+                if name == "floor":
+                    ratio = 1 / ratio if ratio else None
+                items = by_workers.setdefault(workers, [])
+                items.append((_TOKEN_PLOT_RIVALS[name], {"cython": ratio, "python": None}))
+    panels = list(by_workers.items())
+    index = {}
+    for case, row in run.get("index", {}).items():
+        core = "python" if "[python]" in case else "cython"
+        index[core] = row["compared"]["index build"]["ratio"]
+    if index:
+        panels.append(("index build", [("a plain pass", index)]))
+    return panels
+
+
 PLOTS = {
     # file under docs/images -> (results name, panels, title, x-axis label)
     "backends.svg": (
@@ -676,6 +708,12 @@ PLOTS = {
         formats_panels,
         "Against the formats users come from (atlas-fast bench)",
         "x the fastest peer format on the pattern (above 1: faster)",
+    ),
+    "tokens.svg": (
+        "bench_tokens",
+        tokens_panels,
+        "Token sequences (seq_len 2048, batches of 32) through a DataLoader",
+        "x the rival's tokens/s (above 1: faster)",
     ),
 }
 
@@ -702,7 +740,14 @@ def _plot_digest(name: str) -> str:
     panels, title, xlabel = _plot_data(name)
     code = "".join(
         inspect.getsource(f)
-        for f in (backends_panels, loader_panels, formats_panels, _plot_label, _draw)
+        for f in (
+            backends_panels,
+            loader_panels,
+            formats_panels,
+            tokens_panels,
+            _plot_label,
+            _draw,
+        )
     )
     text = json.dumps([name, panels, title, xlabel, code], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
