@@ -90,11 +90,13 @@ class MixtureDataset:
     source's own ``__getitems__``. Picklable when the sources are (DataLoader workers).
 
     **Token sources**: when the sources are packed ``TokenSequences`` (all of them, with one
-    ``dtype``, and ``varlen`` alike), a key is also ``(name, key of that source)`` (a window
+    ``dtype``, and ``varlen`` and ``compact`` alike: compact sources whose ids call for
+    different dtypes need ``dtype=`` given), a key is also ``(name, key of that source)`` (a window
     number, or the tuple of token ranges ``MixtureSampler`` and ``TokenShuffleSampler``
     give), and ``__getitems__`` returns one dict of 2-D arrays, row ``r`` read for key
     ``r``, as ``TokenSequences.__getitems__`` does (with ``varlen``, ``cu_seqlens`` and
-    ``max_seqlen`` of the whole batch). Rows of a batch must have one length. ``token_rows``
+    ``max_seqlen`` of the whole batch; compact sources, a compact batch). Rows of a batch
+    must have one length. ``token_rows``
     says whether the sources are token sources.
     """
 

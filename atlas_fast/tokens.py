@@ -92,42 +92,62 @@ def expand(batch: dict, *, dtype=None, varlen: bool = False, device=None) -> dic
     ``varlen=True`` also ``cu_seqlens`` and ``max_seqlen``.
 
     ``batch`` holds numpy arrays (what ``__getitems__`` and ``collate`` give) or torch
-    tensors. Numpy arrays give numpy arrays, unless ``device`` is named: then, as for
-    tensors, torch tensors built on that device (``"cpu"``, ``"cuda"``, ...), the compact
-    batch moved there first, so a training loop hands the GPU 2 bytes a token instead of 24.
-    ``dtype``: of ``inputs`` and ``targets`` (default int64; ``positions`` are int32 when it
-    is int32, else int64), a numpy or torch dtype."""
+    tensors: 2-D for a batch, 1-D for one item (``ts[k]``). Numpy arrays give numpy arrays,
+    unless ``device`` is named: then, as for tensors, torch tensors built on that device
+    (``"cpu"``, ``"cuda"``, ...), the compact batch moved there first, so a training loop
+    hands the GPU 2 bytes a token instead of 24. ``dtype``: of ``inputs`` and ``targets``
+    (default int64; ``positions`` are int32 when it is int32, else int64), a numpy or torch
+    integer dtype that holds every value of the batch's token dtype. The rows are new
+    arrays: the batch is not changed."""
     try:
         targets = batch["targets"]
         starts = batch["starts"]
         start_inputs = batch["start_inputs"]
         start_positions = batch["start_positions"]
-    except (KeyError, TypeError):
+        shape = tuple(targets.shape)
+    except (KeyError, TypeError, AttributeError):
         raise InvalidArgumentError(
             "expand takes a compact batch (TokenSequences(..., compact=True)): a dict of "
             "targets, starts, start_inputs and start_positions"
         ) from None
-    if isinstance(targets, np.ndarray):
-        if device is None:
-            return _expand_numpy(targets, starts, start_inputs, start_positions, dtype, varlen)
-        import torch
-
-        targets, starts, start_inputs, start_positions = (
-            torch.from_numpy(a) for a in (targets, starts, start_inputs, start_positions)
+    if len(shape) not in (1, 2):
+        raise InvalidArgumentError(f"a compact batch's targets are 1-D or 2-D, not {shape}")
+    numpy_in = isinstance(targets, np.ndarray)
+    stored = targets.dtype if numpy_in else _numpy_dtype(targets.dtype)
+    out_dtype = np.dtype(np.int64) if dtype is None else _numpy_dtype(dtype)
+    if out_dtype.kind not in "iu" or not np.can_cast(stored, out_dtype, "safe"):
+        raise InvalidArgumentError(
+            f"expand's dtype must be an integer dtype that holds every {stored} token, "
+            f"not {out_dtype}"
         )
-    return _expand_torch(targets, starts, start_inputs, start_positions, dtype, varlen, device)
+    if numpy_in and device is None:
+        out = _expand_numpy(targets, starts, start_inputs, start_positions, out_dtype, varlen)
+    else:
+        if numpy_in:
+            import torch
+
+            targets, starts, start_inputs, start_positions = (
+                torch.from_numpy(np.ascontiguousarray(a))
+                for a in (targets, starts, start_inputs, start_positions)
+            )
+        out = _expand_torch(
+            targets, starts, start_inputs, start_positions, out_dtype, varlen, device
+        )
+    if len(shape) == 1:  # one item: its rows' first (only) row
+        for key in ("inputs", "targets", "positions"):
+            out[key] = out[key][0]
+    return out
 
 
 def _expand_numpy(targets, starts, start_inputs, start_positions, dtype, varlen) -> dict:
-    dtype = np.dtype(np.int64 if dtype is None else _numpy_dtype(dtype))
+    targets = np.array(targets, dtype=dtype, order="C", ndmin=2)  # a copy, C-ordered
     n, length = targets.shape
     total = n * length
-    targets = targets.astype(dtype)
     flat = targets.reshape(-1)
     inputs = np.empty_like(targets)
     flat_inputs = inputs.reshape(-1)
     flat_inputs[1:] = flat[:-1]
-    starts = starts.astype(np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
     flat_inputs[starts] = start_inputs
     lengths = np.diff(starts, append=total)
     positions = np.arange(total, dtype=np.int64) - np.repeat(starts - start_positions, lengths)
@@ -142,29 +162,35 @@ def _expand_numpy(targets, starts, start_inputs, start_positions, dtype, varlen)
 def _expand_torch(targets, starts, start_inputs, start_positions, dtype, varlen, device) -> dict:
     import torch
 
-    dtype = torch.int64 if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype):
-        dtype = _torch_dtype(np.dtype(dtype))
+    final = _torch_dtype(dtype)
+    # Built in int64 where torch cannot index-assign the dtype (its unsigned ones), then
+    # converted.
+    work = final if final.is_signed or final == torch.uint8 else torch.int64
     if device is not None:
         targets, starts, start_inputs, start_positions = (
             t.to(device, non_blocking=True)
             for t in (targets, starts, start_inputs, start_positions)
         )
+    targets = targets.reshape(1, -1) if targets.dim() == 1 else targets
     n, length = targets.shape
     total = n * length
-    targets = targets.to(dtype)
-    flat = targets.reshape(-1)
+    targets = targets.to(work, memory_format=torch.contiguous_format, copy=True)
+    flat = targets.view(-1)
     inputs = torch.empty_like(targets)
     flat_inputs = inputs.view(-1)
     flat_inputs[1:] = flat[:-1]
     starts = starts.to(torch.int64)
-    flat_inputs[starts] = start_inputs.to(dtype)
+    flat_inputs[starts] = start_inputs.to(work)
     lengths = torch.diff(starts, append=starts.new_full((1,), total))
     positions = torch.arange(total, device=targets.device) - torch.repeat_interleave(
         starts - start_positions, lengths, output_size=total
     )
-    positions = positions.to(torch.int32 if dtype == torch.int32 else torch.int64)
-    out = {"inputs": inputs, "targets": targets, "positions": positions.view(n, length)}
+    positions = positions.to(torch.int32 if final == torch.int32 else torch.int64)
+    out = {
+        "inputs": inputs.to(final),
+        "targets": targets.to(final),
+        "positions": positions.view(n, length),
+    }
     if varlen:
         out["cu_seqlens"] = torch.cat((starts, starts.new_full((1,), total))).to(torch.int32)
         out["max_seqlen"] = int(lengths.max()) if len(lengths) else 0
@@ -224,6 +250,13 @@ class _TokenSequences:
     ``targets`` and ``inputs``; ``positions`` are int64 (int32 if ``dtype`` is int32).
     ``vocab_size``: every id must be below it (checked at open from the token index).
 
+    **Compact** (``compact=True``, packed rows): a batch is ``targets`` and, at each
+    sequence start, its index in the flattened rows (``starts``, int32), its input
+    (``start_inputs``) and its position (``start_positions``): what ``expand`` rebuilds the
+    rows from, where they are used. ``dtype`` then defaults to the smallest of uint16,
+    int32 and int64 that holds every id and ``start_input``. For DataLoader workers: the
+    hand-over costs by the byte (2 a token for uint16, against 24 for the int64 rows).
+
     The token index (a file at the dataset root, ``tokens.idx``; see docs/tokens.md) locates
     windows with 8 bytes per block, memory-mapped. Datasets written by atlas_fast carry it;
     for others it is built on first use by a parallel pass over the blocks (a progress bar
@@ -237,7 +270,9 @@ class _TokenSequences:
 
     Use with a DataLoader: ``DataLoader(ts, batch_size=B, sampler=TokenShuffleSampler(ts,
     batch_size=B, ...), collate_fn=atlas_fast.tokens.collate, num_workers=N,
-    pin_memory=True)``: each batch is one ``__getitems__`` call and one array per field.
+    pin_memory=True)``: each batch is one ``__getitems__`` call and one array per field
+    (compact batches stay numpy arrays, which ``pin_memory`` leaves as they are: ``expand``
+    moves them to the device).
     """
 
     def __init__(
@@ -293,6 +328,8 @@ class _TokenSequences:
         self.varlen = bool(varlen)
         self.compact = compact
         self._index_path = _index_path
+        if dtype is not None:  # checked before anything is opened
+            self._check_fill_values(dtype)
         if isinstance(dataset, (str, os.PathLike)):
             from .atlas import AtlasDataset
 
@@ -313,15 +350,10 @@ class _TokenSequences:
         self._index = self._open_index(index, progress)
         if dtype is None:
             dtype = self._smallest_dtype() if compact else np.dtype(np.int64)
+            self._check_fill_values(dtype)
         self.dtype = dtype
         self._positions_dtype = np.dtype(np.int32) if dtype == np.int32 else np.dtype(np.int64)
-        info = np.iinfo(dtype)
-        for what, value in (("start_input", self.start_input), ("pad_value", self.pad_value)):
-            if not info.min <= value <= info.max:
-                raise InvalidArgumentError(
-                    f"{what} {value} is outside dtype {dtype} [{info.min}, {info.max}]"
-                )
-        self._check_ids(info)
+        self._check_ids(np.iinfo(dtype))
         if packed:
             self._len = self._index.total // self.seq_len
         else:
@@ -482,6 +514,18 @@ class _TokenSequences:
         located.records = picked
         located.path = found.path
         return located
+
+    def _check_fill_values(self, dtype) -> None:
+        """``start_input`` (and, for documents, ``pad_value``) must fit ``dtype``."""
+        info = np.iinfo(dtype)
+        values = [("start_input", self.start_input)]
+        if not self.packed:  # padding is for documents; packed rows have none
+            values.append(("pad_value", self.pad_value))
+        for what, value in values:
+            if not info.min <= value <= info.max:
+                raise InvalidArgumentError(
+                    f"{what} {value} is outside dtype {dtype} [{info.min}, {info.max}]"
+                )
 
     def _id_range(self):
         """``(lowest, highest)`` token id of the dataset (from the index), None if empty."""
@@ -712,7 +756,8 @@ class _TokenSequences:
         flat = positions.reshape(-1)
         starts = np.zeros(flat.shape[0] + 1, dtype=bool)
         starts[:-1] = flat == 0
-        starts[0 : n * length : length] = True
+        if length:
+            starts[0 : n * length : length] = True
         starts[piece_starts] = True
         starts[-1] = True
         return np.flatnonzero(starts)

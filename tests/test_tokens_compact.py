@@ -237,3 +237,59 @@ def test_bad_arguments(atlas, tmp_path):
         expand(plain)
     with pytest.raises(InvalidArgumentError, match="compact batch"):
         expand([1, 2])
+
+
+def test_expand_edge_cases(atlas, case):
+    torch = pytest.importorskip("torch")
+    root, _, field = case
+    ds = atlas.AtlasDataset(root)
+    plain = TokenSequences(ds, 7, field=field)
+    compact = TokenSequences(ds, 7, field=field, compact=True, pad_value=-100)  # unused
+    keys = [3, 0, len(plain) - 1]
+    batch, want = compact.__getitems__(keys), plain.__getitems__(keys)
+    # One item: 1-D rows.
+    for k in keys:
+        _assert_same(expand(compact[k]), plain[k])
+        got = expand(compact[k], device="cpu")
+        np.testing.assert_array_equal(got["positions"].numpy(), plain[k]["positions"])
+    # An empty batch.
+    empty = compact.__getitems__([])
+    _assert_same(expand(empty), plain.__getitems__([]))
+    assert (
+        tuple(expand(empty, device="cpu")["inputs"].shape) == plain.__getitems__([])["inputs"].shape
+    )
+    # Unsigned and narrow dtypes that hold the tokens, on both paths.
+    wide = np.dtype(np.uint32) if compact.dtype.kind == "u" else np.dtype(np.int64)
+    for dtype in (wide, np.int64):
+        for device in (None, "cpu"):
+            got = expand(batch, dtype=dtype, device=device)
+            for name in ("targets", "inputs"):
+                mine = got[name] if device is None else got[name].numpy()
+                assert mine.dtype == dtype
+                np.testing.assert_array_equal(mine, want[name])
+    # Arrays a user made, not C-ordered: the same rows.
+    fortran = {k: np.asfortranarray(v) for k, v in batch.items()}
+    _assert_same(expand(fortran), want)
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+    tensors["targets"] = tensors["targets"].t().contiguous().t()  # transposed strides
+    got = expand(tensors)
+    np.testing.assert_array_equal(got["inputs"].numpy(), want["inputs"])
+    # The batch is not changed, and the rows do not share its memory.
+    before = batch["targets"].copy()
+    rows = expand(tensors)
+    rows["targets"][...] = 0
+    np.testing.assert_array_equal(tensors["targets"].numpy(), before)
+    # A dtype that cannot hold the tokens, or is not an integer: refused.
+    for bad in (np.float32, np.int8 if compact.dtype != np.int8 else np.bool_):
+        with pytest.raises(InvalidArgumentError, match="dtype"):
+            expand(batch, dtype=bad)
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        expand(batch, dtype=torch.float32, device="cpu")
+
+
+def test_arguments_are_checked_before_the_dataset_is_opened(tmp_path):
+    missing = tmp_path / "nothing here"
+    with pytest.raises(InvalidArgumentError, match="start_input"):
+        TokenSequences(missing, 4, dtype=np.uint16, start_input=-1, compact=True)
+    with pytest.raises(InvalidArgumentError, match="pad_value"):
+        TokenSequences(missing, 4, dtype=np.uint16, pad_value=-1, packed=False)
