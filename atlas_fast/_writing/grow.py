@@ -39,6 +39,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
 import shutil
 import stat
@@ -88,6 +89,8 @@ __all__ = [
 # or a merge's aside tree (or, after the exchange, the old tree being removed).
 GROW_MARK = ".atlas-grow-"
 _OLD_SUFFIX = ".old"  # the old tree set aside by the two-rename fallback
+_UNDO = "undo"  # an in-place append's record of the root files it replaces (_commit_in_place)
+_UNDO_RECORD = "record.json"
 
 
 # -- the existing dataset -------------------------------------------------------------------
@@ -314,6 +317,7 @@ def remove_leftovers(root) -> list:
                 continue  # locked: its process is still building it
         try:
             if path.is_dir() and not path.is_symlink():
+                _undo_in_place(root, path)
                 shutil.rmtree(path)
             else:
                 path.unlink()
@@ -324,6 +328,22 @@ def remove_leftovers(root) -> list:
             if fd is not None:
                 os.close(fd)
     return removed
+
+
+def _undo_in_place(root: Path, aside: Path) -> None:
+    """An in-place append (``Aside._commit_in_place``) was stopped: before its commit, put
+    the recorded root meta.json back; after it, move in the root files it had not yet."""
+    undo = aside / _UNDO
+    try:
+        record = json.loads((undo / _UNDO_RECORD).read_text())
+    except FileNotFoundError:
+        return  # no record: the root was not touched
+    if (aside / record["shard"]).exists():  # not committed
+        os.replace(undo / META_FILE, root / META_FILE)
+        return
+    for f in record["written"]:
+        if os.path.lexists(aside / f):
+            os.replace(aside / f, root / f)
 
 
 # Threads removing old trees (see the module), joined by ``wait_for_removals`` and at exit.
@@ -556,6 +576,9 @@ class Aside:
         with the old root, and the old tree removed."""
         names = final_names(existing.count + len(new_dirs), existing.width)
         old, new = names[: existing.count], names[existing.count :]
+        if len(new_dirs) == 1 and old == existing.names:
+            self._commit_in_place(Path(new_dirs[0]), new[0], fields, written)
+            return
         # New shards first: their temporary names are numbers >= the old count, never the
         # final name of another shard (a number's zero-padded names are its own).
         moves = [(Path(d), self.dir / n) for d, n in zip(new_dirs, new)]
@@ -571,6 +594,37 @@ class Aside:
         self._unlock()
         # The old tree: its files live on in root. Removed on a thread (see the module).
         _remove_later(self.dir, list(zip(existing.names, files)))
+
+    def _commit_in_place(self, source: Path, name: str, fields: dict, written) -> None:
+        """One new shard and no widening: the root is changed in place, not exchanged (the
+        cost does not grow with the old shards).
+
+        The root meta.json is recorded in the aside folder (``_UNDO``: a link to it, and
+        what this commit does), then replaced by one that lists the new shard: both readers
+        still read the old dataset, whole (to atlas_fast a shard listed but absent is a
+        node's partial copy; the reference lists folders). Renaming the shard folder in is
+        the commit. Then the ``written`` root files (the grown token index) replace the
+        old ones: until then the index lacks the new shard's entry, which a reader builds
+        (an index is never trusted past its entries). Killed before the commit,
+        ``remove_leftovers`` puts the old meta.json back; after it, it moves the written
+        files in."""
+        root = self.root
+        target = root / name
+        if os.path.lexists(target):
+            raise FileExistsError(f"{target}: in the way of the new shard {source}")
+        building = self.dir / (_UNDO + ".part")
+        building.mkdir()
+        _link_or_copy(os.fspath(root / META_FILE), os.fspath(building / META_FILE))
+        record = {"shard": source.name, "name": name, "written": list(written)}
+        (building / _UNDO_RECORD).write_text(json.dumps(record))
+        os.rename(building, self.dir / _UNDO)  # the record is whole, or absent
+        dump_meta_atomic(self.dir / META_FILE, fields)  # flushed: the commit's marker
+        os.replace(self.dir / META_FILE, root / META_FILE)
+        os.rename(source, target)  # the commit
+        for f in written:
+            os.replace(self.dir / f, root / f)
+        self._unlock()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def commit_new(self, fields: dict) -> None:
         """The aside folder (shards placed, root files written) becomes the new dataset at
