@@ -5,10 +5,10 @@ nothing in the store, and objects already there are refused unless ``overwrite``
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from convert_helpers import arrow_rows
+from export_helpers import write
 from helpers import same
 from servers import upload_tree
 from test_remote_write import download, local_files, stored
@@ -16,9 +16,6 @@ from test_remote_write import download, local_files, stored
 import atlas_fast
 from atlas_fast.convert import convert
 from atlas_fast.export import ExportError, export
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
-from export_helpers import arrow_rows, write
 
 pytest.importorskip("pyarrow")
 
