@@ -65,6 +65,20 @@ def test_export_to_s3_stores_the_files_of_a_local_export(s3, exporting, tmp_path
         assert all(same(a, b) for a, b in zip(ds, rows)) and len(ds) == len(rows)
 
 
+def test_the_command_stages_in_staging_dir(s3, exporting, tmp_path):
+    """``atlas-fast export --staging-dir DIR`` reaches the export: DIR is made (the export's
+    staging directory goes in it) and left empty; the objects are a local export's files."""
+    from atlas_fast import cli
+
+    src = write(tmp_path / "src", [{"id": i, "text": f"t{i}"} for i in range(500)])
+    export(src, tmp_path / "local", "jsonl")
+    staging = tmp_path / "staging" / "deeper"
+    argv = ["export", str(src), s3.url("cli"), "--to", "jsonl", "--staging-dir", str(staging)]
+    assert cli.main([*argv, "--quiet"]) == 0
+    assert stored(s3, "cli") == local_files(tmp_path / "local")
+    assert staging.is_dir() and list(staging.iterdir()) == []
+
+
 def test_s3_to_s3_and_refusals(s3, exporting, tmp_path):
     rows = [{"a": i} for i in range(300)] + [{"a": (1,)}]
     upload_tree(s3.client, s3.bucket, write(tmp_path / "src", rows), "ds")
