@@ -82,7 +82,7 @@ def test_golden_data_covers_what_it_claims():
         ]
     on_disk = {m["compression_strategy"] for ms in shard_metas.values() for m in ms}
     assert on_disk == {0, 1, 2, 3}
-    asked = {c: make.CASES[c][2]["compression_strategy"] for c in golden}
+    asked = {c: make.CASES[c].compression_strategy for c in golden}
     # the dataset fell back: strategy 2 asked, 1 written; a strategy-3 shard fell back alone
     assert any(asked[c] == 2 and root_metas[c]["compression_strategy"] == 1 for c in golden)
     assert any(

@@ -37,8 +37,32 @@ def _size(text: str) -> int:
     return number
 
 
+# The flags of a DST in object storage, shared by the commands that write one (convert,
+# tokenize, export): each takes those its function accepts, by ``object_storage_options``'s
+# names, through ``add_object_storage_arguments``.
+_OBJECT_STORAGE_FLAGS = {
+    "--overwrite": {
+        "action": "store_true",
+        "help": "replace the objects already under DST (deleted first); without it, DST "
+        "holding any object is refused",
+    },
+    "--staging-dir": {
+        "metavar": "DIR",
+        "help": "local directory in which the files are written before their upload "
+        "(default: the system's temporary directory)",
+    },
+    "--staging-bytes": {
+        "metavar": "SIZE",
+        "type": _size,
+        "help": "finished shards waiting on local disk for their upload hold at most this "
+        "much, plus a shard per process: bytes, or with a K, M, G or T suffix (powers of "
+        "1024: 512M); default 2G",
+    },
+}
+
 # add_argument's keywords of each argument, by group in --help's order: the parser's own
-# (SRC, DST, --from), then the writer options (from WriterOptions), then these groups.
+# (SRC, DST, --from), then the writer options (from WriterOptions), then these groups, the
+# object storage flags after the first.
 _OWN = {
     "src": {"metavar": "SRC", "help": "the dataset to convert (file or directory)"},
     "dst": {
@@ -82,25 +106,6 @@ _GROUPS = {
             "decides the parallelism: not with --workers)",
         },
     },
-    "object storage (DST a URL)": {
-        "--overwrite": {
-            "action": "store_true",
-            "help": "replace the objects already under DST (deleted first); without it, DST "
-            "holding any object is refused",
-        },
-        "--staging-dir": {
-            "metavar": "DIR",
-            "help": "local directory in which shards are written before their upload (default: "
-            "the system's temporary directory)",
-        },
-        "--staging-bytes": {
-            "metavar": "SIZE",
-            "type": _size,
-            "help": "finished shards waiting on local disk for their upload hold at most this "
-            "much, plus a shard per process: bytes, or with a K, M, G or T suffix (powers of "
-            "1024: 512M); default 2G",
-        },
-    },
     "format options": {
         "--attributes": {
             "metavar": "A,B",
@@ -124,11 +129,27 @@ _GROUPS = {
 }
 
 
+# The object storage flags convert takes, as object_storage_options names them.
+_REMOTE = ("overwrite", "staging_dir", "staging_bytes")
+
+
 def add_arguments(parser) -> None:
     _add(parser, _OWN)
     _add(parser.add_argument_group("writer options (as AtlasDatasetWriter's)"), _writer_flags())
-    for title, arguments in _GROUPS.items():
-        _add(parser.add_argument_group(title), arguments)
+    _add(parser.add_argument_group("running"), _GROUPS["running"])
+    add_object_storage_arguments(parser, _REMOTE)
+    _add(parser.add_argument_group("format options"), _GROUPS["format options"])
+
+
+def add_object_storage_arguments(parser, names: tuple) -> None:
+    """The group of --help of a DST in object storage, with the flags of ``names`` (as
+    ``object_storage_options`` takes them: ``"staging_dir"`` for ``--staging-dir``)."""
+    group = parser.add_argument_group("object storage (DST a URL)")
+    _add(group, {_flag(name): _OBJECT_STORAGE_FLAGS[_flag(name)] for name in names})
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _add(group, arguments: dict) -> None:
@@ -169,7 +190,7 @@ def object_storage_options(args, names: tuple) -> tuple:
         from .._writing.upload import is_remote
 
         if not is_remote(args.dst):
-            flags = ", ".join("--" + key.replace("_", "-") for key in options)
+            flags = ", ".join(_flag(key) for key in options)
             return options, f"{flags}: for a DST in object storage (a URL), not {args.dst}"
     return options, None
 
@@ -211,7 +232,7 @@ def run(args) -> int:
         if args.fmt not in ("parquet", "hf", "jsonl", "wds"):
             return _error("--unpickle applies to --from parquet, hf, jsonl and wds only")
         options["unpickle"] = True
-    remote, problem = object_storage_options(args, ("overwrite", "staging_dir", "staging_bytes"))
+    remote, problem = object_storage_options(args, _REMOTE)
     if problem:
         return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import sys
 
+from .convert import add_object_storage_arguments, object_storage_options
+
 __all__ = ["add_arguments", "run"]
+
+# The object storage flags export takes (its --overwrite, local DST too, is its own).
+_REMOTE = ("staging_dir",)
 
 # The registry's names, repeated here so building the parser imports no target;
 # tests/test_export_cli.py checks that they match ``atlas_fast.export.TARGETS``.
@@ -59,13 +64,8 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="read SRC with trusted=False: its pickles may only name safe types",
     )
-    parser.add_argument(
-        "--staging-dir",
-        metavar="DIR",
-        help="DST a URL: the local directory the files are written in before their upload "
-        "(default: the system's temporary directory)",
-    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_object_storage_arguments(parser, _REMOTE)
 
 
 def _error(message: str) -> int:
@@ -80,6 +80,9 @@ def run(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         return _error(f"--workers must be at least 1, not {args.workers}")
+    remote, problem = object_storage_options(args, _REMOTE)
+    if problem:
+        return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()
     try:
         summary = export(
@@ -91,7 +94,7 @@ def run(args) -> int:
             overwrite=args.overwrite,
             pickle=args.pickle,
             trusted=not args.untrusted,
-            staging_dir=args.staging_dir,
+            **remote,
         )
     except KeyboardInterrupt:
         print(

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import sys
 
-from .convert import _GROUPS, _add, _writer_flags, object_storage_options
+from .convert import (
+    _GROUPS,
+    _add,
+    _writer_flags,
+    add_object_storage_arguments,
+    object_storage_options,
+)
 
 __all__ = ["add_arguments", "run"]
 
@@ -66,6 +72,9 @@ _RUNNING = {
     },
 }
 
+# The object storage flags tokenize takes (its --overwrite, local DST too, is in "running").
+_REMOTE = ("staging_dir", "staging_bytes")
+
 
 def add_arguments(parser) -> None:
     _add(parser, _OWN)
@@ -76,9 +85,7 @@ def add_arguments(parser) -> None:
     eos.add_argument("--eos-id", type=int, metavar="N", help="append this id to every document")
     _add(parser.add_argument_group("writer options (as AtlasDatasetWriter's)"), _writer_flags())
     _add(parser.add_argument_group("running"), _RUNNING)
-    remote = dict(_GROUPS["object storage (DST a URL)"])
-    del remote["--overwrite"]
-    _add(parser.add_argument_group("object storage (DST a URL)"), remote)
+    add_object_storage_arguments(parser, _REMOTE)
     _add(parser.add_argument_group("format options"), _GROUPS["format options"])
 
 
@@ -114,7 +121,7 @@ def run(args) -> int:
             if fmt not in formats:
                 return _error(f"{flag} applies to --from {' and --from '.join(formats)} only")
             options[flag[2:].replace("-", "_")] = value
-    remote, problem = object_storage_options(args, ("staging_dir", "staging_bytes"))
+    remote, problem = object_storage_options(args, _REMOTE)
     if problem:
         return _error(problem)
     show_bar = not args.quiet and sys.stderr.isatty()

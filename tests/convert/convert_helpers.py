@@ -1,7 +1,10 @@
-"""Shared by the converter tests: source documents, reading a dataset back, no leftovers."""
+"""Shared by the converter and export tests (tests/convert is on sys.path for the whole suite:
+pyproject's ``pythonpath``): source documents and rows, reading a dataset back, no leftovers."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import gzip
 import json
 import random
@@ -26,6 +29,48 @@ def documents(n: int, seed: int = 0, start: int = 0) -> list:
             }
         )
     return docs
+
+
+def arrow_rows(n: int, start: int = 0) -> list:
+    """Rows Parquet and Hugging Face hold exactly: scalars of every kind, nulls, lists,
+    structs, timestamps, decimals (under 10, so a schema inferred from any batch of them
+    holds them all)."""
+    return [
+        {
+            "id": i,
+            "text": f"row {i} é 日本",
+            "score": i / 3,
+            "flag": i % 2 == 0,
+            "blob": bytes([i % 256]) * (i % 5),
+            "tags": [f"t{j}" for j in range(i % 4)],
+            "meta": {"a": i, "b": None if i % 3 else "x"},
+            "when": datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=i),
+            "price": decimal.Decimal(i % 1000) / 100,
+            "maybe": None if i % 7 == 0 else i,
+        }
+        for i in range(start, start + n)
+    ]
+
+
+def arrow_table(rows: list):
+    """``rows`` of ``arrow_rows`` as a pyarrow Table of their full schema."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("text", pa.string()),
+            ("score", pa.float64()),
+            ("flag", pa.bool_()),
+            ("blob", pa.binary()),
+            ("tags", pa.list_(pa.string())),
+            ("meta", pa.struct([("a", pa.int64()), ("b", pa.string())])),
+            ("when", pa.timestamp("us")),
+            ("price", pa.decimal128(10, 2)),
+            ("maybe", pa.int64()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def write_jsonl(path: Path, values, *, blank_lines: bool = False) -> Path:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import datetime
-import decimal
-
 import pytest
-from convert_helpers import assert_absent, documents, read_back
+from convert_helpers import arrow_rows, arrow_table, assert_absent, documents, read_back
 
 from atlas_fast.convert import SourceError, convert, convert_parquet
 
@@ -14,49 +11,13 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-def _rows(n, start=0):
-    return [
-        {
-            "id": i,
-            "text": f"row {i} é",
-            "score": i / 3,
-            "flag": i % 2 == 0,
-            "blob": bytes([i % 256]) * (i % 5),
-            "tags": [f"t{j}" for j in range(i % 4)],
-            "meta": {"a": i, "b": None if i % 3 else "x"},
-            "when": datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=i),
-            "price": decimal.Decimal(i) / 100,
-            "maybe": None if i % 7 == 0 else i,
-        }
-        for i in range(start, start + n)
-    ]
-
-
-def _table(rows):
-    schema = pa.schema(
-        [
-            ("id", pa.int64()),
-            ("text", pa.string()),
-            ("score", pa.float64()),
-            ("flag", pa.bool_()),
-            ("blob", pa.binary()),
-            ("tags", pa.list_(pa.string())),
-            ("meta", pa.struct([("a", pa.int64()), ("b", pa.string())])),
-            ("when", pa.timestamp("us")),
-            ("price", pa.decimal128(10, 2)),
-            ("maybe", pa.int64()),
-        ]
-    )
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
 def test_files_and_directories(tmp_path, atlas):
-    rows = _rows(900)
+    rows = arrow_rows(900)
     src = tmp_path / "src"
     (src / "part-b").mkdir(parents=True)
-    pq.write_table(_table(rows[:300]), src / "a.parquet", row_group_size=128)
-    pq.write_table(_table(rows[300:600]), src / "part-b" / "0.parquet", compression="zstd")
-    pq.write_table(_table(rows[600:]), src / "part-b" / "1.parquet", row_group_size=50)
+    pq.write_table(arrow_table(rows[:300]), src / "a.parquet", row_group_size=128)
+    pq.write_table(arrow_table(rows[300:600]), src / "part-b" / "0.parquet", compression="zstd")
+    pq.write_table(arrow_table(rows[600:]), src / "part-b" / "1.parquet", row_group_size=50)
     summary = convert_parquet(src, tmp_path / "out", shard_size=250, block_size=20)
     assert read_back(atlas, tmp_path / "out") == rows
     assert summary.examples == 900
@@ -111,7 +72,7 @@ def test_a_bad_row_group_in_a_later_part_is_named(tmp_path, monkeypatch):
     from atlas_fast.convert import _files
 
     bad = tmp_path / "big.parquet"
-    pq.write_table(_table(_rows(2000)), bad, compression="none", row_group_size=250)
+    pq.write_table(arrow_table(arrow_rows(2000)), bad, compression="none", row_group_size=250)
     data = bytearray(bad.read_bytes())
     middle = 2 * len(data) // 3  # in a row group of the second half
     data[middle : middle + 3000] = b"\xff" * 3000
@@ -126,9 +87,9 @@ def test_a_bad_row_group_in_a_later_part_is_named(tmp_path, monkeypatch):
 def test_corrupt_file_is_named(tmp_path, damage):
     src = tmp_path / "src"
     src.mkdir()
-    pq.write_table(_table(_rows(50)), src / "0.parquet")
+    pq.write_table(arrow_table(arrow_rows(50)), src / "0.parquet")
     bad = src / "1.parquet"
-    pq.write_table(_table(_rows(2000)), bad, compression="none")
+    pq.write_table(arrow_table(arrow_rows(2000)), bad, compression="none")
     data = bytearray(bad.read_bytes())
     if damage == "garbage":
         data = bytearray(b"not parquet at all" * 10)
@@ -154,7 +115,7 @@ def test_rows_are_to_pylist(tmp_path):
     from atlas_fast.convert._arrow import _row_dicts
 
     batches = [
-        pa.RecordBatch.from_pylist(_rows(40), schema=_table(_rows(1)).schema),
+        pa.RecordBatch.from_pylist(arrow_rows(40), schema=arrow_table(arrow_rows(1)).schema),
         pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], names=["x", "x"]),
         pa.RecordBatch.from_pylist([{}, {}, {}]),
         pa.RecordBatch.from_pylist([], schema=pa.schema([("a", pa.int8())])),

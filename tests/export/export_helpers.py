@@ -1,8 +1,8 @@
-"""Shared by the export tests: datasets to export, reading them back, no leftovers."""
+"""Shared by the export tests: datasets to export, reading them back, no leftovers (rows for
+Parquet and Hugging Face are convert_helpers' ``arrow_rows``)."""
 
 from __future__ import annotations
 
-import datetime
 import decimal
 from pathlib import Path
 
@@ -29,26 +29,6 @@ def assert_absent(dst: Path) -> None:
     assert not dst.exists()
     left = [p.name for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")]
     assert left == []
-
-
-def arrow_rows(n: int, start: int = 0) -> list:
-    """Rows Parquet and Hugging Face hold exactly: scalars of every kind, nulls, lists,
-    structs, timestamps, decimals."""
-    return [
-        {
-            "id": i,
-            "text": f"row {i} é 日本",
-            "score": i / 3,
-            "flag": i % 2 == 0,
-            "blob": bytes([i % 256]) * (i % 5),
-            "tags": [f"t{j}" for j in range(i % 4)],
-            "meta": {"a": i, "b": None if i % 3 else "x"},
-            "when": datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=i),
-            "price": decimal.Decimal(i % 1000) / 100,
-            "maybe": None if i % 7 == 0 else i,
-        }
-        for i in range(start, start + n)
-    ]
 
 
 def json_values(n: int) -> list:

@@ -8,14 +8,8 @@ import os
 
 import numpy as np
 import pytest
-from export_helpers import (
-    arrow_rows,
-    assert_absent,
-    json_values,
-    read_back,
-    wds_samples,
-    write,
-)
+from convert_helpers import arrow_rows
+from export_helpers import assert_absent, json_values, read_back, wds_samples, write
 from helpers import same
 
 from atlas_fast import AtlasFormatError

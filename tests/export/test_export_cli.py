@@ -45,18 +45,44 @@ def test_errors_exit_1_naming_the_path_and_problem(tmp_path, capsys, exporting):
         ([str(src), str(tmp_path / "o1"), "--to", "jsonl"], "example 1 (shard 0"),
         ([str(tmp_path), str(tmp_path / "o2"), "--to", "jsonl"], "meta.json"),
         ([str(src), str(tmp_path / "o3"), "--to", "jsonl", "--workers", "0"], "--workers"),
+        (
+            [str(src), str(tmp_path / "o5"), "--to", "jsonl", "--staging-dir", str(tmp_path / "s")],
+            f"--staging-dir: for a DST in object storage (a URL), not {tmp_path / 'o5'}",
+        ),
     ]
     for argv, message in cases:
         assert cli.main(["export", *argv]) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith("atlas-fast export: error: ") and message in err, err
     assert os.listdir(dst) == ["x"]
-    for name in ("o1", "o2", "o3"):
+    for name in ("o1", "o2", "o3", "o5"):
         assert_absent(tmp_path / name)
+    assert not (tmp_path / "s").exists()
     with pytest.raises(SystemExit) as info:
         cli.main(["export", str(src), str(tmp_path / "o4"), "--to", "csv"])
     assert info.value.code == 2 and "invalid choice: 'csv'" in capsys.readouterr().err
     assert_absent(tmp_path / "o4")
+
+
+def _help_section(capsys, command: str, title: str) -> str:
+    """The section ``title`` of ``atlas-fast COMMAND --help``, its white space folded."""
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    sections = capsys.readouterr().out.split("\n\n")
+    (section,) = [s for s in sections if s.startswith(f"{title}:")]
+    return " ".join(section.split())
+
+
+def test_object_storage_flags_are_documented_as_convert_documents_them(capsys):
+    """export takes --staging-dir (its --overwrite is its own: a local DST too) from the flags
+    convert and tokenize share, under the same heading, in the same words."""
+    title = "object storage (DST a URL)"
+    export_section = _help_section(capsys, "export", title)
+    assert "--staging-dir DIR" in export_section and "--overwrite" not in export_section
+    flags = export_section.removeprefix(f"{title}:")
+    for command in ("convert", "tokenize"):
+        assert flags in _help_section(capsys, command, title)
 
 
 def test_pickle_and_unpickle_in_a_subprocess(tmp_path, exporting):

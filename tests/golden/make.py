@@ -12,6 +12,7 @@ from https://github.com/EIDOSLAB/torch-atlas-ds)::
 
     python tests/golden/make.py            # rewrites every case
     python tests/golden/make.py --check    # exits 1 if a case differs from what it writes
+    python tests/golden/make.py --out DIR  # writes (or with --check compares) DIR instead
 
 The examples are made from fixed seeds, and strategies 0 and 1 are byte-for-byte
 reproducible; the zstd dictionaries of strategies 2 and 3 depend on the libzstd version
@@ -27,7 +28,10 @@ import random
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -98,87 +102,31 @@ def big(n: int, seed: int) -> list:
     return out
 
 
-def _case(covers: str, examples, **writer) -> tuple:
-    """``(what the case covers, a function making its examples, the writer's arguments)``."""
-    return covers, examples, writer
+class Case(NamedTuple):
+    """A case: what makes its examples (from fixed seeds) and the arguments the reference's
+    writer takes for it. README.md says what each case covers."""
+
+    examples: Callable[[], list]
+    shard_size: int
+    block_size: int
+    compression_strategy: int
+    compression_level: int | None = None  # None: the writer's default
+
+    def writer_options(self) -> dict:
+        options = self._asdict()
+        del options["examples"]
+        return {k: v for k, v in options.items() if v is not None}
 
 
-CASES = {
-    "mixed_s0_b4": _case(
-        "strategy 0 (no compression), mixed types, 3 shards (the last shorter, its last"
-        " block short)",
-        lambda: mixed(75, 0),
-        shard_size=32,
-        block_size=4,
-        compression_strategy=0,
-    ),
-    "mixed_s1_b4": _case(
-        "strategy 1 (zstd per block), mixed types, 3 shards",
-        lambda: mixed(75, 1),
-        shard_size=32,
-        block_size=4,
-        compression_strategy=1,
-    ),
-    "mixed_s2_b4": _case(
-        "strategy 2 (one dictionary for the dataset, at the root), mixed types, 3 shards",
-        lambda: mixed(75, 2),
-        shard_size=32,
-        block_size=4,
-        compression_strategy=2,
-    ),
-    "mixed_s3_b4": _case(
-        "strategy 3 (a dictionary per shard), mixed types, 3 shards; the last shard has"
-        " fewer than 7 blocks, so it falls back to strategy 1 (its meta.json says so)",
-        lambda: mixed(75, 3),
-        shard_size=32,
-        block_size=4,
-        compression_strategy=3,
-    ),
-    "level19_s2": _case(
-        "strategy 2 at zstd level 19 (a dictionary trained at that level)",
-        lambda: docs(80, 19),
-        shard_size=56,
-        block_size=8,
-        compression_strategy=2,
-        compression_level=19,
-    ),
-    "one_example_s2": _case(
-        "one example: strategy 2 asked, too few blocks to train a dictionary, so the whole"
-        " dataset falls back to strategy 1",
-        lambda: ["only"],
-        shard_size=4,
-        block_size=8,
-        compression_strategy=2,
-    ),
-    "tiny_index_s0": _case(
-        "a data.bin under 256 bytes: a uint8 index.npy",
-        lambda: [b"x"] * 5,
-        shard_size=5,
-        block_size=5,
-        compression_strategy=0,
-    ),
-    "block1_s3": _case(
-        "blocks of one example, strategy 3 (each of the 2 shards trains its dictionary)",
-        lambda: docs(16, 1),
-        shard_size=8,
-        block_size=1,
-        compression_strategy=3,
-    ),
-    "eleven_shards_s1": _case(
-        "12 shards: folder names zero-padded to two digits (00 ... 11), the last one short",
-        lambda: mixed(34, 11),
-        shard_size=3,
-        block_size=2,
-        compression_strategy=1,
-    ),
-    "big_examples_s0": _case(
-        "examples of 66-70 KB (pickled out of frame) beside a small one, strategy 0: data.bin"
-        " past 64 KiB, a uint32 index",
-        lambda: big(3, 0),
-        shard_size=2,
-        block_size=2,
-        compression_strategy=0,
-    ),
+# name: Case(examples, shard_size, block_size, compression_strategy[, compression_level]):
+# the four strategies over the same kind of examples (seeded by the strategy), then the edges.
+CASES = {f"mixed_s{s}_b4": Case(partial(mixed, 75, s), 32, 4, s) for s in range(4)} | {
+    "level19_s2": Case(partial(docs, 80, 19), 56, 8, 2, compression_level=19),
+    "one_example_s2": Case(lambda: ["only"], 4, 8, 2),
+    "tiny_index_s0": Case(lambda: [b"x"] * 5, 5, 5, 0),
+    "block1_s3": Case(partial(docs, 16, 1), 8, 1, 3),
+    "eleven_shards_s1": Case(partial(mixed, 34, 11), 3, 2, 1),
+    "big_examples_s0": Case(partial(big, 3, 0), 2, 2, 0),
 }
 
 
@@ -186,10 +134,10 @@ def write_case(name: str, dest: Path) -> None:
     """``dest/dataset`` and ``dest/expected.pkl`` of case ``name``."""
     from torch_atlas_ds import AtlasDatasetWriter
 
-    _, make, options = CASES[name]
-    examples = make()
+    case = CASES[name]
+    examples = case.examples()
     dest.mkdir(parents=True)
-    with AtlasDatasetWriter(str(dest / "dataset"), **options) as writer:
+    with AtlasDatasetWriter(str(dest / "dataset"), **case.writer_options()) as writer:
         for example in examples:
             writer.add_example(example)
     with open(dest / "expected.pkl", "wb") as f:
@@ -208,6 +156,13 @@ def _same_tree(a: Path, b: Path) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE,
+        metavar="DIR",
+        help="the folder of the cases, written or compared (default: this one, tests/golden)",
+    )
     parser.add_argument("cases", nargs="*", help="only these cases (default: all)")
     args = parser.parse_args(argv)
     names = args.cases or list(CASES)
@@ -216,9 +171,9 @@ def main(argv=None) -> int:
         for name in names:
             fresh = Path(tmp) / name
             write_case(name, fresh)
-            target = HERE / name
+            target = args.out / name
             if args.check:
-                deterministic = CASES[name][2]["compression_strategy"] in (0, 1)
+                deterministic = CASES[name].compression_strategy in (0, 1)
                 if deterministic:
                     ok = target.is_dir() and _same_tree(fresh, target)
                 else:

@@ -5,10 +5,10 @@ nothing in the store, and objects already there are refused unless ``overwrite``
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from convert_helpers import arrow_rows
+from export_helpers import write
 from helpers import same
 from servers import upload_tree
 from test_remote_write import download, local_files, stored
@@ -16,9 +16,6 @@ from test_remote_write import download, local_files, stored
 import atlas_fast
 from atlas_fast.convert import convert
 from atlas_fast.export import ExportError, export
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
-from export_helpers import arrow_rows, write
 
 pytest.importorskip("pyarrow")
 
@@ -66,6 +63,20 @@ def test_export_to_s3_stores_the_files_of_a_local_export(s3, exporting, tmp_path
     convert(back, tmp_path / "back", fmt)
     with exporting.AtlasDataset(tmp_path / "back") as ds:
         assert all(same(a, b) for a, b in zip(ds, rows)) and len(ds) == len(rows)
+
+
+def test_the_command_stages_in_staging_dir(s3, exporting, tmp_path):
+    """``atlas-fast export --staging-dir DIR`` reaches the export: DIR is made (the export's
+    staging directory goes in it) and left empty; the objects are a local export's files."""
+    from atlas_fast import cli
+
+    src = write(tmp_path / "src", [{"id": i, "text": f"t{i}"} for i in range(500)])
+    export(src, tmp_path / "local", "jsonl")
+    staging = tmp_path / "staging" / "deeper"
+    argv = ["export", str(src), s3.url("cli"), "--to", "jsonl", "--staging-dir", str(staging)]
+    assert cli.main([*argv, "--quiet"]) == 0
+    assert stored(s3, "cli") == local_files(tmp_path / "local")
+    assert staging.is_dir() and list(staging.iterdir()) == []
 
 
 def test_s3_to_s3_and_refusals(s3, exporting, tmp_path):
