@@ -287,10 +287,15 @@ def _child(root: Path, examples: list, kill_at: int | None, fallback: bool, repo
 
 
 def _run_killed(root, examples, *, delay=None, kill_at=None, fallback=False, report=None):
+    _in_child_killed(lambda: _child(root, examples, kill_at, fallback, report), delay)
+
+
+def _in_child_killed(work, delay=None) -> None:
+    """Run ``work`` in a forked child, killed after ``delay`` seconds (None: not by us)."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            _child(root, examples, kill_at, fallback, report)
+            work()
         finally:
             os._exit(0)
     if delay is not None:
@@ -393,19 +398,7 @@ def test_an_in_place_append_killed_at_any_moment_leaves_the_old_or_the_new_datas
     root = tmp_path / "work" / "ds"
 
     def run(kill_at=None, delay=None, report=None):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                _child_tokens(root, docs[220:], kill_at, report)
-            finally:
-                os._exit(0)
-        if delay is not None:
-            time.sleep(delay)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.waitpid(pid, 0)
+        _in_child_killed(lambda: _child_tokens(root, docs[220:], kill_at, report), delay)
 
     shutil.copytree(pristine.parent, root.parent)
     inode = os.stat(root).st_ino

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from token_helpers import Model, assert_rows, make_docs, write_docs
+from token_helpers import CASES, Model, assert_rows, make_docs, write_case, write_docs
 
 from atlas_fast import AtlasFormatError, InvalidArgumentError, NotTokensError, TokenIndexError
 from atlas_fast import _token_index as ti
@@ -16,38 +16,10 @@ from atlas_fast.tokens import TokenSequences
 
 SEQ_LENS = [1, 2, 7, 64, 2048]
 
-# (strategy, dtype, shard_size, block_size, long documents, wrap)
-CASES = [
-    (0, np.uint16, 50, 7, 2, None),
-    (1, np.uint8, 120, 16, 0, None),
-    (2, np.uint32, 64, 8, 3, "dict"),
-    (3, np.int64, 90, 30, 2, "list"),
-]
-
-
-def _wrap(kind):
-    if kind == "dict":
-        return lambda d: {"input_ids": d, "id": 1}
-    if kind == "list":
-        return lambda d: d.tolist()
-    return None
-
 
 @pytest.fixture(scope="module", params=range(len(CASES)), ids=lambda k: f"s{CASES[k][0]}")
 def case(request, tmp_path_factory):
-    strategy, dtype, shard_size, block_size, long, wrap = CASES[request.param]
-    docs = make_docs(request.param, 260, dtype, long=long)
-    root = tmp_path_factory.mktemp("tokens") / "ds"
-    write_docs(
-        root,
-        docs,
-        strategy=strategy,
-        shard_size=shard_size,
-        block_size=block_size,
-        wrap=_wrap(wrap),
-    )
-    field = "input_ids" if wrap == "dict" else None
-    return root, docs, field
+    return write_case(tmp_path_factory.mktemp("tokens"), request.param, request.param)
 
 
 @pytest.mark.parametrize("seq_len", SEQ_LENS)

@@ -11,7 +11,7 @@ import pickle
 
 import numpy as np
 import pytest
-from token_helpers import Model, make_docs, write_docs
+from token_helpers import CASES, Model, make_docs, write_case, write_docs
 
 from atlas_fast import (
     InvalidArgumentError,
@@ -21,29 +21,10 @@ from atlas_fast import (
 )
 from atlas_fast.tokens import TokenSequences, collate, expand
 
-# (strategy, dtype, shard_size, block_size, long documents, wrap in a dict)
-CASES = [
-    (0, np.uint16, 50, 7, 2, False),
-    (1, np.uint8, 120, 16, 0, False),
-    (2, np.uint32, 64, 8, 3, True),
-    (3, np.int64, 90, 30, 2, False),
-]
-
 
 @pytest.fixture(scope="module", params=range(len(CASES)), ids=lambda k: f"s{CASES[k][0]}")
 def case(request, tmp_path_factory):
-    strategy, dtype, shard_size, block_size, long, wrap = CASES[request.param]
-    docs = make_docs(70 + request.param, 260, dtype, long=long)
-    root = tmp_path_factory.mktemp("compact") / "ds"
-    write_docs(
-        root,
-        docs,
-        strategy=strategy,
-        shard_size=shard_size,
-        block_size=block_size,
-        wrap=(lambda d: {"input_ids": d}) if wrap else None,
-    )
-    return root, docs, "input_ids" if wrap else None
+    return write_case(tmp_path_factory.mktemp("compact"), request.param, 70 + request.param)
 
 
 def _assert_same(got: dict, want: dict) -> None:

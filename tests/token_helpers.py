@@ -89,3 +89,35 @@ def assert_rows(got: dict, want: dict, keys=None) -> None:
     for key in keys or want:
         assert key in got, key
         np.testing.assert_array_equal(np.asarray(got[key]).astype(np.int64), want[key], err_msg=key)
+
+
+# The corpora both TokenSequences test files read, one per strategy:
+# (strategy, dtype, shard_size, block_size, long documents, how each document is wrapped)
+CASES = [
+    (0, np.uint16, 50, 7, 2, None),
+    (1, np.uint8, 120, 16, 0, None),
+    (2, np.uint32, 64, 8, 3, "dict"),
+    (3, np.int64, 90, 30, 2, "list"),
+]
+
+
+def write_case(folder, k: int, seed: int) -> tuple:
+    """``(root, docs, field)``: the documents of ``CASES[k]`` (260 of them, from ``seed``)
+    written into ``folder``/ds, each wrapped as the case says (in a dict under
+    "input_ids", or as a list)."""
+    strategy, dtype, shard_size, block_size, long, wrap = CASES[k]
+    docs = make_docs(seed, 260, dtype, long=long)
+    wrapping = {
+        "dict": lambda d: {"input_ids": d, "id": 1},
+        "list": lambda d: d.tolist(),
+        None: None,
+    }[wrap]
+    root = write_docs(
+        folder / "ds",
+        docs,
+        strategy=strategy,
+        shard_size=shard_size,
+        block_size=block_size,
+        wrap=wrapping,
+    )
+    return root, docs, "input_ids" if wrap == "dict" else None
