@@ -374,6 +374,12 @@ def sampler_of(ts, workers: int, seed: int):
     return TokenShuffleSampler(ts, batch_size=BATCH, seed=seed, num_workers=workers)
 
 
+def sampled_run(ts, workers: int, batches: int):
+    """``rep -> run_loader(...)`` of ``ts`` in a ``TokenShuffleSampler`` epoch seeded ``rep``
+    (what ``paired`` calls)."""
+    return lambda rep: run_loader(ts, workers, batches, sampler=sampler_of(ts, workers, rep))
+
+
 def keys_of(ts, workers: int, seed: int, batches: int) -> list:
     return list(itertools.islice(sampler_of(ts, workers, seed).batches(), batches))
 
@@ -388,15 +394,12 @@ def rows_section(paths: dict, args, results: dict) -> None:
         for data, rival in (("s0", "memmap"), ("s1", "floor")):
             ts = atlas_fast.TokenSequences(str(paths[data]), SEQ_LEN)
 
-            def ours(rep, ts=ts, workers=workers, n=n):
-                return run_loader(ts, workers, n, sampler=sampler_of(ts, workers, rep))
-
             def base(rep, ts=ts, workers=workers, rival=rival, n=n):
                 planned = keys_of(ts, workers, rep, n)
                 flat = FlatTokens(paths["flat"], blocks if rival == "floor" else None)
                 return run_loader(flat, workers, n, planned=planned)
 
-            fns = {"atlas_fast": ours, rival: base}
+            fns = {"atlas_fast": sampled_run(ts, workers, n), rival: base}
             if data == "s0":
 
                 def hand(rep, ts=ts, workers=workers, n=n):
@@ -481,21 +484,19 @@ def litdata_section(paths: dict, args, results: dict) -> None:
                 raise RuntimeError(f"LitData read failed:\n{done.stderr[-2000:]}")
             return json.loads(done.stdout.strip().splitlines()[-1])
 
-        def ours(rep, workers=workers, n=n, ts=compact):
-            return run_loader(ts, workers, n, sampler=sampler_of(ts, workers, rep))
-
-        def ours_rows(rep, workers=workers, n=n, ts=rows):
-            return run_loader(ts, workers, n, sampler=sampler_of(ts, workers, rep))
-
         got = paired(
-            {"atlas_fast": ours, "litdata": peer, "atlas_fast, int64 rows": ours_rows}, args.reps
+            {
+                "atlas_fast": sampled_run(compact, workers, n),
+                "litdata": peer,
+                "atlas_fast, int64 rows": sampled_run(rows, workers, n),
+            },
+            args.reps,
         )
         row = {name: summary(runs) for name, runs in got.items()}
         row["compared"] = {"litdata": compare("litdata", got["atlas_fast"], got["litdata"])}
-        row["rows_over_litdata"] = statistics.median(
-            a["tokens_per_s"] / b["tokens_per_s"]
-            for a, b in zip(got["atlas_fast, int64 rows"], got["litdata"])
-        )
+        row["rows_over_litdata"] = compare(
+            "litdata", got["atlas_fast, int64 rows"], got["litdata"]
+        )["ratio"]
         case = f"litdata, {workers} workers"
         results["litdata"]["rows"][case] = row
         show(case, row)

@@ -456,6 +456,12 @@ _TOKEN_RIVALS = {
 }
 
 
+def _ratios_sentence(rows: dict, key: str, lead: str) -> str:
+    """A paragraph under a table: ``lead``, then each case's ratio ``key`` (empty if none)."""
+    found = [f"{case}: {row[key]:.2f}x" for case, row in rows.items() if key in row]
+    return f"\n\n{lead}: " + "; ".join(found) + "." if found else ""
+
+
 def tokens_table(run: dict) -> str:
     """bench_tokens.py's rows: atlas_fast against each rival, tokens/s, CPU ns/token and
     the ratio (median of paired runs) with its target."""
@@ -488,27 +494,19 @@ def tokens_table(run: dict) -> str:
         "target",
     ]
     table = _table(header, rows, ["---", "---"] + ["---:"] * 5)
-    bounds = [
-        f"{case}: {row['memmap_over_by_hand']:.2f}x"
-        for case, row in run.get("rows", {}).items()
-        if "memmap_over_by_hand" in row
-    ]
-    if bounds:
-        table += (
-            "\n\nThe `numpy.memmap` gather itself against reading by hand, in the same runs (no "
-            "loader's ratio over reading by hand exceeds it): " + "; ".join(bounds) + "."
-        )
     lit = run.get("litdata", {})
-    rows_over = [
-        f"{case}: {row['rows_over_litdata']:.2f}x"
-        for case, row in lit.get("rows", {}).items()
-        if "rows_over_litdata" in row
-    ]
-    if rows_over:
-        table += (
-            "\n\nThe same loader handing over int64 rows (`inputs`, `targets`, `positions`; "
-            "no `compact`) against LitData, in the same runs: " + "; ".join(rows_over) + "."
-        )
+    table += _ratios_sentence(
+        run.get("rows", {}),
+        "memmap_over_by_hand",
+        "The `numpy.memmap` gather itself against reading by hand, in the same runs (no "
+        "loader's ratio over reading by hand exceeds it)",
+    )
+    table += _ratios_sentence(
+        lit.get("rows", {}),
+        "rows_over_litdata",
+        "The same loader handing over int64 rows (`inputs`, `targets`, `positions`; "
+        "no `compact`) against LitData, in the same runs",
+    )
     if not lit.get("available", True):
         table += f"\n\nLitData rows skipped: {lit.get('reason')}"
     opened = run.get("open")

@@ -341,7 +341,12 @@ def _undo_in_place(root: Path, aside: Path) -> None:
     if (aside / record["shard"]).exists():  # not committed
         os.replace(undo / META_FILE, root / META_FILE)
         return
-    for f in record["written"]:
+    _move_in(aside, root, record["written"])
+
+
+def _move_in(aside: Path, root: Path, names) -> None:
+    """Replace the root files ``names`` by those of the aside folder still there."""
+    for f in names:
         if os.path.lexists(aside / f):
             os.replace(aside / f, root / f)
 
@@ -615,14 +620,13 @@ class Aside:
         building = self.dir / (_UNDO + ".part")
         building.mkdir()
         _link_or_copy(os.fspath(root / META_FILE), os.fspath(building / META_FILE))
-        record = {"shard": source.name, "name": name, "written": list(written)}
+        record = {"shard": source.name, "written": list(written)}
         (building / _UNDO_RECORD).write_text(json.dumps(record))
         os.rename(building, self.dir / _UNDO)  # the record is whole, or absent
         dump_meta_atomic(self.dir / META_FILE, fields)  # flushed: the commit's marker
         os.replace(self.dir / META_FILE, root / META_FILE)
         os.rename(source, target)  # the commit
-        for f in written:
-            os.replace(self.dir / f, root / f)
+        _move_in(self.dir, root, written)
         self._unlock()
         shutil.rmtree(self.dir, ignore_errors=True)
 
