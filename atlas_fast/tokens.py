@@ -8,6 +8,7 @@ The guide is docs/tokens.md; the order that goes with it, ``TokenShuffleSampler`
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import tempfile
 import warnings
@@ -112,6 +113,7 @@ def expand(batch: dict, *, dtype=None, varlen: bool = False, device=None) -> dic
         ) from None
     if len(shape) not in (1, 2):
         raise InvalidArgumentError(f"a compact batch's targets are 1-D or 2-D, not {shape}")
+    _check_starts(starts, start_inputs, start_positions, math.prod(shape))
     numpy_in = isinstance(targets, np.ndarray)
     stored = targets.dtype if numpy_in else _numpy_dtype(targets.dtype)
     out_dtype = np.dtype(np.int64) if dtype is None else _numpy_dtype(dtype)
@@ -137,6 +139,28 @@ def expand(batch: dict, *, dtype=None, varlen: bool = False, device=None) -> dic
         for key in ("inputs", "targets", "positions"):
             out[key] = out[key][0]
     return out
+
+
+def _check_starts(starts, start_inputs, start_positions, total: int) -> None:
+    """The sequence starts of a compact batch of ``total`` tokens: the first at 0, then
+    increasing, all inside the rows, one input and one position each. Checked before
+    anything is sized from them (a tensor on a device is copied to the host for it: a few
+    hundred bytes)."""
+    host = starts if isinstance(starts, np.ndarray) else starts.detach().cpu().numpy()
+    host = host.astype(np.int64, copy=False).reshape(-1)
+    if len(start_inputs) != len(host) or len(start_positions) != len(host):
+        raise InvalidArgumentError(
+            f"a compact batch has {len(host)} starts but {len(start_inputs)} start_inputs "
+            f"and {len(start_positions)} start_positions"
+        )
+    if total and not (
+        len(host) and host[0] == 0 and host[-1] < total and (np.diff(host) > 0).all()
+    ):
+        raise InvalidArgumentError(
+            f"a compact batch's starts must begin at 0 and increase below its {total} tokens"
+        )
+    if not total and len(host):
+        raise InvalidArgumentError("a compact batch of no tokens has no starts")
 
 
 def _expand_numpy(targets, starts, start_inputs, start_positions, dtype, varlen) -> dict:

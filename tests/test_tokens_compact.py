@@ -218,6 +218,17 @@ def test_bad_arguments(atlas, tmp_path):
         expand(plain)
     with pytest.raises(InvalidArgumentError, match="compact batch"):
         expand([1, 2])
+    # Starts that do not describe the rows: refused before anything is sized from them.
+    good = TokenSequences(ds, 4, compact=True).__getitems__([0, 1])
+    for starts in ([1, 4], [0, 4, 4], [0, 9], [-(10**12), 4], []):
+        bad = dict(good, starts=np.array(starts, np.int64))
+        n = len(starts)
+        bad["start_inputs"] = np.zeros(n, good["start_inputs"].dtype)
+        bad["start_positions"] = np.zeros(n, np.int64)
+        with pytest.raises(InvalidArgumentError, match="starts"):
+            expand(bad)
+    with pytest.raises(InvalidArgumentError, match="start_inputs"):
+        expand(dict(good, start_inputs=good["start_inputs"][:-1]))
 
 
 def test_expand_edge_cases(atlas, case):
