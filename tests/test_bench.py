@@ -570,6 +570,55 @@ def test_bench_loader_quick(with_stub, script_cache, tmp_path):
         assert pss[0]["values"]["reference"] > 0 and pss[0]["values"]["python"] > 0
 
 
+@pytest.mark.parametrize("linked", [False, True], ids=["copies", "linked"])
+def test_bench_grow_tiny(tmp_path, linked):
+    """bench_grow.py on a tiny dataset: every case timed, every ratio the guide quotes."""
+    module = _script("bench_grow")
+    out = tmp_path / "grow.json"
+    argv = ["--shard-examples", "30", "--repeats", "1", "--other-fs", str(tmp_path)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert module.main([*argv, "--json", str(out), *(["--linked"] if linked else [])]) == 0
+    run = json.loads(out.read_text())
+    cases = {r["case"]: r for r in run["results"]}
+    for case in (
+        "shard alone",
+        "append",
+        "append, widening",
+        "cp -r, same file system",
+        "merge, same file system",
+        "folders and links, same file system",
+    ):
+        assert cases[case]["median_seconds"] > 0, case
+    assert ("merge, another file system" in cases) is not linked
+    assert run["settings"]["linked"] is linked
+    assert "merge speed / cp -r speed, same file system" in run["ratios"]
+    assert "folders and links speed / cp -r speed, same file system" in run["ratios"]
+    assert all(value > 0 for value in run["ratios"].values())
+
+
+def test_bench_grow_floor_makes_the_folders_a_merge_makes(tmp_path):
+    """The merge's floor in bench_grow.py (a bare loop of mkdir and link) makes the shard
+    folders and files a linking merge makes, so their times compare like for like (no
+    reading: one test for both backends)."""
+    import atlas_fast
+
+    module = _script("bench_grow")
+    sources = []
+    for name, count in (("a", 47), ("b", 30)):
+        with atlas_fast.AtlasDatasetWriter(tmp_path / name, 7, 3, compression_strategy=1) as w:
+            for i in range(count):
+                w.add_example({"name": name, "i": i})
+        sources.append(tmp_path / name)
+    atlas_fast.merge(sources, tmp_path / "merged")
+    module.links_only(sources, tmp_path / "bare")
+
+    def shard_files(root):
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.parent != root)
+
+    assert len(shard_files(tmp_path / "bare")) == 3 * (7 + 5)
+    assert shard_files(tmp_path / "bare") == shard_files(tmp_path / "merged")
+
+
 TOKENS_ARGS = ["--documents", "400", "--batches", "4", "--worker-batches", "4"]
 
 
