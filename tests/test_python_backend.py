@@ -95,7 +95,9 @@ def _tracked(i):
 
 
 @pytest.mark.parametrize("strategy", [0, 1])
-def test_the_block_read_last_at_random_is_kept_until_the_next_is_decoded(tmp_path, strategy):
+def test_the_block_read_last_at_random_is_kept_until_the_next_is_decoded(
+    tmp_path, monkeypatch, strategy
+):
     """A block read at random that the cache only remembers (ShardCore._miss) keeps its
     examples alive until the cache's next block is decoded, one block at most beyond the
     budget, as the reference keeps the block it read last: read again, it is not decoded."""
@@ -116,14 +118,23 @@ def test_the_block_read_last_at_random_is_kept_until_the_next_is_decoded(tmp_pat
             gc.collect()
             return sorted(x.i for x in _ALIVE)
 
+        assert ds[37].i == 37  # block 2, at random: remembered; a small block is not kept
+        assert cache.partial_keys() == [(0, 2)]
+        assert alive() == []
+        monkeypatch.setattr(_pyreader, "SPARE_MIN_BYTES", 0)
+        assert ds[101].i == 101 and alive() == list(range(96, 112))
+        assert ds[37].i == 37  # block 2 again: decoded again, held whole now
+        ds.close()
         assert ds[37].i == 37  # block 2, at random: remembered, its examples kept
         assert cache.partial_keys() == [(0, 2)]
         assert alive() == list(range(32, 48))
         made = _MADE[0]
+        hits, misses = ds.cache_info()[:2]
         assert ds[40].i == 40  # block 2 again: from the kept examples, not decoded
         assert _MADE[0] == made
         assert cache.partial_keys() == [] and cache.keys() == [(0, 2)]
-        assert ds.cache_info()[:2] == (1, 1)  # counted as the compiled core counts
+        # A hit, as the compiled core counts it.
+        assert ds.cache_info()[:2] == (hits + 1, misses)
         for i in (100, 5, 250, 130, 70, 300):  # each a block read at random
             assert ds[i].i == i
             # The block just read, and no other (the one before it freed once it was decoded).
