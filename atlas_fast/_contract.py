@@ -29,7 +29,10 @@ the pickle's size (``atlas_fast._core._objsize.ChargeMeter``), so that a budget 
 whether the examples are text and arrays (about their pickle's size) or rows of small objects
 (several times more). A block held as its pickle only (after partial decoding, the compiled
 core) is charged its size; a block the Python core remembers only in its place (decoded whole
-for one random read, its examples freed) the few hundred bytes its entry takes.
+for one random read) the few hundred bytes its entry takes. The Python core keeps that block's
+examples, beyond the budget, until the cache's next block is decoded if it decodes to 4 MiB or
+more (``SPARE_MIN_BYTES``; as the reference keeps the block it read last): one block at most
+per cache.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),

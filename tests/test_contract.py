@@ -309,3 +309,26 @@ def test_threads_share_one_dataset_through_a_small_cache(atlas, root):
     assert failures == []
     info = ds.cache_info()
     assert info.blocks <= 2 and info.misses > 0 and info.hits > 0
+
+
+def test_a_dictionary_is_digested_once_per_content(core, tmp_path):
+    """Both cores share one digested dictionary per distinct content (``_shards``), found by
+    a key hashed on the dictionary's length and ends and compared whole: dictionaries alike
+    but in the middle are two."""
+    import zstandard
+
+    from atlas_fast._core import _shards
+
+    samples = [
+        f"record {i}: {'alpha beta gamma ' * (i % 9)}{i * 7919}".encode() for i in range(600)
+    ]
+    data = zstandard.train_dictionary(4096, samples).as_bytes()
+    middle = bytearray(data)
+    middle[len(data) // 2] ^= 0xFF
+    path = tmp_path / "zstd_dict.bin"
+    first = _shards._digested_dict(core.ZstdDict, data, path)
+    assert _shards._digested_dict(core.ZstdDict, bytes(bytearray(data)), path) is first
+    other = _shards._digested_dict(core.ZstdDict, bytes(middle), path)
+    assert other is not first
+    assert _shards._digested_dict(core.ZstdDict, bytes(middle), path) is other
+    assert _shards._digested_dict(core.ZstdDict, data[:-1], path) is not first

@@ -66,3 +66,86 @@ def test_without_pread_threads_read_correct_examples(tmp_path, monkeypatch, stra
         t.join()
     ds.close()
     assert errors == []
+
+
+# -- the spare block: the block read last at random, kept until the next is decoded ----------
+
+_ALIVE = None  # a weakref.WeakSet, set by the test below: the Tracked examples alive now
+_MADE = [0]  # Tracked examples unpickled so far
+
+
+class Tracked:
+    """An example that counts its unpickling and can be seen alive (through ``_ALIVE``)."""
+
+    __slots__ = ("i", "__weakref__")
+
+    def __init__(self, i):
+        self.i = i
+
+    def __reduce__(self):
+        return _tracked, (self.i,)
+
+
+def _tracked(i):
+    _MADE[0] += 1
+    example = Tracked(i)
+    if _ALIVE is not None:
+        _ALIVE.add(example)
+    return example
+
+
+@pytest.mark.parametrize("strategy", [0, 1])
+def test_the_block_read_last_at_random_is_kept_until_the_next_is_decoded(
+    tmp_path, monkeypatch, strategy
+):
+    """A block read at random that the cache only remembers (ShardCore._miss) keeps its
+    examples alive until the cache's next block is decoded, one block at most beyond the
+    budget, as the reference keeps the block it read last: read again, it is not decoded."""
+    import gc
+    import weakref
+
+    global _ALIVE
+    root = tmp_path / "tracked"
+    with atlas_fast.AtlasDatasetWriter(root, 160, 16, compression_strategy=strategy) as w:
+        for i in range(320):
+            w.add_example(Tracked(i))
+    _ALIVE = weakref.WeakSet()
+    try:
+        ds = _python.AtlasDataset(root, cache_bytes=1)  # holds no block but the one in use
+        cache = ds._block_cache
+
+        def alive():
+            gc.collect()
+            return sorted(x.i for x in _ALIVE)
+
+        assert ds[37].i == 37  # block 2, at random: remembered; a small block is not kept
+        assert cache.partial_keys() == [(0, 2)]
+        assert alive() == []
+        monkeypatch.setattr(_pyreader, "SPARE_MIN_BYTES", 0)
+        assert ds[101].i == 101 and alive() == list(range(96, 112))
+        assert ds[37].i == 37  # block 2 again: decoded again, held whole now
+        ds.close()
+        assert ds[37].i == 37  # block 2, at random: remembered, its examples kept
+        assert cache.partial_keys() == [(0, 2)]
+        assert alive() == list(range(32, 48))
+        made = _MADE[0]
+        hits, misses = ds.cache_info()[:2]
+        assert ds[40].i == 40  # block 2 again: from the kept examples, not decoded
+        assert _MADE[0] == made
+        assert cache.partial_keys() == [] and cache.keys() == [(0, 2)]
+        # A hit, as the compiled core counts it.
+        assert ds.cache_info()[:2] == (hits + 1, misses)
+        for i in (100, 5, 250, 130, 70, 300):  # each a block read at random
+            assert ds[i].i == i
+            # The block just read, and no other (the one before it freed once it was decoded).
+            assert alive() == list(range(i - i % 16, i - i % 16 + 16))
+        assert ds[301].i == 301
+        assert [x.i for x in ds.__getitems__([3, 200, 290])] == [3, 200, 290]
+        assert len(alive()) <= 3 * 16
+        ds.close()  # nothing is kept after close
+        assert alive() == []
+        assert ds[17].i == 17 and alive() == list(range(16, 32))
+        del ds, cache
+        assert alive() == []
+    finally:
+        _ALIVE = None

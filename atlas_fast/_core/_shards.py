@@ -50,8 +50,30 @@ def _after_fork_in_child() -> None:
 after_fork_in_child(_after_fork_in_child)
 
 
+class _Content:
+    """A dictionary's bytes as a key of ``_dicts``: hashed on a sample (its length and ends),
+    compared whole. Hashing all of a dictionary of hundreds of KB, read again at each opening,
+    costs a strategy-2 or -3 dataset more than the rest of opening it and reading an example."""
+
+    __slots__ = ("data", "_hash")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._hash = hash((len(data), data[:_HASHED_END], data[-_HASHED_END:]))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return type(other) is _Content and self.data == other.data
+
+
+# Bytes at each end of a dictionary that its key hashes (its header holds its id).
+_HASHED_END = 256
+
+
 def _digested_dict(zstd_dict_type, data: bytes, path):
-    key = (zstd_dict_type, data)
+    key = (zstd_dict_type, _Content(data))
     with _dicts_lock:
         zdict = _dicts.get(key)
         if zdict is None:
