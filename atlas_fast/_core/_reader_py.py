@@ -343,13 +343,20 @@ class BlockCache:
         it read last. Freeing a block the moment it is read hands its memory back to the
         system at once (the heap's top is trimmed), and the next block's read faults it all
         in again; freed after the next block is decoded, it is reused. A read of it again
-        decodes nothing (``_spare_of``)."""
+        decodes nothing (``_hold_spare``)."""
         self._spare = (key, examples, nbytes)
 
-    def _spare_of(self, key):
-        """``(examples, decoded bytes)`` of block ``key`` if it is the spare block, else None."""
+    def _release_spare(self) -> None:
+        """A block was decoded: the spare's memory can go (see ``_set_spare``)."""
+        self._spare = None
+
+    def _hold_spare(self, key, b: int):
+        """If block ``key`` is the spare, put it in the cache as ``_put`` does, without
+        decoding it again: ``(entry, examples)``; else None."""
         spare = self._spare
-        return spare[1:] if spare is not None and spare[0] == key else None
+        if spare is None or spare[0] != key:
+            return None
+        return self._put(key, b, spare[1], spare[2])
 
     def partial_keys(self) -> list:
         """``(tag, block)`` of the blocks remembered only (the compiled core's: held as their
@@ -603,9 +610,9 @@ class ShardCore(_CacheReader):
         key = (self._tag, b)
         entry, examples = self._cache._find(key)
         if examples is None and entry is not None:
-            spare = self._cache._spare_of(key)
-            if spare is not None:  # the spare block (BlockCache._set_spare), read again: held
-                entry, examples = self._cache._put(key, b, *spare)
+            held = self._cache._hold_spare(key, b)  # remembered only: the spare, if it is
+            if held is not None:
+                entry, examples = held
         if examples is None:
             data = self._take_ahead(b) if self._jobs else None
             if data is None:
@@ -751,9 +758,9 @@ class ShardCore(_CacheReader):
         entry, examples = self._cache._find(key)
         if entry is None or examples is not None:
             return examples
-        spare = self._cache._spare_of(key)
-        if spare is not None:
-            return self._cache._put(key, b, *spare)[1]
+        held = self._cache._hold_spare(key, b)
+        if held is not None:
+            return held[1]
         data = self._decoded(b)
         return self._cache._put(key, b, self._unpickle(data, b), len(data))[1]
 
@@ -934,8 +941,7 @@ class ShardCore(_CacheReader):
             raise unbounded_error(found, self._data_path, b)
         try:
             examples = self._loads(data)
-            # The spare block (BlockCache._set_spare) is released once the next is decoded.
-            self._cache._spare = None
+            self._cache._release_spare()
         except Exception as exc:
             found = find_unbounded(data) if trusted else None
             if found is not None:
