@@ -415,7 +415,7 @@ class BlockCache:
         if it decoded to ``SPARE_MIN_BYTES`` or more, as the spare (``_set_spare``), so that
         its memory is freed once the pass's next block is decoded and reused by the one
         after (blobs of 10 MB zstd blocks, a pass in order: 0.7x the reference freed now,
-        0.9-1.1x as the spare). An uncompressed block is dropped now: there, keeping it
+        0.85-1.0x as the spare). An uncompressed block is dropped now: there, keeping it
         measured no faster."""
         dropped = []
         with self._lock:
