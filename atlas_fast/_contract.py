@@ -32,8 +32,8 @@ core) is charged its size; a block the Python core remembers only in its place (
 for one random read) the few hundred bytes its entry takes. The Python core keeps that block's
 examples, beyond the budget, until the cache's next block is decoded if it decodes to 4 MiB or
 more (``SPARE_MIN_BYTES``; as the reference keeps the block it read last): one block at most
-per cache. So does it with the compressed block a pass in order over a full cache has just
-left (``BlockCache._forget``).
+per cache. So does it with a compressed block of that size that a pass in order has just
+left and did not keep (``BlockCache._forget``); read again, that one is decoded again.
 
 Errors: ``AtlasFormatError`` (a dataset on disk is malformed; ``MissingSharedDictionary`` a
 strategy-2 shard opened without its dictionary), ``UnsafePickleError`` (``trusted=False``),

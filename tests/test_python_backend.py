@@ -151,15 +151,17 @@ def test_the_block_read_last_at_random_is_kept_until_the_next_is_decoded(
         _ALIVE = None
 
 
+@pytest.mark.parametrize("budget", [{"cache_bytes": 1}, {}], ids=["no-room", "default"])
 @pytest.mark.parametrize("strategy", [0, 1])
 def test_a_pass_in_order_frees_a_compressed_block_after_the_next_is_decoded(
-    tmp_path, monkeypatch, strategy
+    tmp_path, monkeypatch, strategy, budget
 ):
-    """A pass in order (``ds[i]``, i rising) over a cache too small to keep its blocks drops
-    each block it is done with. A compressed shard's block stays alive (the spare) until the
-    pass's next block is decoded, so that its memory is reused, not handed back and faulted
-    in again; an uncompressed shard's is freed at once. Either way at most one block is
-    alive between two decodes, and nothing after close()."""
+    """A pass in order (``ds[i]``, i rising) that does not keep its blocks (a cache with no
+    room, or the default budget, whose passes keep none) drops each block it is done with. A
+    compressed shard's block of ``SPARE_MIN_BYTES`` or more, decoded, stays alive (the spare)
+    until the pass's next block is decoded, so that its memory is reused, not handed back
+    and faulted in again; an uncompressed shard's is freed at once, and so is a smaller one.
+    Either way at most one block is alive between two decodes, and nothing after close()."""
     import gc
     import weakref
 
@@ -168,8 +170,9 @@ def test_a_pass_in_order_frees_a_compressed_block_after_the_next_is_decoded(
     with atlas_fast.AtlasDatasetWriter(root, 48, 16, compression_strategy=strategy) as w:
         for i in range(96):  # two shards of three blocks: the pass crosses a shard
             w.add_example(Tracked(i))
+    shards = _python.AtlasDataset(root).shards
+    sizes = sorted(len(s._block_bytes(b)) for s in shards for b in range(3))
     _ALIVE = weakref.WeakSet()
-    monkeypatch.setattr(_pyreader, "SPARE_MIN_BYTES", 0)
     seen = []  # the examples alive as each block starts to be decoded
     unpickle = _pyreader.ShardCore._unpickle
 
@@ -179,15 +182,20 @@ def test_a_pass_in_order_frees_a_compressed_block_after_the_next_is_decoded(
         return unpickle(self, data, b)
 
     monkeypatch.setattr(_pyreader.ShardCore, "_unpickle", watched)
+    kept = [[]] + [list(range(s, s + 16)) for s in range(0, 80, 16)]
     try:
-        ds = _python.AtlasDataset(root, cache_bytes=1)
-        assert [ds[i].i for i in range(96)] == list(range(96))
-        before = [[]] + [list(range(s, s + 16)) for s in range(0, 80, 16)]
-        assert seen == (before if strategy else [[]] * 6)
-        gc.collect()
-        assert sorted(x.i for x in _ALIVE) == list(range(80, 96))
-        ds.close()
-        gc.collect()
-        assert list(_ALIVE) == []
+        # The threshold is the decoded size (not what the cache charges, several times more
+        # for these objects): just above every block's, none is kept; at the smallest, all.
+        for threshold, expected in ((sizes[-1] + 1, [[]] * 6), (sizes[0], kept)):
+            monkeypatch.setattr(_pyreader, "SPARE_MIN_BYTES", threshold)
+            seen.clear()
+            ds = _python.AtlasDataset(root, **budget)
+            assert [ds[i].i for i in range(96)] == list(range(96))
+            assert seen == (expected if strategy else [[]] * 6)
+            gc.collect()
+            assert sorted(x.i for x in _ALIVE) == list(range(80, 96))
+            ds.close()
+            gc.collect()
+            assert list(_ALIVE) == []
     finally:
         _ALIVE = None

@@ -221,17 +221,21 @@ class _Entry:
     remembered only, see ``ShardCore._miss``), ``nbytes`` what the block counts against the
     budget, ``live`` whether the cache still holds it (a reader's last entry may outlive it),
     ``for_pass`` whether it is held only for the pass in order reading it, until the pass
-    moves on (``BlockCache._forget``)."""
+    moves on (``BlockCache._forget``), ``decoded`` the size of its decoded pickle (0 where
+    unknown)."""
 
-    __slots__ = ("key", "block", "examples", "nbytes", "live", "for_pass")
+    __slots__ = ("key", "block", "examples", "nbytes", "live", "for_pass", "decoded")
 
-    def __init__(self, key, block: int, examples, nbytes: int, for_pass: bool = False) -> None:
+    def __init__(
+        self, key, block: int, examples, nbytes: int, for_pass: bool = False, decoded: int = 0
+    ) -> None:
         self.key = key
         self.block = block
         self.examples = examples
         self.nbytes = nbytes
         self.live = True
         self.for_pass = for_pass
+        self.decoded = decoded
 
 
 class BlockCache:
@@ -257,7 +261,8 @@ class BlockCache:
         self._misses = 0
         self._newest = None
         # (key, examples, decoded bytes) of the block a random read last decoded and did not hold
-        # (ShardCore._miss), or None: see _set_spare.
+        # (ShardCore._miss), or of the compressed block a pass in order last dropped
+        # (_forget), or None: see _set_spare.
         self._spare = None
         self._meter = ChargeMeter()  # what a block is charged (atlas_fast._core._objsize)
         self._lock = threading.Lock()
@@ -369,6 +374,7 @@ class BlockCache:
         examples)``; an entry already there (another thread's) wins. ``for_pass``: the block a
         pass in order reads, held for it until it moves on (``_forget``); it evicts only
         blocks held for passes (``_evict_lock_held``)."""
+        decoded = nbytes
         nbytes = self._meter.charge(examples, nbytes)
         dropped = []
         with self._lock:
@@ -380,7 +386,7 @@ class BlockCache:
                 return entry, entry.examples
             if entry is not None:
                 self._drop_lock_held(entry, dropped)
-            entry = _Entry(key, block, examples, nbytes, for_pass)
+            entry = _Entry(key, block, examples, nbytes, for_pass, decoded)
             entries[key] = entry
             self._newest = entry
             self._bytes += nbytes
@@ -411,12 +417,12 @@ class BlockCache:
         """``entry`` is the block a pass in order (``ds[i]``) is done with. Held for the pass
         only (not a block others put here): kept if passes fill this cache and it has room
         for the pass's next block (of about ``entry``'s size), as ``_keep_passed`` keeps a
-        block of ``iter``, else dropped. ``spare`` (a compressed shard's block): dropped,
-        if it decoded to ``SPARE_MIN_BYTES`` or more, as the spare (``_set_spare``), so that
-        its memory is freed once the pass's next block is decoded and reused by the one
-        after (blobs of 10 MB zstd blocks, a pass in order: 0.7x the reference freed now,
-        0.85-1.0x as the spare). An uncompressed block is dropped now: there, keeping it
-        measured no faster."""
+        block of ``iter``, else dropped. ``spare`` (a compressed shard's block): dropped, if
+        it decoded to ``SPARE_MIN_BYTES`` or more, as the spare (``_set_spare``), so that its
+        memory is freed once the pass's next block is decoded and reused by the one after
+        (blobs of 10 MB zstd blocks, a pass in order: 0.7x the reference freed now, 0.85-1.0x
+        as the spare). Read again, such a block is decoded again. An uncompressed block is
+        dropped now: there, keeping it measured no faster."""
         dropped = []
         with self._lock:
             if not (entry.live and entry.for_pass):
@@ -426,9 +432,11 @@ class BlockCache:
                 self._for_pass -= 1
                 return
             self._drop_lock_held(entry, dropped)
-        if spare and entry.nbytes >= SPARE_MIN_BYTES:
-            # Freed once the pass's next block is decoded, not before it (see _set_spare).
-            self._spare = (entry.key, dropped[0], entry.nbytes)
+            if spare and entry.decoded >= SPARE_MIN_BYTES:
+                # Set under the lock, so that a clear() (close()) on another thread either
+                # comes after it and frees it, or before it and the entry is not live here.
+                dropped.append(self._spare)  # the spare before, freed once the lock is let go
+                self._spare = (entry.key, dropped[0], entry.decoded)
 
     def _evict_lock_held(self, dropped: list, newest: _Entry | None = None) -> None:
         """Evict down to the budget, least recently used first; after ``newest``, a block held
@@ -464,17 +472,18 @@ class BlockCache:
     def _discard(self, tag) -> None:
         """Drop every block of the reader tagged ``tag``."""
         dropped = []
-        spare = self._spare
-        if spare is not None and spare[0][0] == tag:
-            self._spare = None
         with self._lock:
+            spare = self._spare
+            if spare is not None and spare[0][0] == tag:
+                self._spare = None
             for entry in [e for e in self._entries.values() if e.key[0] == tag]:
                 self._drop_lock_held(entry, dropped)
 
     def clear(self) -> None:
         dropped = []
-        self._spare = None
         with self._lock:
+            dropped.append(self._spare)
+            self._spare = None
             for entry in list(self._entries.values()):
                 self._drop_lock_held(entry, dropped)
 
