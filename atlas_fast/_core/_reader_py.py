@@ -177,10 +177,11 @@ _COLD = (0, 0, None)
 # What a block remembered only (ShardCore._miss) is charged: about what its entry takes (the
 # _Entry, its key, its place in the cache's dict), so that a budget in bytes bounds them too.
 _REMEMBERED_BYTES = 256
-# A block read at random and remembered only is kept as the cache's spare (BlockCache._set_spare)
-# if it decodes to at least this many bytes. Freeing a smaller block at once is cheaper: its
-# memory is reused warm by the next decode (blobs of 1.6 MB blocks: 0.89x with a spare; of
-# 10 MB blocks, freed at once: 0.26x, the heap trimmed and faulted in again at each read).
+# A block read at random and remembered only, or left by a pass in order, is kept as the
+# cache's spare (BlockCache._keep_spare_lock_held) if it decodes to at least this many bytes.
+# Freeing a smaller block at once is cheaper: its memory is reused warm by the next decode
+# (blobs of 1.6 MB blocks: 0.89x with a spare; of 10 MB blocks, freed at once: 0.26x, the heap
+# trimmed and faulted in again at each read).
 SPARE_MIN_BYTES = 4 << 20
 # True until this process decodes its first block, and again in a forked child: that decode
 # calls _compat.freeze_in_worker first (see there).
@@ -262,7 +263,7 @@ class BlockCache:
         self._newest = None
         # (key, examples, decoded bytes) of the block a random read last decoded and did not hold
         # (ShardCore._miss), or of the compressed block a pass in order last dropped
-        # (_forget), or None: see _set_spare.
+        # (_forget), or None: see _keep_spare_lock_held.
         self._spare = None
         self._meter = ChargeMeter()  # what a block is charged (atlas_fast._core._objsize)
         self._lock = threading.Lock()
@@ -341,18 +342,30 @@ class BlockCache:
                 self._evict_lock_held(dropped, entry)
         return entry
 
-    def _set_spare(self, key, examples: list, nbytes: int) -> None:
-        """Keep ``examples``, block ``key`` remembered only (``ShardCore._miss``), alive until
-        this cache's next block is decoded (``ShardCore._unpickle``), ``clear`` or
-        ``_discard``: one block at most, beyond the budget, as the reference keeps the block
-        it read last. Freeing a block the moment it is read hands its memory back to the
-        system at once (the heap's top is trimmed), and the next block's read faults it all
-        in again; freed after the next block is decoded, it is reused. A read of it again
-        decodes nothing (``_hold_spare``)."""
-        self._spare = (key, examples, nbytes)
+    def _set_spare(self, key, examples: list, decoded: int) -> None:
+        """Keep ``examples``, block ``key`` remembered only (``ShardCore._miss``), as the
+        spare (``_keep_spare_lock_held``). A read of it again decodes nothing
+        (``_hold_spare``)."""
+        dropped = []
+        with self._lock:
+            self._keep_spare_lock_held(key, examples, decoded, dropped)
+
+    def _keep_spare_lock_held(self, key, examples: list, decoded: int, dropped: list) -> None:
+        """Keep ``examples`` of block ``key``, which the cache does not hold, alive until this
+        cache's next block is decoded (``ShardCore._unpickle``), ``clear`` or ``_discard``,
+        if the block decodes to ``SPARE_MIN_BYTES`` or more: one block at most, beyond the
+        budget, as the reference keeps the block it read last. Freeing a large block the
+        moment it is done with hands its memory back to the system (the heap's top is
+        trimmed), and the next block's read faults it all in again; freed after the next
+        block is decoded, it is reused. The spare it replaces goes to ``dropped``, freed by
+        the caller once the lock is let go. Under the lock, so that a ``clear()`` on another
+        thread comes wholly before or after it."""
+        if decoded >= SPARE_MIN_BYTES:
+            dropped.append(self._spare)
+            self._spare = (key, examples, decoded)
 
     def _release_spare(self) -> None:
-        """A block was decoded: the spare's memory can go (see ``_set_spare``)."""
+        """A block was decoded: the spare's memory can go (see ``_keep_spare_lock_held``)."""
         self._spare = None
 
     def _hold_spare(self, key, b: int):
@@ -417,11 +430,11 @@ class BlockCache:
         """``entry`` is the block a pass in order (``ds[i]``) is done with. Held for the pass
         only (not a block others put here): kept if passes fill this cache and it has room
         for the pass's next block (of about ``entry``'s size), as ``_keep_passed`` keeps a
-        block of ``iter``, else dropped. ``spare`` (a compressed shard's block): dropped, if
-        it decoded to ``SPARE_MIN_BYTES`` or more, as the spare (``_set_spare``), so that its
-        memory is freed once the pass's next block is decoded and reused by the one after
-        (blobs of 10 MB zstd blocks, a pass in order: 0.7x the reference freed now, 0.85-1.0x
-        as the spare). Read again, such a block is decoded again. An uncompressed block is
+        block of ``iter``, else dropped. ``spare`` (a compressed shard's block): dropped as the
+        spare (``_keep_spare_lock_held``: if it decoded to ``SPARE_MIN_BYTES`` or more), so
+        that its memory is freed once the pass's next block is decoded and reused by the one
+        after (blobs of 10 MB zstd blocks, a pass in order: 0.7x the reference freed now,
+        0.85-1.0x as the spare). Read again, such a block is decoded again. An uncompressed block is
         dropped now: there, keeping it measured no faster."""
         dropped = []
         with self._lock:
@@ -432,11 +445,8 @@ class BlockCache:
                 self._for_pass -= 1
                 return
             self._drop_lock_held(entry, dropped)
-            if spare and entry.decoded >= SPARE_MIN_BYTES:
-                # Set under the lock, so that a clear() (close()) on another thread either
-                # comes after it and frees it, or before it and the entry is not live here.
-                dropped.append(self._spare)  # the spare before, freed once the lock is let go
-                self._spare = (entry.key, dropped[0], entry.decoded)
+            if spare:
+                self._keep_spare_lock_held(entry.key, dropped[0], entry.decoded, dropped)
 
     def _evict_lock_held(self, dropped: list, newest: _Entry | None = None) -> None:
         """Evict down to the budget, least recently used first; after ``newest``, a block held
@@ -594,18 +604,17 @@ class ShardCore(_CacheReader):
         example ``j``. When the cache neither holds nor remembers it, and prefetch() did not
         name it, it is remembered, not held, so that reads of blocks that are not read again
         (a dataset larger than the cache) fill no memory: its examples are kept only until
-        the next block is decoded (``BlockCache._set_spare``), as the reference keeps the
-        block it read last. Read again, it is held whole (``_examples``). Which blocks are
-        remembered, held and evicted, and the counts, are the compiled core's, whose partial
-        decoding holds such a block as its pickle.
+        the next block is decoded, if it is large (``BlockCache._set_spare``), as the
+        reference keeps the block it read last. Read again, it is held whole (``_examples``).
+        Which blocks are remembered, held and evicted, and the counts, are the compiled
+        core's, whose partial decoding holds such a block as its pickle.
         """
         key = (self._tag, b)
         if self._jobs or key in self._cache._entries:  # held, remembered, or decoded ahead
             return self._examples(b)[j]
         data = self._decoded(b)
         examples = self._unpickle(data, b)
-        if len(data) >= SPARE_MIN_BYTES:
-            self._cache._set_spare(key, examples, len(data))
+        self._cache._set_spare(key, examples, len(data))
         self._last = self._cache._remember(key, b)
         return examples[j]
 
